@@ -1,0 +1,197 @@
+"""The model zoo: exact parameter counts, names, shapes, dropout, dtypes, and logits vs HF."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax.models import MODEL_CONFIGS, get_model, stats
+
+# Every registered model at 224 px with a 1000-class head: the original vit_jax
+# `models_test.MODEL_SIZES`. The gap-norep rows have no class token and one fewer
+# position-embedding row (-2D); testing-unpooled has neither (-2 x 10).
+EXPECTED_PARAMS = {
+  'testing': 21_390,
+  'testing-unpooled': 21_370,
+  'ViT-Ti_16': 5_717_416,
+  'ViT-S_16': 22_050_664,
+  'ViT-S_32': 22_878_952,
+  'ViT-B_8': 86_576_872,
+  'ViT-B_16': 86_567_656,
+  'ViT-B_32': 88_224_232,
+  'ViT-L_16': 304_326_632,
+  'ViT-L_32': 306_535_400,
+  'ViT-H_14': 632_045_800,
+  'ViT-S_16-gap-norep': 22_049_896,
+  'ViT-S_32-gap-norep': 22_878_184,
+  'ViT-B_16-gap-norep': 86_566_120,
+  'ViT-B_32-gap-norep': 88_222_696,
+  'R+ViT-Ti_16': 6_337_704,
+  'R26+ViT-S_32': 36_431_912,
+  'R26+ViT-B_32': 101_383_976,
+  'R50+ViT-B_16': 98_659_112,
+  'R50+ViT-L_32': 328_994_856,
+}
+
+
+def test_every_registered_model_has_an_expected_count():
+  assert set(MODEL_CONFIGS) == set(EXPECTED_PARAMS)
+
+
+@pytest.mark.parametrize('name', sorted(MODEL_CONFIGS))
+def test_exact_parameter_count(name):
+  shapes = stats.param_shapes(get_model(name, num_classes=1000), 224)
+  assert stats.count_params(shapes) == EXPECTED_PARAMS[name]
+
+
+def test_b16_tree_names_and_shapes_match_the_released_layout():
+  shapes = stats.param_shapes(get_model('ViT-B_16', num_classes=1000), 224)
+  flat = {
+    '/'.join(k.key for k in path): x.shape
+    for path, x in jax.tree_util.tree_flatten_with_path(shapes)[0]
+  }
+  assert len(flat) == 200
+  block = 'Transformer/encoderblock_11'
+  expected = {
+    'embedding/kernel': (16, 16, 3, 768),
+    'cls': (1, 1, 768),
+    'Transformer/posembed_input/pos_embedding': (1, 197, 768),
+    f'{block}/LayerNorm_0/scale': (768,),
+    f'{block}/MultiHeadDotProductAttention_0/query/kernel': (768, 12, 64),
+    f'{block}/MultiHeadDotProductAttention_0/key/bias': (12, 64),
+    f'{block}/MultiHeadDotProductAttention_0/out/kernel': (12, 64, 768),
+    f'{block}/MultiHeadDotProductAttention_0/out/bias': (768,),
+    f'{block}/LayerNorm_1/bias': (768,),
+    f'{block}/MlpBlock_0/Dense_0/kernel': (768, 3072),
+    f'{block}/MlpBlock_0/Dense_1/kernel': (3072, 768),
+    'Transformer/encoder_norm/scale': (768,),
+    'head/kernel': (768, 1000),
+    'head/bias': (1000,),
+  }
+  for key, shape in expected.items():
+    assert flat[key] == shape, key
+
+
+@pytest.mark.parametrize(
+  'name, tokens, embedding',
+  [
+    ('R+ViT-Ti_16', 50, (8, 8, 64, 192)),  # /32 overall, as in the released files
+    ('R26+ViT-S_32', 50, (1, 1, 2048, 384)),
+    ('R50+ViT-B_16', 197, (1, 1, 1024, 768)),
+    ('R50+ViT-L_32', 50, (1, 1, 2048, 1024)),
+  ],
+)
+def test_hybrid_stem_layout(name, tokens, embedding):
+  shapes = stats.param_shapes(get_model(name, num_classes=1000), 224)
+  assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[1] == tokens
+  assert shapes['embedding']['kernel'].shape == embedding
+  assert shapes['conv_root']['kernel'].shape == (7, 7, 3, 64)
+  assert shapes['gn_root']['scale'].shape == (64,)
+  if name != 'R+ViT-Ti_16':
+    assert shapes['block1']['unit1']['conv_proj']['kernel'].shape == (1, 1, 64, 256)
+    assert shapes['block2']['unit1']['gn3']['scale'].shape == (512,)
+
+
+def test_unknown_model_lists_close_matches():
+  with pytest.raises(KeyError, match=re.escape('ViT-B_16')):
+    get_model('ViT-B16')
+
+
+def test_override_of_a_nested_field():
+  model = get_model('ViT-L_16', transformer={'dropout_rate': 0.0}, num_classes=10)
+  assert model.transformer['dropout_rate'] == 0.0
+  assert model.transformer['num_layers'] == 24
+  with pytest.raises(KeyError, match='dropout'):
+    get_model('ViT-L_16', transformer={'dropot_rate': 0.0})
+
+
+@pytest.mark.parametrize(
+  'classifier, out_shape',
+  [
+    ('token', (2, 7)),
+    ('gap', (2, 7)),
+    ('unpooled', (2, 4, 7)),
+    ('token_unpooled', (2, 5, 7)),
+  ],
+)
+def test_output_shape_per_classifier(classifier, out_shape):
+  model = get_model('testing', num_classes=7, classifier=classifier)
+  images = jnp.zeros((2, 32, 32, 3))
+  params = model.init(jax.random.key(0), images, train=False)['params']
+  assert model.apply({'params': params}, images, train=False).shape == out_shape
+
+
+def test_representation_layer_and_features_only():
+  model = get_model('testing', num_classes=None, representation_size=6)
+  images = jnp.zeros((3, 32, 32, 3))
+  params = model.init(jax.random.key(0), images, train=False)['params']
+  assert params['pre_logits']['kernel'].shape == (10, 6)
+  assert 'head' not in params
+  out = model.apply({'params': params}, images, train=False)
+  assert out.shape == (3, 6)
+  assert np.all(np.abs(out) <= 1.0)  # tanh
+
+
+def test_head_is_zero_initialised_with_bias_init():
+  model = get_model('testing', num_classes=5, head_bias_init=-10.0)
+  images = jnp.ones((1, 32, 32, 3))
+  params = model.init(jax.random.key(0), images, train=False)['params']
+  np.testing.assert_array_equal(params['head']['kernel'], 0.0)
+  np.testing.assert_array_equal(model.apply({'params': params}, images, train=False), -10.0)
+
+
+def test_dropout_depends_on_rng_only_in_training(random_params):
+  model = get_model('testing', num_classes=5)  # dropout_rate 0.1
+  images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
+  params = random_params(model.init(jax.random.key(0), images, train=False)['params'])
+  train = lambda seed: model.apply(
+    {'params': params}, images, train=True, rngs={'dropout': jax.random.key(seed)}
+  )
+  assert np.abs(train(0) - train(1)).max() > 1e-3
+  np.testing.assert_array_equal(train(0), train(0))
+  np.testing.assert_array_equal(
+    model.apply({'params': params}, images, train=False),
+    model.apply({'params': params}, images, train=False),
+  )
+
+
+def test_bfloat16_compute_keeps_float32_params_and_agrees(random_params):
+  images = jax.random.uniform(jax.random.key(1), (4, 64, 64, 3), minval=-1, maxval=1)
+  f32 = get_model('ViT-Ti_16', num_classes=10)
+  bf16 = get_model('ViT-Ti_16', num_classes=10, dtype=jnp.bfloat16)
+  params = bf16.init(jax.random.key(0), images, train=False)['params']
+  assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  params = random_params(params, scale=0.05)
+  ref = f32.apply({'params': params}, images, train=False)
+  out = bf16.apply({'params': params}, images, train=False)
+  assert out.dtype == jnp.float32
+  # bfloat16 keeps 8 bits of mantissa; through 12 blocks the logits stay within 5% of their range.
+  assert np.abs(out - ref).max() < 0.05 * np.abs(ref).max()
+  np.testing.assert_array_equal(out.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize('overrides', [{'attention_impl': 'fused'}, {'remat_policy': 'full'}])
+def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_params):
+  images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
+  base = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)})
+  variant = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)}, **overrides)
+  params = random_params(base.init(jax.random.key(0), images, train=False)['params'], scale=0.05)
+  assert jax.tree.structure(params) == jax.tree.structure(
+    variant.init(jax.random.key(0), images, train=False)['params']
+  )
+  np.testing.assert_allclose(
+    variant.apply({'params': params}, images, train=False),
+    base.apply({'params': params}, images, train=False),
+    atol=1e-5,
+  )
+
+
+def test_analytic_flops_match_xla_cost_analysis():
+  # XLA also counts elementwise work (norms, softmax, GELU); matmuls dominate.
+  for name in ('ViT-B_16', 'R50+ViT-B_16'):
+    analytic = stats.forward_flops(MODEL_CONFIGS[name], 224, 1000)
+    xla = stats.xla_forward_flops(get_model(name, num_classes=1000), 224)
+    assert 0.99 < analytic / xla <= 1.0, name
+  assert stats.forward_flops(MODEL_CONFIGS['ViT-B_16']) == 35_127_656_448
