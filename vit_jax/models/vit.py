@@ -111,6 +111,8 @@ class MultiHeadDotProductAttention(nn.Module):
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
       weights = jax.nn.softmax(logits).astype(self.dtype)
+      # Kept only when applied with mutable=['intermediates'] (attention maps, rollout).
+      self.sow('intermediates', 'attention_weights', weights)
       weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
       y = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
     else:
