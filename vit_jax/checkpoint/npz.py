@@ -1,0 +1,289 @@
+"""Google's .npz checkpoints: the original ViT release, AugReg, and big_vision.
+
+Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
+
+* original and AugReg files (`gs://vit_models/...`): flat `/`-joined keys with pre-Linen
+  names inside each block (`MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`),
+  renumbered per module class as flax's `convert_pre_linen` does; hybrid GroupNorm
+  parameters stored as (1, 1, 1, C) are flattened to (C,).
+* big_vision files: a `params/` (or `params/img/`, `opt/target/`) prefix, Linen names, blocks
+  possibly scan-stacked as `Transformer/encoderblock/...` with a leading depth axis, and the
+  position embedding at the top level (`pos_embedding`).
+
+The big_vision position embedding. big_vision adds `pos_embedding` (1, N, D) to the patch
+tokens *before* it prepends `cls`; our model (like the original) prepends `cls` first and adds a
+(1, N+1, D) embedding whose row 0 belongs to the class token. big_vision's
+`fix_old_checkpoints` goes our way -> theirs by folding row 0 into the token
+(`cls += pe[:, :1]`). Going theirs -> ours, any split `cls = c + r` with row 0 `r` gives the
+same network; we take the one that changes nothing: row 0 is zeros and `cls` is kept as is.
+Token 0 is then `cls + 0 == cls` bit for bit, and every patch token `x + pe` is unchanged, so
+the logits are identical. A top-level `pos_embedding` whose length is a square + 1 already
+carries its class row (the old layout `fix_old_checkpoints` recognises) and is kept as is.
+Models without a class token (`pool_type='gap'`) take the embedding unchanged.
+
+Writing (`save_npz`) produces the released layout: pre-Linen names inside each block, GroupNorm
+parameters as (1, 1, 1, C), flat `/`-joined keys, float32, so the original vit_jax loader and
+timm's npz loader read the file.
+"""
+
+import math
+import re
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vit_jax.checkpoint.tree import (
+  CheckpointError,
+  atomic_write,
+  flatten,
+  natural_key,
+  shape_str,
+  unflatten,
+)
+
+# Prefixes of big_vision (and older flax training) checkpoints, most specific first.
+PREFIXES = ('params/img/', 'params/', 'opt/target/')
+# Linen name -> pre-Linen name inside an encoder block (the call order of the old model).
+PRE_LINEN_BLOCK = {
+  'LayerNorm_0': 'LayerNorm_0',
+  'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
+  'LayerNorm_1': 'LayerNorm_2',
+  'MlpBlock_0': 'MlpBlock_3',
+}
+_MODULE_NUM_RE = re.compile(r'(.*)_\d+$')
+_GROUPNORM_RE = re.compile(r'gn(\d+|_root|_proj)$')
+_BLOCK_RE = re.compile(r'encoderblock_\d+$')
+
+
+def detect(path: Path) -> bool:
+  """A .npz file: by name, or a zip archive of .npy members (PyTorch files are zips too)."""
+  if not path.is_file():
+    return False
+  if path.suffix == '.npz':
+    return True
+  with open(path, 'rb') as f:
+    if f.read(4) != b'PK\x03\x04':
+      return False
+  try:
+    with zipfile.ZipFile(path) as z:
+      return any(name.endswith('.npy') for name in z.namelist())
+  except zipfile.BadZipFile:
+    return False
+
+
+def read_flat(path: str | Path) -> dict[str, np.ndarray]:
+  """Every array of the archive, read eagerly, never unpickling anything."""
+  try:
+    with np.load(path, allow_pickle=False) as archive:
+      return {key: archive[key] for key in archive.files}
+  except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
+    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if 'allow_pickle' in reason:
+      raise CheckpointError(
+        f'{path}: holds pickled Python objects, which are never loaded (allow_pickle=False);'
+        ' a weights checkpoint holds plain float arrays only'
+      ) from None
+    reason = reason if len(reason) <= 100 else reason[:97] + '...'
+    raise CheckpointError(
+      f'{path}: not a readable .npz checkpoint ({reason}); the file is truncated, corrupt or'
+      ' not a checkpoint: download it again'
+    ) from None
+
+
+def convert_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """Renumbers `Name_<i>` submodules per class within each dict, as flax's `convert_pre_linen`.
+
+  Idempotent on Linen names; `encoderblock_10` stays in place (natural sort).
+  """
+  renamed: dict[str, Any] = {}
+  counts: dict[str, int] = {}
+  for name in sorted(tree, key=natural_key):
+    value = tree[name]
+    match = _MODULE_NUM_RE.match(name)
+    if match:
+      module = match.group(1)
+      counts[module] = counts.get(module, -1) + 1
+      name = f'{module}_{counts[module]}'
+    renamed[name] = convert_pre_linen(value) if isinstance(value, Mapping) else value
+  return renamed
+
+
+def _strip_prefix(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+  for prefix in PREFIXES:
+    if f'{prefix}embedding/kernel' in flat:
+      return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}, prefix
+  return flat, ''
+
+
+def _unstack_scan(tree: dict[str, Any]) -> bool:
+  """`Transformer/encoderblock/...` (leading depth axis) -> `encoderblock_{i}`; True if done."""
+  transformer = tree.get('Transformer', {})
+  if 'encoderblock' not in transformer:
+    return False
+  stacked = flatten(transformer.pop('encoderblock'))
+  depths = {k: v.shape[0] if v.ndim else None for k, v in stacked.items()}
+  if len(set(depths.values())) != 1 or None in depths.values():
+    raise CheckpointError(
+      f'scan-stacked Transformer/encoderblock has leaves of different depths {depths};'
+      ' the file is not a big_vision ViT checkpoint'
+    )
+  (depth,) = set(depths.values())
+  for i in range(depth):
+    transformer[f'encoderblock_{i}'] = unflatten({k: v[i] for k, v in stacked.items()})
+  return True
+
+
+def _fold_posemb(tree: dict[str, Any]) -> str | None:
+  """Moves a big_vision position embedding to ours (module docstring); returns what was done."""
+  transformer = tree.setdefault('Transformer', {})
+  if 'pos_embedding' in tree:
+    posemb, where = tree.pop('pos_embedding'), 'pos_embedding'
+  elif 'pos_embedding' in transformer:
+    posemb, where = transformer.pop('pos_embedding'), 'Transformer/pos_embedding'
+  else:
+    return None
+  if posemb.ndim != 3 or posemb.shape[0] != 1:
+    raise CheckpointError(
+      f'{where} has shape {shape_str(posemb.shape)}; expected (1, tokens, hidden)'
+    )
+  note = f'{where} {shape_str(posemb.shape)}'
+  if 'cls' in tree:
+    n = posemb.shape[1]
+    if math.isqrt(n) ** 2 + 1 != n:  # big_vision's test for an embedded class row
+      zero = np.zeros((1, 1, posemb.shape[2]), posemb.dtype)
+      posemb = np.concatenate([zero, posemb], axis=1)
+      note += ' + zero class row'
+    else:
+      note += ' (class row present)'
+  transformer['posembed_input'] = {'pos_embedding': posemb}
+  return note
+
+
+def _squeeze_groupnorm(flat: dict[str, np.ndarray]) -> int:
+  """(1, 1, 1, C) GroupNorm scale/bias -> (C,), in place (vit_jax `_fix_groupnorm`)."""
+  count = 0
+  for key, value in flat.items():
+    parts = key.split('/')
+    if (
+      len(parts) > 1
+      and _GROUPNORM_RE.match(parts[-2])
+      and parts[-1] in ('scale', 'bias')
+      and value.ndim == 4
+      and value.shape[:3] == (1, 1, 1)
+    ):
+      flat[key] = value.reshape(value.shape[-1])
+      count += 1
+  return count
+
+
+def check_arrays(flat: Mapping[str, Any], source: str) -> None:
+  """Every leaf is a floating-point array (no strings, objects or integer bookkeeping)."""
+  for key, value in flat.items():
+    dtype = getattr(value, 'dtype', None)
+    if dtype is None or not (np.issubdtype(dtype, np.floating) or dtype.name == 'bfloat16'):
+      raise CheckpointError(
+        f'{source}: {key!r} has dtype {dtype}; a checkpoint holds floating-point weights only'
+      )
+
+
+def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[dict, str]:
+  """A flat .npz dict of any Google layout -> (our tree, a description of the layout)."""
+  flat, prefix = _strip_prefix(dict(flat))
+  if 'embedding/kernel' not in flat:
+    sample = ', '.join(sorted(flat)[:4])
+    raise CheckpointError(
+      f'{source}: unknown .npz layout: no embedding/kernel (with or without a params/ prefix);'
+      f' first keys: {sample or "none"}. Expected a Google ViT .npz (original, AugReg,'
+      ' big_vision)'
+    )
+  check_arrays(flat, source)
+  if 'MAPHead_0/probe' in flat or 'probe' in flat:
+    raise CheckpointError(
+      f"{source}: a big_vision MAP-head model (pool_type='map'); our VisionTransformer pools"
+      " with 'token' or 'gap' only"
+    )
+  pre_linen = any('/MultiHeadDotProductAttention_1/' in k or '/MlpBlock_3/' in k for k in flat)
+  gn4d = _squeeze_groupnorm(flat)
+  tree = convert_pre_linen(unflatten(flat))
+  scanned = _unstack_scan(tree)
+  posemb = _fold_posemb(tree)
+
+  big_vision = bool(prefix) or scanned or posemb is not None
+  parts = ['big_vision' if big_vision else 'vit_jax']
+  if prefix:
+    parts.append(f'prefix {prefix!r}')
+  parts.append('pre-Linen names' if pre_linen else 'Linen names')
+  if scanned:
+    parts.append('scan-stacked blocks')
+  if posemb:
+    parts.append(posemb)
+  if gn4d:
+    parts.append(f'{gn4d} GroupNorm params (1,1,1,C)')
+  return tree, 'npz (' + ', '.join(parts) + ')'
+
+
+def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
+  """Reads a Google .npz checkpoint into our tree; returns (tree, description)."""
+  del unused
+  return from_flat(read_flat(path), str(path))
+
+
+def load(path: str | Path) -> dict:
+  """Our parameter tree from a Google .npz checkpoint of any released layout."""
+  return read(path)[0]
+
+
+def to_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:
+  """Our tree with the released pre-Linen names inside every encoder block."""
+  out = dict(tree)
+  if 'Transformer' in tree:
+    transformer = {}
+    for name, sub in tree['Transformer'].items():
+      if _BLOCK_RE.match(name):
+        unknown = set(sub) - set(PRE_LINEN_BLOCK)
+        if unknown:
+          raise CheckpointError(
+            f'Transformer/{name} has modules {sorted(unknown)} that the released layout lacks;'
+            f' expected {sorted(PRE_LINEN_BLOCK)}'
+          )
+        sub = {PRE_LINEN_BLOCK[k]: v for k, v in sub.items()}
+      transformer[name] = sub
+    out['Transformer'] = transformer
+  return out
+
+
+def to_flat(params: Mapping[str, Any], groupnorm_4d: bool = True) -> dict[str, np.ndarray]:
+  """Our tree -> the released flat layout (pre-Linen names, (1,1,1,C) GroupNorm, float32)."""
+  flat = {}
+  for key, value in flatten(to_pre_linen(params)).items():
+    array = np.asarray(value)
+    if array.dtype.name == 'bfloat16' or (
+      np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize < 4
+    ):
+      array = array.astype(np.float32)  # exact; .npz readers expect standard dtypes
+    parts = key.split('/')
+    if (
+      groupnorm_4d
+      and len(parts) > 1
+      and _GROUPNORM_RE.match(parts[-2])
+      and parts[-1] in ('scale', 'bias')
+      and array.ndim == 1
+    ):
+      array = array.reshape(1, 1, 1, -1)
+    flat[key] = array
+  check_arrays(flat, 'params')
+  return flat
+
+
+def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True) -> None:
+  """Writes `params` in the released .npz layout, atomically (a temp file renamed into place).
+
+  Keys are flat `/`-joined pre-Linen names; hybrids' GroupNorm parameters are written as
+  (1, 1, 1, C) like the released files unless `groupnorm_4d=False`. bfloat16/float16 leaves
+  are widened to float32 (exactly).
+  """
+  flat = to_flat(params, groupnorm_4d)
+  atomic_write(path, lambda f: np.savez(f, **flat))

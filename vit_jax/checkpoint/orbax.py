@@ -1,0 +1,143 @@
+"""Orbax checkpoints, as a training run writes them: `WORKDIR/checkpoints/<step>/<item>/`.
+
+Only the parameters are restored, as numpy arrays on the host whatever sharding they were saved
+with (a partial restore: optimizer state is not read). `path` may be the run directory, its
+`checkpoints/` directory (the latest finished step is taken), one step directory, or one item
+directory. The parameters are the item named `params`, or the `params` entry of an item's tree
+(e.g. a train state `{'params': ..., 'opt_state': ..., 'step': ...}`), or an item whose tree
+is itself a ViT parameter tree. The layout is generic on purpose: it assumes nothing of the
+training loop beyond orbax's own directory structure.
+"""
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from vit_jax.checkpoint.npz import check_arrays
+from vit_jax.checkpoint.tree import CheckpointError, flatten
+
+ITEM_FILES = ('_METADATA', 'manifest.ocdbt')
+PREFERRED_ITEMS = ('params', 'state', 'train_state')
+
+
+def _is_item(path: Path) -> bool:
+  return path.is_dir() and any((path / name).is_file() for name in ITEM_FILES)
+
+
+def _items(step: Path) -> list[Path]:
+  if not step.is_dir():
+    return []
+  return sorted((c for c in step.iterdir() if _is_item(c)), key=lambda c: c.name)
+
+
+def _steps(directory: Path) -> list[Path]:
+  """Finished step directories (orbax writes to a temporary name and renames when done)."""
+  if not directory.is_dir():
+    return []
+  steps = [c for c in directory.iterdir() if c.name.isdigit() and _items(c)]
+  return sorted(steps, key=lambda c: int(c.name))
+
+
+def _resolve(path: Path) -> tuple[list[Path], str]:
+  """(candidate item directories, which step) for any of the accepted paths."""
+  if _is_item(path):
+    return [path], path.parent.name
+  if _items(path):
+    return _items(path), path.name
+  for directory in (path, path / 'checkpoints'):
+    steps = _steps(directory)
+    if steps:
+      return _items(steps[-1]), steps[-1].name
+  return [], ''
+
+
+def detect(path: Path) -> bool:
+  """A run, checkpoints, step or item directory of orbax checkpoints."""
+  return path.is_dir() and bool(_resolve(path)[0])
+
+
+def _is_vit(tree: Any) -> bool:
+  return isinstance(tree, Mapping) and 'embedding' in tree
+
+
+def _find_params(name: str, tree: Any) -> tuple[str, ...] | None:
+  """The path of the parameter tree inside an item's tree, or None."""
+  if name == 'params' and _is_vit(tree):
+    return ()
+  if isinstance(tree, Mapping) and 'params' in tree:
+    sub = tree['params']
+    if _is_vit(sub):
+      return ('params',)
+    if isinstance(sub, Mapping) and _is_vit(sub.get('params')):  # {'params': {'params': ...}}
+      return ('params', 'params')
+  if _is_vit(tree):
+    return ()
+  return None
+
+
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+  """Orbax warns through absl about metadata files a partial restore does not need."""
+  logger = logging.getLogger('absl')
+  level = logger.level
+  logger.setLevel(logging.ERROR)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
+def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
+  """Restores the parameters of an orbax checkpoint; returns (tree, description)."""
+  del unused
+  import orbax.checkpoint as ocp  # heavy (tensorstore): only when an orbax checkpoint is read
+
+  path = Path(path)
+  items, step = _resolve(path)
+  if not items:
+    raise CheckpointError(f'{path}: no finished orbax checkpoint here (no <step>/<item>/_METADATA)')
+  rank = {name: i for i, name in enumerate(PREFERRED_ITEMS)}
+  items.sort(key=lambda c: rank.get(c.name, len(rank)))  # stable: the rest by name
+  checkpointer = ocp.PyTreeCheckpointer()
+  with _quiet_absl():
+    for item in items:
+      try:
+        metadata = checkpointer.metadata(item)
+      except Exception:  # not a PyTree item (e.g. JSON metadata)
+        continue
+      tree = getattr(getattr(metadata, 'item_metadata', metadata), 'tree', None)
+      where = _find_params(item.name, tree)
+      if where is None:
+        continue
+      target = tree
+      for key in where:
+        target = target[key]
+      for key in reversed(where):
+        target = {key: target}
+      restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+      try:
+        restored = checkpointer.restore(
+          item,
+          args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
+        )
+      except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+          f'{item}: the orbax checkpoint cannot be restored ({reason})'
+        ) from None
+      for key in where:
+        restored = restored[key]
+      params = jax.tree.map(np.asarray, dict(restored))
+      check_arrays(flatten(params), str(item))
+      inside = '/'.join(where) or 'the whole item'
+      return params, f'orbax (step {step}, item {item.name!r}, {inside})'
+  names = ', '.join(c.name for c in items)
+  raise CheckpointError(
+    f'{path}: no ViT parameters in the orbax items ({names}); expected an item named params or a'
+    " tree with a 'params' entry"
+  )
