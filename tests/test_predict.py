@@ -1,0 +1,258 @@
+"""predict: preprocessing, hand-set heads, class names, the zero-head warning, bad files, --json."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit_jax import checkpoint, predict
+from vit_jax.models import get_model
+
+REPO = Path(__file__).resolve().parents[1]
+RESOLUTION = 32  # the 'testing' model: 16-pixel patches, a 2x2 grid
+
+
+def _params(random_params, num_classes, resolution=RESOLUTION, seed=0):
+  model = get_model('testing', num_classes=num_classes)
+  x = np.zeros((1, resolution, resolution, 3), np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))['params']
+  return random_params(shapes, seed=seed)
+
+
+def _save(params, path):
+  checkpoint.save_npz(params, path)
+  return str(path)
+
+
+def _images(directory, n, seed=0):
+  """`n` random RGB PNGs of different sizes; returns their paths."""
+  rng = np.random.default_rng(seed)
+  paths = []
+  for i in range(n):
+    path = Path(directory) / f'img{i}.png'
+    Image.fromarray(rng.integers(0, 256, (20 + 7 * i, 30 + 3 * i, 3), dtype=np.uint8)).save(path)
+    paths.append(str(path))
+  return paths
+
+
+def _reference_probs(params, paths, resolution=RESOLUTION):
+  """Softmax of the full model (head included) applied directly: an independent path."""
+  model = get_model('testing', num_classes=params['head']['kernel'].shape[1])
+  x = np.stack([predict.preprocess(predict.read_image(p), resolution) for p in paths])
+  logits = np.asarray(model.apply({'params': params}, x, train=False), np.float64)
+  e = np.exp(logits - logits.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def test_preprocess_matches_the_original_tf_image_resize():
+  tf = pytest.importorskip('tensorflow')
+  rng = np.random.default_rng(0)
+  for h, w, r in [(37, 53, 24), (480, 640, 224), (1000, 750, 224), (8, 8, 32), (224, 224, 224)]:
+    image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    expected = (tf.image.resize(image, [r, r]).numpy() - 127.5) / 127.5
+    got = predict.preprocess(image, r)
+    assert got.shape == (r, r, 3) and got.dtype == np.float32
+    # TF places the samples in float32, we in float64: at most 0.02 of a grey level apart.
+    np.testing.assert_allclose(got, expected, atol=2e-4)
+
+
+def test_read_image_converts_grey_and_rgba_to_rgb(tmp_path):
+  Image.fromarray(np.full((5, 7), 200, np.uint8)).save(tmp_path / 'grey.png')
+  Image.fromarray(np.full((5, 7, 4), 100, np.uint8)).save(tmp_path / 'rgba.png')
+  grey = predict.read_image(tmp_path / 'grey.png')
+  rgba = predict.read_image(tmp_path / 'rgba.png')
+  assert grey.shape == rgba.shape == (5, 7, 3)
+  assert (grey == 200).all() and (rgba == 100).all()
+
+
+def test_hand_set_head_gives_its_classes_and_probabilities(tmp_path, random_params):
+  params = _params(random_params, num_classes=5)
+  # A zero kernel and bias log(p): every image gets exactly p, whatever the backbone says.
+  p = np.array([0.0625, 0.5, 0.125, 0.25, 0.0625])
+  params['head'] = {'kernel': np.zeros((10, 5), np.float32), 'bias': np.log(p).astype(np.float32)}
+  loaded = predict.load(_save(params, tmp_path / 'hand.npz'))
+  predictions, errors = predict.predict_files(loaded, _images(tmp_path, 2), k=3)
+  assert errors == []
+  for pred in predictions:
+    assert pred.indices.tolist() == [1, 3, 2]
+    np.testing.assert_allclose(pred.probabilities, [0.5, 0.25, 0.125], rtol=1e-6)
+  assert loaded.class_names is None  # 5 classes, no run config: indices
+
+
+def test_predictions_equal_the_full_model_in_any_batching(tmp_path, random_params):
+  params = _params(random_params, num_classes=7, seed=1)
+  paths = _images(tmp_path, 5)
+  expected = _reference_probs(params, paths)
+  loaded = predict.load(_save(params, tmp_path / 'random.npz'))
+  for batch_size in (2, 5, 32):
+    predictions, _ = predict.predict_files(loaded, paths, k=7, batch_size=batch_size)
+    assert [p.image for p in predictions] == paths
+    for pred, probs in zip(predictions, expected, strict=True):
+      assert pred.indices.tolist() == np.argsort(-probs, kind='stable').tolist()
+      np.testing.assert_allclose(pred.probabilities, probs[pred.indices], atol=1e-5)
+
+
+def test_model_and_resolution_are_inferred_from_the_shapes(tmp_path, random_params):
+  params = _params(random_params, num_classes=3, resolution=48)
+  path = _save(params, tmp_path / 'r48.npz')
+  loaded = predict.load(path)
+  assert (loaded.model_name, loaded.resolution, loaded.grid, loaded.num_classes) == (
+    'testing',
+    48,
+    (3, 3),
+    3,
+  )
+  bigger = predict.load(path, resolution=64)  # position embeddings resized to 4x4
+  assert bigger.grid == (4, 4)
+  assert bigger.params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 17, 10)
+
+
+def test_a_model_that_does_not_fit_is_a_clear_error(tmp_path, random_params, capsys):
+  path = _save(_params(random_params, num_classes=3), tmp_path / 't.npz')
+  with pytest.raises(ValueError, match=r'--model ViT-Ti_16 does not fit .* holds testing'):
+    predict.load(path, model_name='ViT-Ti_16')
+  assert predict.run(path, _images(tmp_path, 1), model_name='ViT-B_16') == 2
+  err = capsys.readouterr().err
+  assert err.count('\n') == 1 and 'hidden_size 10, 1 layers, 2 heads' in err
+
+
+def test_1000_class_heads_get_the_imagenet_names(tmp_path, random_params):
+  params = _params(random_params, num_classes=1000)
+  bias = np.zeros(1000, np.float32)
+  bias[281], bias[207] = 30.0, 29.0  # tabby cat first, golden retriever second
+  params['head'] = {'kernel': np.zeros((10, 1000), np.float32), 'bias': bias}
+  loaded = predict.load(_save(params, tmp_path / 'in1k.npz'))
+  assert 'tensorflow_datasets' in loaded.class_names_source
+  assert loaded.class_names[0] == 'tench, Tinca tinca'
+  (pred,), _ = predict.predict_files(loaded, _images(tmp_path, 1), k=2)
+  assert pred.names == ['tabby, tabby cat', 'golden retriever']
+  np.testing.assert_allclose(pred.probabilities[0], 1 / (1 + np.exp(-1) + 998 * np.exp(-30)))
+
+
+def test_a_run_directory_names_its_own_classes(tmp_path, random_params):
+  run = tmp_path / 'run'
+  (run / 'checkpoints').mkdir(parents=True)
+  names = ['zero', 'one', 'two']
+  (run / 'config.json').write_text(json.dumps({'dataset': {'class_names': names}}))
+  params = _params(random_params, num_classes=3)
+  loaded = predict.load(_save(params, run / 'checkpoints' / 'final.npz'))
+  assert loaded.class_names == names
+  assert loaded.class_names_source == str(run / 'config.json')
+  # A run that names a tfds dataset gets the names its builder declares (no data needed).
+  (run / 'config.json').write_text(json.dumps({'dataset': 'oxford_iiit_pet'}))
+  pets = predict.class_names_for(run / 'checkpoints' / 'final.npz', 37)[0]
+  assert pets[:2] == ['Abyssinian', 'american_bulldog'] and len(pets) == 37
+  # Hugging Face's placeholder labels (LABEL_0, ...) are no names.
+  hf = tmp_path / 'hf'
+  hf.mkdir()
+  (hf / 'config.json').write_text(
+    json.dumps({'id2label': {str(i): f'LABEL_{i}' for i in range(3)}})
+  )
+  assert predict.class_names_for(hf / 'x.npz', 3) == (None, 'indices')
+  (hf / 'config.json').write_text(json.dumps({'id2label': {'1': 'b', '0': 'a', '2': 'c'}}))
+  assert predict.class_names_for(hf / 'x.npz', 3)[0] == ['a', 'b', 'c']
+
+
+def test_zero_head_warns_instead_of_predicting(tmp_path, random_params, capsys):
+  params = _params(random_params, num_classes=21)
+  params['head'] = jax.tree.map(np.zeros_like, params['head'])  # as the released in21k files
+  path = _save(params, tmp_path / 'in21k.npz')
+  images = _images(tmp_path, 2)
+  assert predict.run(path, images) == 1
+  out, err = capsys.readouterr()
+  assert out == ''
+  assert 'warning: the head of' in err and 'all zeros' in err and '--features' in err
+  # Embeddings still work, and then nothing failed.
+  features = tmp_path / 'emb.npy'
+  assert predict.run(path, images, features=str(features)) == 0
+  assert np.load(features, allow_pickle=False).shape == (2, 10)
+
+
+def test_features_are_the_pre_logits_with_the_file_list(tmp_path, random_params):
+  params = _params(random_params, num_classes=4, seed=2)
+  path = _save(params, tmp_path / 'c.npz')
+  images = _images(tmp_path, 3)
+  out = tmp_path / 'feats' / 'emb.npy'
+  assert predict.run(path, images, features=str(out), as_json=True) == 0
+  features = np.load(out, allow_pickle=False)
+  headless = get_model('testing', num_classes=None)
+  x = np.stack([predict.preprocess(predict.read_image(p), RESOLUTION) for p in images])
+  backbone = {k: v for k, v in params.items() if k != 'head'}
+  expected = headless.apply({'params': backbone}, x, train=False)
+  assert features.shape == (3, 10) and features.dtype == np.float32
+  np.testing.assert_allclose(features, expected, atol=1e-5)
+  sidecar = json.loads(out.with_suffix('.json').read_text())
+  assert sidecar['files'] == images and sidecar['shape'] == [3, 10]
+  assert sidecar['model'] == 'testing' and sidecar['resolution'] == RESOLUTION
+  assert not [p for p in out.parent.iterdir() if p.name.endswith('.tmp')]
+
+
+def test_cli_predicts_the_good_images_and_names_the_bad_one(tmp_path, random_params):
+  params = _params(random_params, num_classes=6, seed=3)
+  path = _save(params, tmp_path / 'm.npz')
+  good = _images(tmp_path, 2)
+  bad = tmp_path / 'broken.jpg'
+  bad.write_bytes(b'\xff\xd8\xff\xe0 this is not really a jpeg')
+  missing = tmp_path / 'missing.png'
+  argv = ['--checkpoint', path, '--json', '--top_k', '2', good[0], str(bad), str(missing), good[1]]
+  proc = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.predict', *argv],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+  assert proc.returncode == 1, proc.stderr
+  errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 2
+  assert str(bad) in errors[0] and str(missing) in errors[1]
+  report = json.loads(proc.stdout)
+  assert [r['image'] for r in report['results']] == good
+  assert report['model'] == 'testing' and report['num_classes'] == 6
+  assert len(report['errors']) == 2
+  expected = _reference_probs(params, good)
+  for result, probs in zip(report['results'], expected, strict=True):
+    top = result['predictions']
+    assert [t['class'] for t in top] == np.argsort(-probs, kind='stable')[:2].tolist()
+    np.testing.assert_allclose([t['probability'] for t in top], np.sort(probs)[::-1][:2], atol=1e-5)
+
+
+def test_table_output(tmp_path, random_params, capsys):
+  params = _params(random_params, num_classes=3)
+  params['head'] = {
+    'kernel': np.zeros((10, 3), np.float32),
+    'bias': np.log([0.2, 0.7, 0.1]).astype(np.float32),
+  }
+  path = _save(params, tmp_path / 't.npz')
+  (image,) = _images(tmp_path, 1)
+  assert predict.run(path, [image], k=2) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == 'testing at 32 px, 3 classes (names: indices)'
+  assert lines[1:] == [image, '  1.  70.00%      1', '  2.  20.00%      0']
+
+
+def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random_params):
+  ocp = pytest.importorskip('orbax.checkpoint')
+  run = tmp_path / 'run'
+  params = _params(random_params, num_classes=3, seed=4)
+  manager = ocp.CheckpointManager(run / 'checkpoints')
+  manager.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave({'params': params})))
+  manager.wait_until_finished()
+  manager.close()
+  (run / 'config.json').write_text(json.dumps({'class_names': ['ant', 'bee', 'cat']}))
+  paths = _images(tmp_path, 2)
+  expected = _reference_probs(params, paths)
+  for where in (run, run / 'checkpoints' / '7' / 'state'):
+    loaded = predict.load(where)
+    assert loaded.class_names == ['ant', 'bee', 'cat']
+    predictions, _ = predict.predict_files(loaded, paths, k=1)
+    for pred, probs in zip(predictions, expected, strict=True):
+      assert pred.names == [['ant', 'bee', 'cat'][int(np.argmax(probs))]]
+      np.testing.assert_allclose(pred.probabilities, [probs.max()], atol=1e-5)
