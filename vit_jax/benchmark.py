@@ -1,0 +1,831 @@
+"""Throughput, memory, compile time and MFU of the model zoo, side by side in one process.
+
+  python -m vit_jax.benchmark --model ViT-B_16 --batch 8 --resolution 224 \\
+      --dtype float32,bfloat16 --train --compare --json bench.json
+
+Every combination of `--dtype`, `--attention`, `--remat` and `--layers` (unrolled or one
+`nn.scan`) is one variant. All variants share one set of weights and one batch of random
+images, and are timed in interleaved rounds (variant A, B, ..., then A, B, ... again), so that
+a change in machine load hits them alike; the table shows the best round and the median.
+Per variant and mode:
+
+  img/s         images per second (inference: `apply(train=False)`; training: one jitted
+                step of forward, backward and an SGD-momentum update, parameters donated)
+  compile       seconds to lower and compile the program
+  GFLOP/img     XLA's cost analysis of the program, per image (a training step with
+                rematerialisation counts its recomputation; XLA counts a scanned body once,
+                so scanned programs show none)
+  TFLOP/s, MFU  model FLOPs (the unrolled program without rematerialisation) x img/s, and
+                that as a fraction of the peak: `--peak_tflops`, or else the best square
+                matmul this process measures in the same dtype (bfloat16 operands with
+                float32 accumulation for the 16-bit dtypes), once per round
+  XLA mem       arguments + outputs - donated + temporaries of the compiled program
+                (`compiled.memory_analysis()`): the memory the program needs
+  peak mem      measured: the accelerator's `peak_bytes_in_use` (the process's peak so far),
+                or on CPU the process's peak resident set during the timed steps (VmHWM,
+                reset before them; it includes everything the process holds)
+  cpu/wall      process CPU seconds per wall second while timing (CPU only): well below the
+                number of cores means that other processes had the machine
+
+`--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
+(through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
+and the largest logit difference; 16-bit variants compare against `torch.autocast`.
+`--max_batch` picks the largest batch whose training step fits in memory.
+"""
+
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax.models import get_config, model_from_config, stats, vit
+
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
+ATTENTION = ('xla', 'fused')
+REMAT = ('none', 'full', 'dots', 'dots_saveable')
+LAYERS = ('unrolled', 'scan')
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One model variant: compute dtype, attention, rematerialisation, unrolled or scanned."""
+
+  dtype: str = 'float32'
+  attention: str = 'xla'
+  remat: str = 'none'
+  layers: str = 'unrolled'
+
+  @property
+  def name(self) -> str:
+    scan = '/scan' if self.layers == 'scan' else ''
+    return f'{self.dtype}/{self.attention}/remat={self.remat}{scan}'
+
+
+@dataclasses.dataclass
+class _Timed:
+  """A program under test: `run()` does one step and blocks until it is done."""
+
+  label: str
+  variant: Variant | None
+  mode: str
+  run: Callable[[], Any]
+  compile_s: float = float('nan')
+  flops_per_image: float = float('nan')
+  model_flops_per_image: float = float('nan')
+  xla_bytes: int | None = None
+  wall: list[float] = dataclasses.field(default_factory=list)
+  cpu: list[float] = dataclasses.field(default_factory=list)
+  peak_bytes: int | None = None
+
+
+def variants_from(
+  dtypes: Sequence[str],
+  attentions: Sequence[str],
+  remats: Sequence[str],
+  layers: Sequence[str] = ('unrolled',),
+) -> list[Variant]:
+  """The cartesian product, checked; the first one is the reference for agreement."""
+  for flag, values, allowed in (
+    ('--dtype', dtypes, DTYPES),
+    ('--attention', attentions, ATTENTION),
+    ('--remat', remats, REMAT),
+    ('--layers', layers, LAYERS),
+  ):
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+      raise ValueError(f'{flag}={",".join(values)}: expected a comma list of {", ".join(allowed)}')
+  product = itertools.product(dtypes, attentions, layers, remats)
+  return [Variant(d, a, r, n) for d, a, n, r in product]
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def _time(fn: Callable[[], Any]) -> tuple[float, float]:
+  wall, cpu = time.perf_counter(), time.process_time()
+  jax.block_until_ready(fn())
+  return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def matmul_probe(dtype: str, size: int, repeats: int = 3) -> float:
+  """TFLOP/s of the best of `repeats` jitted (size x size) @ (size x size) matmuls.
+
+  16-bit dtypes multiply 16-bit operands with float32 accumulation and output, as the model
+  does; that is the fast path on CPUs with bfloat16 dot products and on GPU tensor cores.
+  """
+  keys = jax.random.split(jax.random.key(0))
+  a, b = (jax.random.normal(k, (size, size), jnp.float32).astype(DTYPES[dtype]) for k in keys)
+  f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
+  jax.block_until_ready(f(a, b))
+  best = min(_time(lambda: f(a, b))[0] for _ in range(repeats))
+  return 2 * size**3 / best / 1e12
+
+
+def _default_probe_sizes() -> tuple[int, ...]:
+  return (2048, 4096) if jax.default_backend() == 'cpu' else (8192, 16384)
+
+
+def _peak_rss_reset() -> bool:
+  """Resets the process's peak resident set (Linux); False where that is not possible."""
+  try:
+    with open('/proc/self/clear_refs', 'w') as f:
+      f.write('5')
+    return True
+  except OSError:
+    return False
+
+
+def _peak_rss() -> int | None:
+  try:
+    with open('/proc/self/status') as f:
+      match = re.search(r'VmHWM:\s+(\d+) kB', f.read())
+  except OSError:
+    return None
+  return int(match.group(1)) * 1024 if match else None
+
+
+def _device_peak_bytes() -> int | None:
+  stats_ = jax.local_devices()[0].memory_stats() or {}
+  return stats_.get('peak_bytes_in_use')
+
+
+def _xla_bytes(compiled: Any) -> int | None:
+  """arguments + outputs - aliased (donated) + temporaries, from the compiled program."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # not every backend implements it
+    return None
+  if m is None:
+    return None
+  return int(
+    m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+  )
+
+
+def _finite(x: float) -> float | None:
+  return x if x == x else None  # NaN (not measured) -> null in JSON
+
+
+def _flops(lowered: Any) -> float:
+  return float(lowered.cost_analysis()['flops'])
+
+
+# ----------------------------------------------------------------------------- programs
+
+
+def model_config(name: str, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """The registered config with `overrides` (a dict value updates only the keys it names)."""
+  config = get_config(name).to_dict()
+  for key, value in (overrides or {}).items():
+    if isinstance(value, dict) and isinstance(config.get(key), dict):
+      config[key] = {**config[key], **value}
+    else:
+      config[key] = value
+  return ml_collections.ConfigDict(config)
+
+
+def _model(config: ml_collections.ConfigDict, num_classes: int, variant: Variant):
+  return model_from_config(
+    config,
+    num_classes=num_classes,
+    dtype=DTYPES[variant.dtype],
+    attention_impl=variant.attention,
+    remat_policy=variant.remat,
+    scan_layers=variant.layers == 'scan',
+  )
+
+
+def init_params(
+  config: ml_collections.ConfigDict, num_classes: int, resolution: int, seed: int = 0
+) -> Any:
+  """float32 weights from the model's initialisers; the zero-initialised head gets
+  N(0, 1/width) noise so that the logits differ between classes (and top-1 means something).
+  """
+  model = _model(config, num_classes, Variant())
+  images = jnp.zeros((1, resolution, resolution, 3), jnp.float32)
+  params = jax.jit(lambda: model.init(jax.random.key(seed), images, train=False)['params'])()
+  params = jax.tree.map(np.asarray, params)
+  if 'head' in params:
+    kernel = params['head']['kernel']
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal(kernel.shape) / np.sqrt(kernel.shape[0])
+    params['head'] = {**params['head'], 'kernel': noise.astype(np.float32)}
+  return params
+
+
+def _inference(model: Any, params: Any, images: jax.Array) -> tuple[Callable, float, float, Any]:
+  """(compiled apply, compile seconds, flops per image, xla bytes)."""
+  f = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  start = time.perf_counter()
+  lowered = f.lower(params, images)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  return compiled, compile_s, _flops(lowered) / images.shape[0], _xla_bytes(compiled)
+
+
+def make_train_step(model: Any, learning_rate: float = 1e-4, momentum: float = 0.9):
+  """(optimizer, step): step(params, opt_state, images, labels, rng) -> (params, opt_state, loss).
+
+  Softmax cross-entropy, backward, SGD with momentum; jit it with donated state.
+  """
+  import optax
+
+  tx = optax.sgd(learning_rate, momentum=momentum)
+
+  def step(params, opt_state, images, labels, rng):
+    def loss_fn(p):
+      logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
+      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return tx, step
+
+
+def _abstract(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _compile_train(model: Any, params: Any, images: Any, labels: Any):
+  """(compiled step, compile seconds, flops per image, xla bytes); arrays may be abstract."""
+  tx, step = make_train_step(model)
+  params = _abstract(params)
+  opt = jax.eval_shape(tx.init, params)
+  f = jax.jit(step, donate_argnums=(0, 1))
+  start = time.perf_counter()
+  lowered = f.lower(params, opt, images, labels, jax.random.key(1))
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  return compiled, compile_s, _flops(lowered) / images.shape[0], _xla_bytes(compiled)
+
+
+def _train(
+  model: Any, params: Any, images: jax.Array, labels: jax.Array, state: dict | None = None
+):
+  """(run, compile seconds, flops per image, xla bytes); `run` steps `state` in place.
+
+  Programs may share one `state` (parameters and optimizer state, donated and replaced at
+  every step): they run one after another, and a large model is then held once, not once
+  per variant.
+  """
+  compiled, compile_s, flops, xla_bytes = _compile_train(model, params, images, labels)
+  state = {} if state is None else state
+  if not state:
+    tx, _ = make_train_step(model)
+    state['params'] = jax.tree.map(jnp.array, params)  # a copy: the step donates it
+    state['opt'] = tx.init(state['params'])
+  rng = jax.random.key(1)
+
+  def run():
+    state['params'], state['opt'], loss = compiled(
+      state['params'], state['opt'], images, labels, rng
+    )
+    return loss
+
+  return run, compile_s, flops, xla_bytes
+
+
+def _model_flops(config, num_classes, variant, mode, images, labels, params) -> float:
+  """FLOPs per image of the unrolled program without rematerialisation (the model FLOPs).
+
+  XLA's cost analysis counts a loop body once, so a scanned program is counted unrolled.
+  """
+  model = _model(config, num_classes, dataclasses.replace(variant, remat='none', layers='unrolled'))
+  shapes = _abstract(params)
+  if mode == 'inference':
+    lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
+  else:
+    tx, step = make_train_step(model)
+    opt = jax.eval_shape(tx.init, shapes)
+    lowered = jax.jit(step).lower(shapes, opt, images, labels, jax.random.key(1))
+  return _flops(lowered) / images.shape[0]
+
+
+def train_memory_bytes(
+  config: ml_collections.ConfigDict,
+  num_classes: int,
+  variant: Variant,
+  resolution: int,
+  batch: int,
+) -> int | None:
+  """XLA's memory for one training step at `batch` (compiled, nothing allocated)."""
+  model = _model(config, num_classes, variant)
+  images = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
+  labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
+  return _compile_train(model, params['params'], images, labels)[3]
+
+
+def memory_limit_bytes() -> int:
+  """The first device's memory (`bytes_limit`), or on CPU the memory available now."""
+  limit = (jax.local_devices()[0].memory_stats() or {}).get('bytes_limit')
+  if limit:
+    return int(limit)
+  with open('/proc/meminfo') as f:
+    return int(re.search(r'MemAvailable:\s+(\d+) kB', f.read()).group(1)) * 1024
+
+
+def largest_batch(
+  config: ml_collections.ConfigDict,
+  num_classes: int,
+  variant: Variant,
+  resolution: int,
+  limit_bytes: int,
+  multiple: int = 32,
+) -> tuple[int, int]:
+  """(batch, bytes): the largest multiple of `multiple` whose training step XLA fits in
+  `limit_bytes`. Memory is linear in the batch: two compiles give the line, a third checks.
+  """
+  mem = lambda b: train_memory_bytes(config, num_classes, variant, resolution, b)
+  b1, b2 = multiple, 2 * multiple
+  m1, m2 = mem(b1), mem(b2)
+  if m1 is None or m2 is None:
+    raise ValueError('this backend reports no memory analysis; pass --batch instead of --max_batch')
+  if m1 > limit_bytes:
+    raise ValueError(f'batch {b1} needs {m1 / 1e9:.2f} GB > {limit_bytes / 1e9:.2f} GB available')
+  per_image = max((m2 - m1) / (b2 - b1), 1.0)
+  batch = max(multiple, int((limit_bytes - m1) / per_image + b1) // multiple * multiple)
+  need = {b1: m1, b2: m2}.get(batch) or mem(batch)
+  while need > limit_bytes and batch > multiple:
+    batch -= multiple
+    need = {b1: m1, b2: m2}.get(batch) or mem(batch)
+  return batch, need
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+
+def _check_comparable(config: Any) -> None:
+  if config.resnet is not None or config.classifier != 'token' or config.representation_size:
+    raise ValueError(
+      f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
+      f' ViTForImageClassification); {config.model_name} has resnet={config.resnet is not None},'
+      f' classifier={config.classifier!r}, representation_size={config.representation_size}'
+    )
+
+
+def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
+  """Hugging Face ViTForImageClassification on our weights, via the exporter."""
+  # Idle OpenMP threads of PyTorch spin by default; on a machine shared with other work
+  # that spinning takes the cores from the threads with work (measured: 50x slower).
+  os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+  import torch
+  import transformers
+
+  from vit_jax.checkpoint import export_hf
+
+  path = export_hf(params, config, os.path.join(tmp, 'hf'), image_size=resolution)
+  return torch, transformers.ViTForImageClassification.from_pretrained(path).eval()
+
+
+def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bool) -> list:
+  """One inference and one training program per distinct dtype."""
+  x = torch.from_numpy(np.asarray(images).transpose(0, 3, 1, 2).copy())
+  y = torch.from_numpy(np.asarray(labels).astype(np.int64))
+  programs = []
+  for dtype in dict.fromkeys(v.dtype for v in variants):
+    autocast = dtype != 'float32'
+    ctx = lambda a=autocast, d=dtype: torch.autocast('cpu', dtype=getattr(torch, d), enabled=a)
+
+    def infer(ctx=ctx):
+      hf.eval()
+      with torch.inference_mode(), ctx():
+        return hf(pixel_values=x).logits.float().numpy()
+
+    if inference:
+      programs.append(_Timed(f'HF PyTorch {dtype}', Variant(dtype), 'inference', infer))
+    if train:
+      opt = torch.optim.SGD(hf.parameters(), lr=1e-4, momentum=0.9)
+
+      def step(ctx=ctx, opt=opt):
+        hf.train()  # dropout as configured, like our training step
+        opt.zero_grad(set_to_none=True)
+        with ctx():
+          loss = torch.nn.functional.cross_entropy(hf(pixel_values=x).logits.float(), y)
+        loss.backward()
+        opt.step()
+        return loss.detach().numpy()
+
+      programs.append(_Timed(f'HF PyTorch {dtype}', Variant(dtype), 'train', step))
+  return programs
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+def run_benchmark(
+  model: str = 'ViT-B_16',
+  batch: int = 8,
+  resolution: int = 224,
+  dtypes: Sequence[str] = ('float32',),
+  attentions: Sequence[str] = ('xla',),
+  remats: Sequence[str] = ('none',),
+  layers: Sequence[str] = ('unrolled',),
+  *,
+  inference: bool = True,
+  train: bool = False,
+  compare: bool = False,
+  num_classes: int = 1000,
+  peak_tflops: float | None = None,
+  rounds: int = 2,
+  steps: int = 3,
+  check_batches: int = 2,
+  probe_sizes: Sequence[int] | None = None,
+  seed: int = 0,
+  model_overrides: dict[str, Any] | None = None,
+  compile_only: bool = False,
+  log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+  """Measures every variant; returns a JSON-ready dict (see the module docstring).
+
+  `model_overrides` changes the registered config, e.g. `{'transformer': {'num_layers': 2}}`.
+  `compile_only` compiles every program on abstract arrays (nothing is allocated or timed):
+  compile time, FLOPs and XLA's memory of models that would not fit.
+  """
+  variants = variants_from(dtypes, attentions, remats, layers)
+  config = model_config(model, model_overrides)
+  if compare:
+    _check_comparable(config)
+    if compile_only:
+      raise ValueError('--compare times Hugging Face: it cannot run with --compile_only')
+  if not (inference or train):
+    raise ValueError('nothing to measure: pass --train, or leave --inference on')
+  if batch < 1 or rounds < 1 or steps < 1:
+    raise ValueError(f'batch={batch}, rounds={rounds}, steps={steps}: each must be >= 1')
+  platform = jax.default_backend()
+  load_start = os.getloadavg()
+  rng = np.random.default_rng(seed)
+  images = jnp.asarray(rng.uniform(-1, 1, (batch, resolution, resolution, 3)), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, max(num_classes, 1), batch), jnp.int32)
+  log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
+  if compile_only:
+    images, labels = _abstract(images), _abstract(labels)
+    model_ = _model(config, num_classes, Variant())
+    params = jax.eval_shape(lambda x: model_.init(jax.random.key(0), x, train=False), images)
+    params = params['params']
+  else:
+    params = init_params(config, num_classes, resolution, seed)
+  analytic = stats.forward_flops(config, resolution, num_classes)
+
+  programs: list[_Timed] = []
+  compiled_inference = {}  # variant -> (compiled apply, its params)
+  train_state = {layout: {} for layout in LAYERS}  # shared by the training programs
+  params_by_layout = {'unrolled': params}
+  for variant in variants:
+    net = _model(config, num_classes, variant)
+    scan = variant.layers == 'scan'
+    if scan and 'scan' not in params_by_layout:
+      stack = jax.eval_shape if compile_only else lambda f, x: f(x)
+      params_by_layout['scan'] = stack(vit.stack_encoder_blocks, params)
+    params_v = params_by_layout[variant.layers]
+    modes = (['inference'] if inference and variant.remat == variants[0].remat else []) + (
+      ['train'] if train else []
+    )  # remat changes no inference program: inference is measured once
+    for mode in modes:
+      if mode == 'inference':
+        compiled, compile_s, flops, xla_bytes = _inference(net, params_v, images)
+        compiled_inference[variant] = (compiled, params_v)
+        run = lambda c=compiled, p=params_v: c(p, images)
+      elif compile_only:
+        _, compile_s, flops, xla_bytes = _compile_train(net, params_v, images, labels)
+        run = None
+      else:
+        state = train_state[variant.layers]
+        run, compile_s, flops, xla_bytes = _train(net, params_v, images, labels, state)
+      model_flops = flops
+      if scan or variant.remat != 'none':
+        model_flops = _model_flops(config, num_classes, variant, mode, images, labels, params)
+      if scan:
+        flops = float('nan')  # XLA counts the scanned body once
+      programs.append(
+        _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, xla_bytes)
+      )
+      log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
+  if train and not (inference or compare or compile_only):
+    # Training programs hold their own (shared) state: free the initial copies, which would
+    # otherwise sit in the measured peak memory.
+    params = params_v = params_by_layout = None
+
+  hf_logits = None
+  tmp = tempfile.TemporaryDirectory(prefix='vit_benchmark_')
+  if compare:
+    torch, hf = _hugging_face(params, config, resolution, tmp.name)
+    hf_programs = _hf_programs(hf, torch, variants, images, labels, train, inference)
+    with torch.inference_mode():
+      x = torch.from_numpy(np.asarray(images).transpose(0, 3, 1, 2).copy())
+      hf_logits = hf(pixel_values=x).logits.numpy()
+    for p in hf_programs:  # the same model: our count of its FLOPs
+      ours = next(q for q in programs if q.mode == p.mode)
+      p.model_flops_per_image = ours.model_flops_per_image
+    programs += hf_programs
+
+  # Warm-up (first runs allocate), then interleaved rounds.
+  if compile_only:
+    rounds = 0
+  for p in programs:
+    if not compile_only:
+      jax.block_until_ready(p.run())
+  sizes = tuple(probe_sizes or _default_probe_sizes())
+  probe: dict[str, list[float]] = {d: [] for d in dict.fromkeys(v.dtype for v in variants)}
+  on_cpu = platform == 'cpu'
+  for r in range(rounds):
+    if peak_tflops is None:
+      for d in probe:
+        probe[d].append(max(matmul_probe(d, s) for s in sizes))
+    for p in programs:
+      reset = on_cpu and _peak_rss_reset()
+      for _ in range(steps):
+        wall, cpu = _time(p.run)
+        p.wall.append(wall)
+        p.cpu.append(cpu)
+      peak = (_peak_rss() if reset else None) if on_cpu else _device_peak_bytes()
+      if peak is not None:
+        p.peak_bytes = max(p.peak_bytes or 0, peak)
+    done = ', '.join(f'{p.label} {p.mode} {batch / min(p.wall[-steps:]):.2f}' for p in programs)
+    log(f'  round {r + 1}/{rounds} (img/s): {done}')
+
+  # Agreement with the reference variant (the first), and with Hugging Face.
+  agreement = {}
+  if inference and len(variants) > 1 and check_batches > 0 and not compile_only:
+    check = [
+      jnp.asarray(rng.uniform(-1, 1, images.shape), jnp.float32) for _ in range(check_batches)
+    ]
+    logits = lambda v: np.concatenate(
+      [np.asarray(compiled_inference[v][0](compiled_inference[v][1], x)) for x in check]
+    )
+    ref = logits(variants[0])
+    for v in [v for v in variants[1:] if v in compiled_inference]:
+      out = logits(v)
+      agreement[v.name] = {
+        'reference': variants[0].name,
+        'images': int(ref.shape[0]),
+        'top1_agreement': float(np.mean(out.argmax(-1) == ref.argmax(-1))),
+        'max_abs_logit_error': float(np.abs(out - ref).max()),
+        'max_abs_logit': float(np.abs(ref).max()),
+        'distinct_reference_top1': len(np.unique(ref.argmax(-1))),
+      }
+  hf_logit_error = None
+  if hf_logits is not None and inference:
+    ref_variant = next((v for v in compiled_inference if v.dtype == 'float32'), None)
+    if ref_variant is not None:
+      compiled, params_v = compiled_inference[ref_variant]
+      ours = np.asarray(compiled(params_v, images))
+      hf_logit_error = float(np.abs(ours - hf_logits).max())
+  tmp.cleanup()
+
+  peaks = {d: max(v) for d, v in probe.items() if v} if peak_tflops is None else {}
+  rows = []
+  for p in programs:
+    timed = bool(p.wall)
+    best = min(p.wall) if timed else None
+    peak = peak_tflops if peak_tflops is not None else peaks.get(p.variant.dtype)
+    model_flops = p.model_flops_per_image
+    achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
+    rows.append(
+      {
+        'program': p.label,
+        'framework': 'hf-pytorch' if p.label.startswith('HF') else 'jax',
+        'mode': p.mode,
+        'dtype': p.variant.dtype,
+        'attention': None if p.label.startswith('HF') else p.variant.attention,
+        'remat': None if p.label.startswith('HF') else p.variant.remat,
+        'layers': None if p.label.startswith('HF') else p.variant.layers,
+        'img_per_s': batch / best if timed else None,
+        'img_per_s_median': batch / statistics.median(p.wall) if timed else None,
+        'step_s': best,
+        'step_s_all': p.wall,
+        'cpu_per_wall': sum(p.cpu) / sum(p.wall) if on_cpu and timed else None,
+        'compile_s': _finite(p.compile_s),
+        'flops_per_image': _finite(p.flops_per_image),
+        'model_flops_per_image': _finite(model_flops),
+        'achieved_tflops': achieved,
+        'peak_tflops': peak,
+        'mfu': achieved / peak if achieved is not None and peak else None,
+        'xla_memory_bytes': p.xla_bytes,
+        'peak_memory_bytes': p.peak_bytes,
+        'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
+        if p.peak_bytes is not None
+        else None,
+      }
+    )
+  # Ratios: ours over Hugging Face for the same dtype and mode.
+  for row in rows:
+    if row['framework'] != 'jax':
+      continue
+    theirs = [
+      r
+      for r in rows
+      if r['framework'] == 'hf-pytorch' and r['mode'] == row['mode'] and r['dtype'] == row['dtype']
+    ]
+    row['vs_hf'] = (
+      row['img_per_s'] / theirs[0]['img_per_s'] if theirs and row['img_per_s'] else None
+    )
+  inference_rows = {r['program']: r for r in rows if r['mode'] == 'inference'}
+  for row in rows:
+    if row['mode'] == 'train' and row['img_per_s'] and row['program'] in inference_rows:
+      row['train_over_inference_time'] = (
+        inference_rows[row['program']]['img_per_s'] / (row['img_per_s'])
+      )
+
+  return {
+    'model': model,
+    'model_overrides': model_overrides,
+    'batch': batch,
+    'resolution': resolution,
+    'num_classes': num_classes,
+    'analytic_forward_flops_per_image': analytic,
+    'platform': platform,
+    'device': jax.devices()[0].device_kind,
+    'device_count': jax.device_count(),
+    'cpu_count': os.cpu_count(),
+    'jax': jax.__version__,
+    'omp_wait_policy': os.environ.get('OMP_WAIT_POLICY') if compare else None,
+    'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+    'load_average_start': list(load_start),
+    'load_average_end': list(os.getloadavg()),
+    'rounds': rounds,
+    'compile_only': compile_only,
+    'steps_per_round': steps,
+    'matmul_probe_tflops': {d: v for d, v in probe.items() if v},
+    'matmul_probe_sizes': list(sizes) if peak_tflops is None else None,
+    'peak_tflops_given': peak_tflops,
+    'rows': rows,
+    'agreement': agreement,
+    'hf_max_abs_logit_error': hf_logit_error,
+  }
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
+  if value is None or (isinstance(value, float) and value != value):
+    return '-'
+  return format(value / scale, spec)
+
+
+def format_table(result: dict[str, Any]) -> str:
+  """A Markdown table of the rows, then the probe, agreement and load lines."""
+  head = (
+    '| program | mode | img/s | median | compile s | GFLOP/img | TFLOP/s | MFU | XLA mem GB'
+    ' | peak mem GB | cpu/wall | vs HF |'
+  )
+  lines = [head, '|' + '---|' * 12]
+  for r in result['rows']:
+    cells = [
+      r['program'],
+      r['mode'],
+      _fmt(r['img_per_s'], '.2f'),
+      _fmt(r['img_per_s_median'], '.2f'),
+      _fmt(r['compile_s'], '.1f'),
+      _fmt(r['flops_per_image'], '.2f', 1e9),
+      _fmt(r['achieved_tflops'], '.3f'),
+      _fmt(r['mfu'], '.0%'),
+      _fmt(r['xla_memory_bytes'], '.2f', 1e9),
+      _fmt(r['peak_memory_bytes'], '.2f', 1e9),
+      _fmt(r['cpu_per_wall'], '.2f'),
+      _fmt(r.get('vs_hf'), '.2f'),
+    ]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  out = ['\n'.join(lines), '']
+  if result['matmul_probe_tflops']:
+    probes = ', '.join(
+      f'{d} {max(v) * 1e3:.0f} GFLOP/s' for d, v in result['matmul_probe_tflops'].items()
+    )
+    out.append(f'matmul probe (best square {result["matmul_probe_sizes"]}): {probes}')
+  elif result['peak_tflops_given']:
+    out.append(f'peak: {result["peak_tflops_given"]} TFLOP/s (given)')
+  for name, a in result['agreement'].items():
+    out.append(
+      f'{name} vs {a["reference"]}: top-1 agreement {a["top1_agreement"]:.1%} on {a["images"]}'
+      f' random images ({a["distinct_reference_top1"]} distinct classes), max |logit error|'
+      f' {a["max_abs_logit_error"]:.2e} (max |logit| {a["max_abs_logit"]:.2f})'
+    )
+  if result['hf_max_abs_logit_error'] is not None:
+    out.append(
+      f'Hugging Face vs ours (float32): max |logit error| {result["hf_max_abs_logit_error"]:.2e}'
+    )
+  for r in result['rows']:
+    if r.get('train_over_inference_time'):
+      out.append(
+        f'{r["program"]}: training step per image = {r["train_over_inference_time"]:.2f} x'
+        ' inference per image'
+      )
+  out.append(
+    f'load average {result["load_average_start"][0]:.2f} at start, '
+    f'{result["load_average_end"][0]:.2f} at end ({result["cpu_count"]} CPUs); {result["date"]}'
+  )
+  return '\n'.join(out)
+
+
+def write_json(result: dict[str, Any], path: str) -> None:
+  """Writes atomically: a temporary file in the same folder, then a rename."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.benchmark.', suffix='.json.tmp')
+  try:
+    with os.fdopen(fd, 'w') as f:
+      json.dump(result, f, indent=2)
+      f.write('\n')
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def main(argv: Sequence[str]) -> None:
+  try:
+    _main(argv)
+  except ValueError as e:  # bad flags or a batch that cannot fit: one line, no traceback
+    sys.exit(f'error: {e}')
+
+
+def _main(argv: Sequence[str]) -> None:
+  del argv
+  from absl import flags
+
+  f = flags.FLAGS
+  log = lambda s: print(s, file=sys.stderr, flush=True)
+  batch = f.batch
+  if f.max_batch:
+    variants = variants_from(f.dtype, f.attention, f.remat, f.layers)
+    config = model_config(f.model)
+    limit = int(f.memory_fraction * memory_limit_bytes())
+    batch, need = largest_batch(config, f.num_classes, variants[0], f.resolution, limit)
+    log(f'largest batch for {variants[0].name}: {batch} ({need / 1e9:.1f} of {limit / 1e9:.1f} GB)')
+  result = run_benchmark(
+    f.model,
+    batch,
+    f.resolution,
+    f.dtype,
+    f.attention,
+    f.remat,
+    f.layers,
+    inference=f.inference,
+    train=f.train,
+    compare=f.compare,
+    num_classes=f.num_classes,
+    peak_tflops=f.peak_tflops,
+    rounds=f.rounds,
+    steps=f.steps,
+    check_batches=f.check_batches,
+    probe_sizes=[int(s) for s in f.probe_sizes] or None,
+    seed=f.seed,
+    compile_only=f.compile_only,
+    log=log,
+  )
+  print(format_table(result))
+  if f.json:
+    write_json(result, f.json)
+    print(f'wrote {f.json}')
+
+
+def _define_flags() -> None:
+  from absl import flags
+
+  flags.DEFINE_string('model', 'ViT-B_16', 'registered model name (vit_jax.models.MODEL_CONFIGS)')
+  flags.DEFINE_integer('batch', 8, 'images per step')
+  flags.DEFINE_bool(
+    'max_batch', False, 'instead of --batch: the largest multiple of 32 whose training step fits'
+  )
+  flags.DEFINE_float('memory_fraction', 0.9, 'of the device memory, for --max_batch')
+  flags.DEFINE_integer('resolution', 224, 'image side in pixels')
+  flags.DEFINE_integer('num_classes', 1000, 'head width')
+  flags.DEFINE_list('dtype', ['float32'], f'compute dtypes, comma list of {list(DTYPES)}')
+  flags.DEFINE_list('attention', ['xla'], f'attention implementations, of {list(ATTENTION)}')
+  flags.DEFINE_list('remat', ['none'], f'rematerialisation policies, of {list(REMAT)}')
+  flags.DEFINE_list('layers', ['unrolled'], f'encoder blocks unrolled or as one nn.scan: {LAYERS}')
+  flags.DEFINE_bool('inference', True, 'time inference (--noinference: training only)')
+  flags.DEFINE_bool('train', False, 'time training steps (forward, backward, SGD momentum)')
+  flags.DEFINE_bool('compare', False, 'also run Hugging Face PyTorch ViT on the same weights')
+  flags.DEFINE_float('peak_tflops', None, 'device peak for MFU; default: a matmul probe')
+  flags.DEFINE_list('probe_sizes', [], 'square matmul sizes of the probe (default by platform)')
+  flags.DEFINE_integer('rounds', 2, 'interleaved rounds over all programs')
+  flags.DEFINE_integer('steps', 3, 'timed steps per program per round')
+  flags.DEFINE_integer('check_batches', 2, 'batches of random images for top-1 agreement')
+  flags.DEFINE_integer('seed', 0, 'weights and images')
+  flags.DEFINE_bool('compile_only', False, 'compile on abstract arrays: no allocation, no timing')
+  flags.DEFINE_string('json', None, 'write the results here (JSON)')
+
+
+if __name__ == '__main__':
+  from absl import app
+
+  _define_flags()
+  app.run(main)
