@@ -16,7 +16,7 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	touch $@
 
 run: $(VENV)/.runtime
-	$(PY) -m vit_jax.models --table
+	$(PY) -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
 
 table: $(VENV)/.runtime
 	$(PY) -m vit_jax.models --table --xla_flops

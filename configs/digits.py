@@ -1,0 +1,66 @@
+r"""The bundled default job: a small ViT trained from scratch on scikit-learn's digits.
+
+  python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
+
+1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
+no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
+patches. Training augmentation is the inception crop (area 0.6-1) with its box between
+pixels (`pp.subpixel`: on an 8x8 grid a pixel-aligned box allows only a few dozen crops) and
+no flip (a mirrored digit is another symbol). Four blocks of width 64, global average
+pooling, Adam with decoupled weight decay, warmup then cosine decay, 3,000 steps of 64.
+"""
+
+import ml_collections
+
+from configs import common
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The digits config."""
+  config = common.get_config()
+  config.dataset = 'digits'
+  config.model_name = 'ViT-digits'
+  config.model = ml_collections.ConfigDict(
+    {
+      'model_name': 'ViT-digits',
+      'patches': {'size': (2, 2)},
+      'hidden_size': 64,
+      'transformer': {
+        'num_layers': 4,
+        'mlp_dim': 128,
+        'num_heads': 4,
+        'dropout_rate': 0.0,
+        'attention_dropout_rate': 0.0,
+      },
+      'classifier': 'gap',
+      'representation_size': None,
+      'resnet': None,
+    }
+  )
+  config.pretrained_dir = ''  # from scratch
+
+  config.pp.train = 'train'
+  config.pp.test = 'test'
+  config.pp.crop = 8
+  config.pp.area_min = 0.6
+  config.pp.flip = False
+  config.pp.subpixel = True
+
+  config.optimizer = 'adam'
+  config.b1 = 0.9
+  config.b2 = 0.999
+  config.weight_decay = 0.05
+  config.grad_norm_clip = 1.0
+  config.base_lr = 3e-3
+  config.decay_type = 'cosine'
+  config.warmup_steps = 100
+  config.total_steps = 3000
+  config.batch = 64
+  config.batch_eval = 360
+  config.accum_steps = 1
+  config.shuffle_buffer = 2_000
+
+  config.progress_every = 50
+  config.eval_every = 500
+  config.checkpoint_every = 500
+  return config.lock()

@@ -1,0 +1,27 @@
+"""Short model names for config strings ('b16' -> 'ViT-B_16', 'r50_b16' -> 'R50+ViT-B_16')."""
+
+import difflib
+
+import ml_collections
+
+from vit_jax.models import MODEL_CONFIGS, get_config
+
+
+def short_name(name: str) -> str:
+  """'ViT-B_16' -> 'b16', 'R50+ViT-B_16' -> 'r50_b16', 'ViT-S_16-gap-norep' -> 's16_gap_norep'."""
+  short = name.replace('ViT-', '').replace('+', '_').replace('-', '_').lower()
+  return short.replace('_16', '16').replace('_32', '32').replace('_14', '14').replace('_8', '8')
+
+
+SHORT_NAMES = {short_name(name): name for name in MODEL_CONFIGS}
+
+
+def model_config(model: str) -> ml_collections.ConfigDict:
+  """The registry config of `model`, a short name ('b16') or a registry name ('ViT-B_16')."""
+  name = SHORT_NAMES.get(model, model)
+  if name not in MODEL_CONFIGS:
+    options = sorted(SHORT_NAMES) + sorted(MODEL_CONFIGS)
+    close = difflib.get_close_matches(model, options, n=4, cutoff=0.5)
+    hint = f' Did you mean: {", ".join(close)}?' if close else ''
+    raise ValueError(f'Unknown model {model!r}.{hint} Known: {", ".join(sorted(SHORT_NAMES))}.')
+  return get_config(name)

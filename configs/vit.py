@@ -1,0 +1,35 @@
+r"""Fine-tunes a pretrained ViT or hybrid: `--config=configs/vit.py:MODEL,DATASET`.
+
+MODEL is a short name (ti16, s16, s32, b8, b16, b32, l16, l32, h14, r50_b16, r26_s32, ...)
+or a registry name (ViT-B_16); DATASET a preset (cifar10, cifar100, imagenet2012,
+oxford_iiit_pet, oxford_flowers102) or any tfds name / image folder (then set
+--config.total_steps). Paper Table 4 recipe: SGD momentum 0.9, batch 512, cosine decay,
+clip 1, no weight decay, 384 px.
+
+  python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=runs/b16_cifar10 \
+      --config.pretrained_dir=checkpoints   # holds ViT-B_16.npz (gs://vit_models/imagenet21k)
+"""
+
+import ml_collections
+
+from configs import common, models
+
+
+def get_config(model_dataset: str = 'b16,cifar10') -> ml_collections.ConfigDict:
+  """The fine-tuning config for 'MODEL,DATASET'."""
+  parts = model_dataset.split(',')
+  if len(parts) != 2:
+    raise ValueError(
+      f'Config argument {model_dataset!r}: expected "MODEL,DATASET", e.g. "b16,cifar10".'
+    )
+  model, dataset = (p.strip() for p in parts)
+  config = common.get_config()
+  if dataset in common.DATASET_PRESETS:
+    config = common.with_dataset(config, dataset)
+  else:
+    config.dataset = dataset
+  config.model = models.model_config(model)
+  config.model_name = config.model.model_name
+  if (config.model_name, dataset) == ('ViT-B_16', 'cifar10'):
+    config.base_lr = 0.01  # the original's only per-pair setting
+  return config.lock()

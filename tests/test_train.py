@@ -1,0 +1,485 @@
+"""Training end to end: accuracy, 1 vs 8 devices, exact resume, SIGKILL/SIGTERM, faults, errors."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import digits as digits_config
+from configs import vit as vit_config
+from vit_jax import data as data_lib
+from vit_jax import parallel, train
+from vit_jax.data import digits as digits_data
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The tiny model of these tests, as command-line overrides (for subprocess runs) and as a dict.
+TINY = {
+  'model.hidden_size': 32,
+  'model.patches.size': (2, 2),
+  'model.transformer.num_layers': 1,
+  'model.transformer.mlp_dim': 64,
+  'model.transformer.num_heads': 2,
+  'pp.crop': 8,
+  'batch': 32,
+  'batch_eval': 360,
+  'warmup_steps': 2,
+  'total_steps': 6,
+  'progress_every': 1,
+  'eval_every': 3,
+  'checkpoint_every': 3,
+}
+EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
+
+
+def _set(config, dotted, value):
+  *parents, leaf = dotted.split('.')
+  for p in parents:
+    config = config[p]
+  config[leaf] = value
+
+
+def tiny_config(**overrides) -> ml_collections.ConfigDict:
+  """configs/digits.py with the tiny model; keyword names use '__' for '.'."""
+  config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
+  for key, value in {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}.items():
+    _set(config, key, value)
+  return config
+
+
+def _metrics(workdir, keys=('loss', *EVAL_KEYS)):
+  """The deterministic part of metrics.jsonl (no timings)."""
+  return [{k: m[k] for k in ('step', *keys) if k in m} for m in train.read_metrics(workdir)]
+
+
+def _flat(params):
+  return {
+    '/'.join(str(k.key) for k in path): np.asarray(x)
+    for path, x in jax.tree_util.tree_flatten_with_path(jax.device_get(params))[0]
+  }
+
+
+def _assert_metrics_close(a, b, atol):
+  assert [sorted(m) for m in a] == [sorted(m) for m in b]
+  assert [m['step'] for m in a] == [m['step'] for m in b]
+  for ma, mb in zip(a, b, strict=True):
+    np.testing.assert_allclose([ma[k] for k in sorted(ma)], [mb[k] for k in sorted(mb)], atol=atol)
+
+
+def _assert_trees_close(a, b, atol):
+  fa, fb = _flat(a), _flat(b)
+  assert fa.keys() == fb.keys()
+  for k in fa:
+    np.testing.assert_allclose(fa[k], fb[k], atol=atol, rtol=0, err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory):
+  """The uninterrupted 6-step tiny run on all 8 devices, shared by several tests."""
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  result = train.train_and_evaluate(tiny_config(), workdir)
+  return workdir, result
+
+
+def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(reference_run):
+  workdir, result = reference_run
+  assert result['status'] == 'done' and result['step'] == 6
+  with open(os.path.join(workdir, 'config.json')) as f:
+    config = json.load(f)
+  assert config['dataset'] == 'digits' and config['_resolved']['devices'] == 8
+  lines = train.read_metrics(workdir)
+  assert [m['step'] for m in lines if 'loss' in m] == [1, 2, 3, 4, 5, 6]
+  evals = [m for m in lines if 'accuracy_test' in m]
+  assert [m['step'] for m in evals] == [3, 6]
+  assert all(m['num_test'] == 360 for m in evals)
+  assert all(0.0 <= m['accuracy_test'] <= m['accuracy_test_top5'] <= 1.0 for m in evals)
+  assert all(np.isfinite(m['loss']) for m in lines if 'loss' in m)
+  # Step 1 includes compilation: img/s is measured from step 2 on.
+  assert [m['step'] for m in lines if m.get('img_per_sec', 0) > 0] == [2, 3, 4, 5, 6]
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(workdir))
+  with open(os.path.join(workdir, 'curves.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '6']
+
+
+def test_digits_trains_to_accuracy(tmp_path):
+  """A CI-sized digits run: configs/digits.py with 2 blocks and 600 steps, on one device.
+
+  Measured 96.9% (19.5 s); the full job (4 blocks, 3,000 steps) measured 98.3-99.7%.
+  """
+  config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
+  config.model.transformer.num_layers = 2
+  config.total_steps = 600
+  config.warmup_steps = 40
+  config.eval_every = config.checkpoint_every = 600
+  result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  assert result['num_test'] == 360
+  assert result['accuracy_test'] >= 0.93, result['accuracy_test']
+
+
+def test_one_and_eight_devices_agree(tmp_path):
+  """Same losses and parameters to 1e-5 on 1 device and on 8 (FSDP), with dropout on."""
+  config = tiny_config(model__transformer__dropout_rate=0.1, total_steps=4, eval_every=4)
+  one = train.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices()[:1])
+  config.sharding = 'fsdp'
+  old = parallel.FSDP_MIN_SIZE
+  parallel.FSDP_MIN_SIZE = 0  # shard even the tiny model's leaves
+  try:
+    eight = train.train_and_evaluate(config, str(tmp_path / 'eight'))
+  finally:
+    parallel.FSDP_MIN_SIZE = old
+  sharded = [s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, eight['params']))]
+  assert any('data' in spec for spec in sharded)
+  losses_one = [m['loss'] for m in _metrics(str(tmp_path / 'one'), ('loss',)) if 'loss' in m]
+  losses_eight = [m['loss'] for m in _metrics(str(tmp_path / 'eight'), ('loss',)) if 'loss' in m]
+  assert len(losses_one) == 4
+  np.testing.assert_allclose(losses_one, losses_eight, atol=1e-5, rtol=0)
+  _assert_trees_close(one['params'], eight['params'], atol=1e-5)
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+  """accum_steps=4 gives the same run as 1: equal micro-batches, per-example dropout keys."""
+  config = tiny_config(model__transformer__dropout_rate=0.1, total_steps=2, eval_every=2)
+  full = train.train_and_evaluate(config, str(tmp_path / 'full'))
+  config.accum_steps = 4
+  accumulated = train.train_and_evaluate(config, str(tmp_path / 'accum'))
+  _assert_trees_close(full['params'], accumulated['params'], atol=1e-5)
+
+
+def test_stop_and_resume_is_exact(tmp_path, reference_run):
+  """6 steps in one go == 3 steps, stopped, then resumed for 3 more: parameters and metrics."""
+  ref_dir, ref = reference_run
+  workdir = str(tmp_path)
+  first = train.train_and_evaluate(tiny_config(), workdir, stop_after=3)
+  assert first['status'] == 'preempted' and first['step'] == 3
+  second = train.train_and_evaluate(tiny_config(), workdir)
+  assert second['status'] == 'done' and second['step'] == 6
+  _assert_trees_close(ref['params'], second['params'], atol=0)
+  assert _metrics(workdir) == _metrics(ref_dir)
+
+
+@pytest.fixture
+def run_main(tmp_path):
+  """Starts `python -m vit_jax.main` on the tiny digits config (this session's 8 CPU devices).
+
+  Output goes to a file (a full pipe would block the child); returns (process, read_output).
+  Processes still running at the end of the test are killed.
+  """
+  started = []
+
+  def start(workdir, *flags):
+    overrides = [f'--config.{k}={v}' for k, v in TINY.items()]
+    command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/digits.py']
+    log = tmp_path / f'main_{len(started)}.log'
+    with open(log, 'w') as out:
+      process = subprocess.Popen(
+        [*command, f'--workdir={workdir}', *overrides, *flags],
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    started.append(process)
+    return process, log.read_text
+
+  yield start
+  for process in started:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def _wait_for(path, process, output, timeout=240):
+  start = time.monotonic()
+  while not os.path.exists(path):
+    assert process.poll() is None, output()
+    assert time.monotonic() - start < timeout, f'{path} did not appear'
+    time.sleep(0.05)
+
+
+def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main):
+  """A run killed with SIGKILL resumes from its last complete checkpoint, exactly."""
+  flags = ['--config.total_steps=20', '--config.checkpoint_every=5', '--config.eval_every=10']
+  workdir = str(tmp_path / 'killed')
+  process, output = run_main(workdir, *flags)
+  _wait_for(os.path.join(workdir, 'checkpoints', '10', '_CHECKPOINT_METADATA'), process, output)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  stopped = train._latest_step(workdir)
+  assert 10 <= stopped < 20
+  resumed, output = run_main(workdir, *flags)
+  assert resumed.wait(timeout=300) == 0, output()
+  assert f'Resumed from checkpoint at step {stopped}' in output()
+
+  config = tiny_config(total_steps=20, checkpoint_every=5, eval_every=10)
+  reference = train.train_and_evaluate(config, str(tmp_path / 'reference'))
+  _assert_metrics_close(_metrics(workdir), _metrics(str(tmp_path / 'reference')), atol=1e-6)
+  from vit_jax.checkpoint import load
+
+  assert train._latest_step(workdir) == 20
+  _assert_trees_close(reference['params'], load(workdir), atol=1e-6)
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, run_main):
+  workdir = str(tmp_path / 'run')
+  flags = ['--config.total_steps=100000', '--config.checkpoint_every=100000']
+  process, output = run_main(workdir, *flags)
+  _wait_for(os.path.join(workdir, 'metrics.jsonl'), process, output)
+  time.sleep(0.5)
+  process.send_signal(signal.SIGTERM)
+  assert process.wait(timeout=120) == 0, output()
+  step = train._latest_step(workdir)
+  assert step is not None and 0 < step < 100000
+  assert f'Stopping at step {step}: checkpoint saved' in output()
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(tiny_config(checkpoint_every=100), workdir, stop_after=2)
+  good = os.path.join(workdir, 'checkpoints', '2')
+  digest = _digest(good)
+  with pytest.raises(
+    FloatingPointError, match=r'Non-finite loss .* at step [34].*checkpoint \(step 2\)'
+  ):
+    train.train_and_evaluate(
+      tiny_config(checkpoint_every=100, base_lr=1e30, warmup_steps=0), workdir
+    )
+  assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
+  assert _digest(good) == digest
+
+
+def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
+  workdir = str(tmp_path)
+  train.train_and_evaluate(tiny_config(total_steps=2, checkpoint_every=2), workdir)
+  with pytest.raises(
+    ValueError, match=r'Cannot resume from .*/checkpoints/2 .*use a new --workdir'
+  ):
+    train.train_and_evaluate(tiny_config(total_steps=4, optimizer='sgd'), workdir)
+  with pytest.raises(ValueError, match='written with batch 32, the config says 64'):
+    train.train_and_evaluate(tiny_config(total_steps=4, batch=64), workdir)
+
+
+def _digest(folder):
+  h = hashlib.sha256()
+  for root, _, files in sorted(os.walk(folder)):
+    for f in sorted(files):
+      h.update(f.encode())
+      with open(os.path.join(root, f), 'rb') as fh:
+        h.update(fh.read())
+  return h.hexdigest()
+
+
+def test_fine_tuning_from_npz_at_another_resolution(tmp_path):
+  """Pretrain at 8 px, save_npz, fine-tune at 16 px (posemb 4x4 -> 8x8): far above its start."""
+  from vit_jax.checkpoint import save_npz
+
+  one = jax.devices()[:1]
+  pretrain = dict(total_steps=300, base_lr=1e-2, warmup_steps=20, pp__area_min=1.0)
+  pre = train.train_and_evaluate(
+    tiny_config(eval_every=300, checkpoint_every=300, progress_every=100, **pretrain),
+    str(tmp_path / 'pretrain'),
+    devices=one,
+  )
+  npz = str(tmp_path / 'tiny.npz')
+  save_npz(jax.device_get(pre['params']), npz)
+
+  finetune = dict(
+    pp__crop=16, total_steps=20, eval_every=20, checkpoint_every=20, warmup_steps=2,
+    progress_every=10, optimizer='sgd', base_lr=0.1, pp__area_min=1.0,
+  )  # fmt: skip
+  tuned = train.train_and_evaluate(
+    tiny_config(pretrained_path=npz, **finetune), str(tmp_path / 'ft'), devices=one
+  )
+  with open(tmp_path / 'ft' / 'config.json') as f:
+    config = json.load(f)
+  assert config['_resolved']['pretrained_path'] == npz
+  assert tuned['params']['Transformer']['posembed_input']['pos_embedding'].shape == (1, 64, 32)
+  # Its start: the zero head gives every class the same logit, argmax picks class 0, so the
+  # accuracy is the share of zeros (10%). The same 20 steps from scratch reached 19%.
+  start = np.mean(digits_data.load('test')[1] == 0)
+  assert start == pytest.approx(0.1, abs=0.01)
+  assert pre['accuracy_test'] > 0.75, pre['accuracy_test']
+  assert tuned['accuracy_test'] > start + 0.3, tuned['accuracy_test']  # measured: 0.50
+
+
+def _write_npz_of_testing_model(path):
+  from vit_jax.checkpoint import save_npz
+  from vit_jax.models import get_model
+
+  model = get_model('testing', num_classes=21843)
+  params = model.init(jax.random.key(1), jnp.zeros((1, 224, 224, 3)), train=False)['params']
+  save_npz(jax.device_get(params), path)
+
+
+@pytest.mark.parametrize('dataset', ['cifar10', 'imagenet2012'])
+def test_mock_data_fine_tuning_configs_run_end_to_end(tmp_path, dataset):
+  _write_npz_of_testing_model(str(tmp_path / 'testing.npz'))
+  config = ml_collections.ConfigDict(vit_config.get_config(f'testing,{dataset}').to_dict())
+  config.pretrained_dir = str(tmp_path)
+  config.pp.crop = 32
+  config.batch = config.batch_eval = 16
+  config.accum_steps = 2
+  config.total_steps = 3
+  config.warmup_steps = 1
+  config.eval_every = 3
+  with tfds.testing.mock_data(num_examples=20):
+    result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result['status'] == 'done' and result['num_test'] == 20
+  expected_classes = {'cifar10': 10, 'imagenet2012': 1000}[dataset]
+  assert result['params']['head']['kernel'].shape == (10, expected_classes)
+  assert result['params']['Transformer']['posembed_input']['pos_embedding'].shape == (1, 5, 10)
+
+
+def test_pretraining_recipes_follow_table_3():
+  from configs import pretrain
+
+  i21k = pretrain.get_config('b16,imagenet21k')
+  i1k = pretrain.get_config('b32,imagenet2012')
+  for config in (i21k, i1k):
+    assert (config.optimizer, config.b1, config.b2, config.batch) == ('adam', 0.9, 0.999, 4096)
+    assert (config.warmup_steps, config.pp.crop, config.grad_norm_clip) == (10_000, 224, 1.0)
+    assert config.model.transformer.dropout_rate == 0.1
+    assert config.model.representation_size == config.model.hidden_size
+  assert (i21k.base_lr, i21k.decay_type, i21k.weight_decay, i21k.total_epochs) == (
+    1e-3,
+    'linear',
+    0.03,
+    90,
+  )
+  assert (i1k.base_lr, i1k.decay_type, i1k.weight_decay, i1k.total_epochs) == (
+    3e-3,
+    'cosine',
+    0.3,
+    300,
+  )
+  assert (i21k.loss, i21k.model.head_bias_init) == ('sigmoid_xent', -10.0)
+
+
+def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
+  """The i21k recipe (Adam, weight decay, pre_logits, sigmoid loss, head bias -10) on mock data."""
+  from configs import pretrain
+
+  config = ml_collections.ConfigDict(pretrain.get_config('testing,imagenet21k').to_dict())
+  config.dataset = 'imagenet2012'  # ImageNet-21k is not in tfds; its mock stands in
+  config.pp.train, config.pp.test = 'train', 'validation'
+  config.pp.crop = 32
+  config.batch = config.batch_eval = 16
+  config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
+  config.warmup_steps = 1
+  with tfds.testing.mock_data(num_examples=20):
+    result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2 and result['num_test'] == 20
+  params = result['params']
+  assert params['pre_logits']['kernel'].shape == (10, 10)  # representation layer of width D
+  head_bias = np.asarray(params['head']['bias'])
+  assert head_bias.shape == (1000,)
+  np.testing.assert_allclose(head_bias, -10.0, atol=0.01)  # initialised at -10, 2 small steps
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state(tmp_path):
+  one = jax.devices()[:1]
+  f32 = train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path / 'f32'), devices=one)
+  bf16 = train.train_and_evaluate(
+    tiny_config(total_steps=3, dtype='bfloat16'), str(tmp_path / 'bf16'), devices=one
+  )
+  assert {x.dtype for x in jax.tree.leaves(bf16['params'])} == {jnp.dtype('float32')}
+  floats = [x for x in jax.tree.leaves(bf16['opt_state']) if jnp.issubdtype(x.dtype, jnp.floating)]
+  assert floats and {x.dtype for x in floats} == {jnp.dtype('float32')}
+  losses = [
+    [m['loss'] for m in _metrics(str(tmp_path / d), ('loss',)) if 'loss' in m]
+    for d in ('f32', 'bf16')
+  ]
+  np.testing.assert_allclose(losses[0], losses[1], rtol=0.02)
+  assert not np.array_equal(losses[0], losses[1])  # it really computed in bfloat16
+  _assert_trees_close(f32['params'], bf16['params'], atol=0.01)
+
+
+class _RedChannelModel:
+  """A stand-in model whose logits are (0, red value, -1): hand-checkable predictions."""
+
+  def apply(self, variables, images, train):
+    red = images[:, 0, 0, 0]
+    return jnp.stack([jnp.zeros_like(red), red, -jnp.ones_like(red)], axis=-1)
+
+
+def test_evaluation_counts_every_example_exactly_once(tmp_path):
+  from PIL import Image
+
+  # Class a: red 0 and 200; class b: red 0, 100, 255. Prediction: class b iff red > 127.5.
+  for name, reds in {'a': (0, 200), 'b': (0, 100, 255)}.items():
+    for split in ('train', 'test'):
+      os.makedirs(tmp_path / split / name)
+      for i, red in enumerate(reds):
+        Image.fromarray(np.full((4, 4, 3), red, np.uint8)).save(
+          tmp_path / split / name / f'{i}.png'
+        )
+  config = tiny_config(dataset=str(tmp_path), batch=8, batch_eval=2, pp__crop=4)
+  setup = train.prepare(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
+  eval_step = jax.jit(train.make_eval_step(_RedChannelModel(), num_classes=3))
+  mesh_sharding = parallel.batch_sharding(setup.mesh)
+  metrics = train.evaluate(eval_step, None, setup, mesh_sharding)
+  # a: 0 -> a (right), 200 -> b (wrong); b: 0 -> a, 100 -> a (wrong), 255 -> b (right): 2 of 5.
+  # The padding example (image 0.0, label 0) would be "right" if it were counted: 3 of 6.
+  assert metrics['num_test'] == 5
+  assert metrics['accuracy_test'] == pytest.approx(2 / 5)
+  # Top-5 of 3 classes: always right.
+  assert metrics['accuracy_test_top5'] == pytest.approx(1.0)
+  assert data_lib.num_eval_batches(setup.source, 'test', 2) == 3
+
+
+def _error(config, tmp_path, match):
+  with pytest.raises(ValueError, match=match) as info:
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(info.value)
+  assert not os.path.exists(tmp_path / 'run')  # nothing written, nothing computed
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path):
+  with pytest.raises(ValueError, match=r"Unknown model 'b17'\. Did you mean: b16"):
+    vit_config.get_config('b17,cifar10')
+  _error(
+    tiny_config(dataset='cifar1O'), tmp_path, "Unknown dataset 'cifar1O'.*Did you mean: cifar10"
+  )
+  _error(tiny_config(batch=100), tmp_path, 'config.batch=100 does not divide over 8 devices')
+  extra = tiny_config()
+  extra.bathc = 64
+  _error(extra, tmp_path, "Unknown config key 'bathc'. Did you mean 'batch'")
+  missing = ml_collections.ConfigDict(vit_config.get_config('b16,cifar10').to_dict())
+  missing.pretrained_dir = str(tmp_path)
+  _error(
+    missing,
+    tmp_path,
+    f'Pretrained checkpoint {tmp_path}/ViT-B_16.npz not found: download it with '
+    '`gsutil cp gs://vit_models/imagenet21k/ViT-B_16.npz DIR/`',
+  )
+  _error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
+
+
+@pytest.mark.parametrize(
+  ('flags', 'message'),
+  [
+    (['--config=configs/digits.py', '--config.bathc=64'], 'bathc'),
+    (['--config=configs/vit.py:b17,cifar10'], "Unknown model 'b17'"),
+  ],
+)
+def test_command_line_errors_are_one_line(tmp_path, flags, message):
+  run = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path}/run', *flags],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert run.returncode == 1
+  errors = [line for line in run.stderr.splitlines() if line.startswith('Error:')]
+  assert len(errors) == 1 and message in errors[0], run.stderr
+  assert not os.path.exists(tmp_path / 'run')

@@ -1,0 +1,100 @@
+r"""Trains and evaluates a ViT: `python -m vit_jax.main --config=FILE[:ARG] --workdir=DIR`.
+
+  python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
+  python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=runs/b16 \
+      --config.pretrained_dir=checkpoints --config.base_lr=0.01
+
+Running the same command again with the same workdir resumes from its last checkpoint.
+Bad input (an unknown model, dataset or config key, a missing pretrained file, a batch
+that does not divide over the devices) ends with a one-line error before any compute.
+"""
+
+import contextlib
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # quiet; tf.data's image ops only
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+_CONFIG = config_flags.DEFINE_config_file(
+  'config', None, 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
+)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, events).')
+flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def _hide_accelerators_from_tensorflow() -> None:
+  """tf.data runs on the host; keep TensorFlow off the GPUs/TPUs that JAX uses."""
+  import tensorflow as tf
+
+  tf.config.set_visible_devices([], 'GPU')
+  with contextlib.suppress(ValueError, RuntimeError):
+    tf.config.set_visible_devices([], 'TPU')
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
+  if not FLAGS['verbosity'].present:  # orbax and tfds log every step at INFO
+    logging.set_verbosity(logging.WARNING)
+  _hide_accelerators_from_tensorflow()
+  from vit_jax import train
+
+  try:
+    config = _CONFIG.value
+    config.keys()  # a config file that failed to load raises only when first used
+  except (OSError, ValueError, KeyError) as e:  # config_flags defers a file's load error
+    _exit_with(e)
+  try:
+    result = train.train_and_evaluate(config, _WORKDIR.value)
+  except (ValueError, FloatingPointError) as e:
+    _exit_with(e)
+  if result['status'] == 'done' and 'accuracy_test' in result:
+    print(
+      f'Final test accuracy: {result["accuracy_test"]:.4f} '
+      f'(top-5 {result["accuracy_test_top5"]:.4f})'
+    )
+  return 0
+
+
+def _one_line(e: BaseException) -> str:
+  """An exception's message on one line (a config file's own error, not its traceback)."""
+  cause = e
+  while cause is not None and not isinstance(cause, KeyError):
+    cause = cause.__cause__ or cause.__context__
+  if cause is not None and cause.args:  # an unknown config key, however absl wrapped it
+    e = cause
+  text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+  lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(e).__name__]
+  if any(line.startswith('Traceback') for line in lines):
+    return lines[-1].split(': ', 1)[-1]
+  if isinstance(e, KeyError):  # ml_collections: "'bathc'" + 'Did you mean "batch" ...?'
+    return f'Unknown config key {" ".join(lines)}'
+  if isinstance(e, OSError):  # a config file that could not be loaded
+    return f'Cannot load the config: {lines[-1]}'
+  return ' '.join(lines)
+
+
+def _exit_with(e: BaseException) -> None:
+  print(f'Error: {_one_line(e)}', file=sys.stderr)
+  sys.exit(1)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """Flag errors (unknown config key, bad override, bad config file) as one line on stderr."""
+  try:
+    return FLAGS(argv)
+  except (flags.Error, ValueError, KeyError, AttributeError, OSError) as e:
+    _exit_with(e)
+
+
+def run() -> None:
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == '__main__':
+  run()

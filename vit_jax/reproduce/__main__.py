@@ -1,0 +1,194 @@
+r"""Reproduces the paper's tables: `python -m vit_jax.reproduce COMMAND [flags]`.
+
+  compute   Table 6's pretraining exaFLOPs from the code, beside the paper's.
+            python -m vit_jax.reproduce compute [--csv]
+  sweep     Table 4's protocol for one model and dataset: LR grid on a dev split, selection,
+            final runs on the full training split, test top-1 mean ± std over seeds.
+            python -m vit_jax.reproduce sweep --config=configs/vit.py:b16,cifar10 \
+                --workdir=runs/sweep_b16_c10 --config.pretrained_dir=checkpoints --seeds=0,1,2
+            (--stage=dev|final --print_commands prints the runs for a cluster instead)
+  vtab      The 19 VTAB-1k tasks, 2500 steps at lr 0.01, and their grouped report.
+            python -m vit_jax.reproduce vtab --config=configs/vtab.py:b16 --workdir=runs/vtab_b16 \
+                --config.pretrained_dir=checkpoints [--tasks=natural] [--print_commands]
+  report    Accuracies of any run directories beside Tables 2 and 5 and the original README.
+            python -m vit_jax.reproduce report runs/ [--out=reports/ours] [--csv]
+
+Errors (an unknown dataset or task, unfinished dev runs, no runs found) end with one line
+on stderr and exit status 1.
+"""
+
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+COMMANDS = ('compute', 'sweep', 'vtab', 'report')
+FLAGS = flags.FLAGS
+_CONFIG = config_flags.DEFINE_config_file(
+  'config',
+  None,
+  'Experiment config (sweep, vtab), e.g. configs/vit.py:b16,cifar10.',
+  lock_config=False,
+)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep or VTAB folder (holds one run dir per run).')
+_LRS = flags.DEFINE_list(
+  'lrs', None, 'sweep: learning-rate grid (default: the paper Table 4 grid).'
+)
+_SEEDS = flags.DEFINE_list('seeds', ['0'], 'sweep: seeds of the final runs; vtab: seeds per task.')
+_DEV_SEEDS = flags.DEFINE_list('dev_seeds', ['0'], 'sweep: seeds of the dev runs, per lr.')
+_DEV_PERCENT = flags.DEFINE_integer('dev_percent', None, 'sweep: % of train held out as dev split.')
+_STAGE = flags.DEFINE_enum(
+  'stage',
+  'all',
+  ['dev', 'final', 'all', 'summary'],
+  'sweep: what to run; vtab: summary = report only.',
+)
+_PRINT = flags.DEFINE_bool('print_commands', False, 'sweep, vtab: print `vit_jax.main` commands.')
+_TASKS = flags.DEFINE_string('tasks', 'all', 'vtab: all, a group, or a comma-separated task list.')
+_VTAB_DEV = flags.DEFINE_bool('vtab_dev', False, 'vtab: train on train800, evaluate on val200.')
+_PRETRAIN = flags.DEFINE_string(
+  'pretrain', None, 'report, vtab: upstream data of the checkpoint (imagenet21k, jft300m, ...).'
+)
+_OUT = flags.DEFINE_string(
+  'out', '', 'report, compute: also write OUT.md, OUT.csv (report: OUT.png).'
+)
+_CSV = flags.DEFINE_bool('csv', False, 'report, compute: print CSV instead of markdown.')
+
+
+def _config():
+  if _CONFIG.value is None:
+    raise ValueError('--config is required, e.g. --config=configs/vit.py:b16,cifar10.')
+  if not _WORKDIR.value:
+    raise ValueError('--workdir is required: the folder that holds the runs.')
+  return _CONFIG.value
+
+
+def _user_overrides() -> dict:
+  return dict(config_flags.get_override_values(FLAGS['config']))
+
+
+def _config_arg() -> str:
+  return config_flags.get_config_filename(FLAGS['config'])
+
+
+def _compute() -> None:
+  from vit_jax.reproduce import compute
+
+  rows = compute.table6()
+  text = compute.format_markdown(rows)
+  csv_text = compute.format_csv(rows)
+  print(csv_text if _CSV.value else text)
+  if not _CSV.value:
+    print(
+      f'\nexaFLOPs = 3 x forward FLOPs per image (forward + backward) x epochs x '
+      f'{compute.JFT_IMAGES / 1e6:.0f}M JFT-300M images, at {compute.PRETRAIN_RESOLUTION} px with '
+      f'the pretraining head ({compute.JFT_CLASSES:,} classes).'
+    )
+  if _OUT.value:
+    from vit_jax.reproduce.report import _atomic_write
+
+    _atomic_write(_OUT.value + '.md', (text + '\n').encode())
+    _atomic_write(_OUT.value + '.csv', csv_text.encode())
+
+
+def _sweep() -> None:
+  from vit_jax.reproduce import sweep
+
+  config = _config()
+  spec = sweep.make_sweep(
+    config.dataset,
+    lrs=[float(x) for x in _LRS.value] if _LRS.value else None,
+    seeds=[int(s) for s in _SEEDS.value],
+    dev_seeds=[int(s) for s in _DEV_SEEDS.value],
+    dev_percent=_DEV_PERCENT.value,
+  )
+  if _PRINT.value:
+    ignored = sorted(set(_user_overrides()) & {'base_lr', 'seed', 'pp.train', 'pp.test'})
+    if ignored:
+      print(
+        f'# the sweep sets {", ".join(ignored)} itself; your values are ignored', file=sys.stderr
+      )
+    overrides = {k: v for k, v in _user_overrides().items() if k not in ignored}
+    lines = sweep.commands(_config_arg(), overrides, spec, _WORKDIR.value, _STAGE.value)
+    print('\n'.join(lines) if lines else f'# every {_STAGE.value} run has finished')
+    if _STAGE.value == 'dev':
+      print('# when these are done: the same command with --stage=final --print_commands')
+    return
+  sweep.run(config, spec, _WORKDIR.value, _STAGE.value)
+
+
+def _vtab() -> None:
+  from vit_jax.reproduce import vtab
+
+  config = _config()
+  tasks = vtab.tasks_in(_TASKS.value)
+  seeds = [int(s) for s in _SEEDS.value]
+  if _PRETRAIN.value:
+    pretrain = _PRETRAIN.value
+  else:
+    from vit_jax.reproduce.report import infer_pretrain
+
+    pretrain = infer_pretrain(config.to_dict())
+  if _PRINT.value:
+    overrides = {k: v for k, v in _user_overrides().items() if k not in ('dataset', 'seed')}
+    lines = vtab.commands(_config_arg(), overrides, _WORKDIR.value, tasks, seeds, _VTAB_DEV.value)
+    print('\n'.join(lines) if lines else '# every run has finished')
+    print(
+      f'# report: python -m vit_jax.reproduce vtab ... --workdir={_WORKDIR.value} --stage=summary'
+    )
+    return
+  if _STAGE.value == 'summary':
+    vtab.write_report(_WORKDIR.value, seeds, config.get('model_name', ''), pretrain)
+    return
+  vtab.run_tasks(config, _WORKDIR.value, tasks, seeds, _VTAB_DEV.value, pretrain)
+
+
+def _report(paths: list[str]) -> None:
+  from vit_jax.reproduce import report
+
+  if not paths:
+    raise ValueError('report: give one or more run directories (or folders holding them).')
+  rows, _, text = report.report(paths, _OUT.value, _PRETRAIN.value)
+  print(report.format_csv(rows) if _CSV.value else text)
+  if _OUT.value:
+    print(f'\nWrote {_OUT.value}.md, {_OUT.value}.csv and {_OUT.value}.png', file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) < 2 or argv[1] not in COMMANDS:
+    print(f'Usage: python -m vit_jax.reproduce {{{",".join(COMMANDS)}}} [flags]', file=sys.stderr)
+    return 1
+  if not FLAGS['verbosity'].present:  # keep the library's INFO lines (orbax) out of the tables
+    logging.set_verbosity(logging.WARNING)
+  command, rest = argv[1], argv[2:]
+  if rest and command != 'report':
+    print(f'Error: unexpected arguments {" ".join(rest)}', file=sys.stderr)
+    return 1
+  try:
+    if command == 'compute':
+      _compute()
+    elif command == 'sweep':
+      _sweep()
+    elif command == 'vtab':
+      _vtab()
+    else:
+      _report(rest)
+  except (ValueError, FloatingPointError, FileNotFoundError) as e:
+    print(f'Error: {str(e).strip().splitlines()[0]}', file=sys.stderr)
+    return 1
+  return 0
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  try:
+    return FLAGS(argv)
+  except (flags.Error, ValueError, KeyError, AttributeError) as e:
+    print(f'Error: {str(e).strip().splitlines()[0]}', file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=_parse_flags)

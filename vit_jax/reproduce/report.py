@@ -1,0 +1,405 @@
+r"""Measured accuracies beside the paper's: markdown, CSV and a bar chart from run directories.
+
+  python -m vit_jax.reproduce report runs/ [more dirs...] [--out=reports/ours] [--csv]
+
+Every directory under the given paths that holds a run (`config.json` and `metrics.jsonl`)
+is read: the model, the dataset, the pretraining checkpoint, the fine-tuning dropout and the
+last `accuracy_test`. Runs of the same (model, pretraining, dataset, dropout) are one row:
+mean ± std over the runs (seeds). Each row is printed beside every published number that
+applies (paper Table 2, Table 5, the original README's table; `vit_jax.reproduce.paper`),
+with the difference. VTAB-1k runs (`vtab/<task>` datasets) are averaged over the 19 tasks
+and compared with Table 2's VTAB column.
+
+Runs evaluated on a development split (part of the training data, e.g. the learning-rate
+sweep's dev runs, or VTAB's val200) are never reported as test accuracy: they are counted
+and listed apart.
+"""
+
+import csv
+import dataclasses
+import io
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from vit_jax.reproduce import paper, vtab
+
+CONFIG_FILE, METRICS_FILE = 'config.json', 'metrics.jsonl'
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What the report needs from one run directory."""
+
+  path: str
+  model: str
+  dataset: str
+  pretrain: str
+  dropout: float
+  accuracy: float  # %, the last evaluation
+  step: int
+  total_steps: int
+  eval_split: str
+  train_split: str
+  crop: int
+  seed: int
+  base_lr: float
+
+  @property
+  def complete(self) -> bool:
+    return self.total_steps > 0 and self.step >= self.total_steps
+
+  @property
+  def is_dev(self) -> bool:
+    """True when the evaluation split is part of the training data (a development split)."""
+    if self.dataset.startswith('vtab/'):
+      task = vtab.TASKS.get(self.dataset.split('/', 1)[1])
+      return not (self.eval_split == 'test' or (task and self.eval_split == task.test))
+    return bool(_split_bases(self.eval_split) & _split_bases(self.train_split))
+
+
+def _split_bases(split: str) -> set[str]:
+  """tfds split names a split string reads from: 'train[:98%]+validation' -> {train, validation}."""
+  return {part.split('[')[0].strip() for part in split.split('+') if part.strip()}
+
+
+def infer_pretrain(config: dict) -> str:
+  """Which upstream data the fine-tuned checkpoint saw, from its path (or 'unknown').
+
+  Files named like the original release (`ViT-B_16.npz`, `R50+ViT-B_16.npz`) with nothing else
+  in their path are the `imagenet21k` checkpoints, the training code's default download.
+  """
+  resolved = (config.get('_resolved') or {}).get('pretrained_path')
+  path = resolved or config.get('pretrained_path') or ''
+  if not path and config.get('pretrained_dir'):
+    path = os.path.join(config['pretrained_dir'], f'{config.get("model_name", "")}.npz')
+  if config.get('model_or_filename'):
+    return 'augreg'
+  if not path:
+    return 'scratch'
+  lower = path.lower()
+  if 'augreg' in lower:
+    return 'augreg'
+  if 'imagenet21k+imagenet2012' in lower or 'i21k+i1k' in lower:
+    return 'imagenet21k+imagenet2012'
+  if 'jft' in lower:
+    return 'jft300m'
+  if 'imagenet21k' in lower or 'i21k' in lower:
+    return 'imagenet21k'
+  if re.search(r'imagenet2012|imagenet1k|i1k|ilsvrc', lower):
+    return 'imagenet2012'
+  if os.path.basename(path).removesuffix('.npz') == config.get('model_name'):
+    return 'imagenet21k'
+  return 'unknown'
+
+
+def _last_eval(metrics_path: str) -> tuple[float, int] | None:
+  last = None
+  with open(metrics_path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(
+          f'{metrics_path}:{n} is not JSON ({e.msg}); expected one object a line.'
+        ) from e
+      if 'accuracy_test' in record:
+        last = (float(record['accuracy_test']), int(record.get('step', 0)))
+  return last
+
+
+def read_run(path: str, pretrain: str | None = None) -> Run | None:
+  """The run in `path`, or None when it has no evaluation yet."""
+  with open(os.path.join(path, CONFIG_FILE)) as f:
+    config = json.load(f)
+  evaluation = _last_eval(os.path.join(path, METRICS_FILE))
+  if evaluation is None:
+    return None
+  accuracy, step = evaluation
+  model_config = config.get('model') or {}
+  pp = config.get('pp') or {}
+  return Run(
+    path=path,
+    model=config.get('model_name') or model_config.get('model_name', '?'),
+    dataset=config.get('dataset', '?'),
+    pretrain=pretrain or infer_pretrain(config),
+    dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
+    accuracy=100 * accuracy,
+    step=step,
+    total_steps=int(
+      (config.get('_resolved') or {}).get('total_steps') or config.get('total_steps') or 0
+    ),
+    eval_split=str(pp.get('test', 'test')),
+    train_split=str(pp.get('train', 'train')),
+    crop=int(pp.get('crop', 0)),
+    seed=int(config.get('seed', 0)),
+    base_lr=float(config.get('base_lr', 0.0)),
+  )
+
+
+def find_runs(paths: Iterable[str]) -> list[str]:
+  """Every directory under `paths` (or a path itself) that holds config.json and metrics.jsonl."""
+  found = []
+  for root in paths:
+    if not os.path.isdir(root):
+      raise ValueError(
+        f'{root!r} is not a directory; pass run directories or folders holding them.'
+      )
+    for folder, dirs, files in os.walk(root):
+      dirs[:] = sorted(d for d in dirs if d != 'checkpoints')
+      if CONFIG_FILE in files and METRICS_FILE in files:
+        found.append(folder)
+  return sorted(found)
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+  return float(np.mean(values)), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+@dataclasses.dataclass
+class Row:
+  """One measured group beside one published number (or none)."""
+
+  model: str
+  pretrain: str
+  dataset: str
+  dropout: float
+  runs: int
+  ours: float
+  ours_std: float | None  # None for a single run
+  source: str = ''
+  paper: float | None = None
+  paper_std: float | None = None
+  note: str = ''
+
+  @property
+  def diff(self) -> float | None:
+    return None if self.paper is None else self.ours - self.paper
+
+
+def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
+  """Rows for the test-split runs; and notes on what was left out (dev runs, incomplete runs)."""
+  notes = []
+  dev = [r for r in runs if r.is_dev]
+  if dev:
+    notes.append(
+      f'{len(dev)} run(s) evaluated on a development split (part of the training data) '
+      'are not test results and are left out: ' + ', '.join(sorted(r.path for r in dev))
+    )
+  test_runs = [r for r in runs if not r.is_dev]
+  incomplete = [r for r in test_runs if not r.complete]
+  if incomplete:
+    notes.append(
+      'Not finished (their last evaluation is used): '
+      + ', '.join(f'{r.path} (step {r.step}/{r.total_steps})' for r in incomplete)
+    )
+  groups: dict[tuple, list[Run]] = {}
+  vtab_groups: dict[tuple, dict[str, list[float]]] = {}
+  for r in test_runs:
+    if r.dataset.startswith('vtab/'):
+      task = r.dataset.split('/', 1)[1]
+      vtab_groups.setdefault((r.model, r.pretrain, r.dropout), {}).setdefault(task, []).append(
+        r.accuracy / 100
+      )
+    else:
+      groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
+
+  rows = []
+  for (model, pretrain, dataset, dropout), members in sorted(groups.items()):
+    mean, std = _mean_std([m.accuracy for m in members])
+    std = std if len(members) > 1 else None  # one run has no spread
+    crops = sorted({m.crop for m in members})
+    note = f'{"/".join(map(str, crops))} px'
+    refs = paper.references(model, pretrain, dataset, dropout)
+    base = dict(
+      model=model,
+      pretrain=pretrain,
+      dataset=dataset,
+      dropout=dropout,
+      runs=len(members),
+      ours=mean,
+      ours_std=std,
+    )
+    if not refs:
+      rows.append(Row(**base, note=note))
+    for ref in refs:
+      both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '')
+      rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
+  for (model, pretrain, dropout), accuracies in sorted(vtab_groups.items()):
+    summary = vtab.summarize(accuracies)
+    if not summary['complete']:
+      notes.append(
+        f'VTAB {model} ({pretrain}): {len(summary["tasks"])}/19 tasks; the mean needs all 19.'
+      )
+      continue
+    runs_per_task = min(t['runs'] for t in summary['tasks'].values())
+    base = dict(
+      model=model,
+      pretrain=pretrain,
+      dataset='vtab',
+      dropout=dropout,
+      runs=runs_per_task,
+      ours=summary['mean'],
+      ours_std=summary['std'] if runs_per_task > 1 else None,
+    )
+    refs = paper.references(model, pretrain, 'vtab')
+    if not refs:
+      rows.append(Row(**base, note='mean of 19 tasks'))
+    for ref in refs:
+      rows.append(
+        Row(
+          **base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note='mean of 19 tasks'
+        )
+      )
+  return rows, notes
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+  if mean is None:
+    return '-'
+  return f'{mean:.2f}' if std is None else f'{mean:.2f} ± {std:.2f}'
+
+
+def format_markdown(rows: Sequence[Row]) -> str:
+  """The table: model, pretraining, dataset, dropout, runs, ours, source, paper, difference."""
+  lines = [
+    '| model | pretrain | dataset | dropout | runs | ours (%) | source | paper (%) | diff | note |',
+    '|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  for r in rows:
+    title = paper.DATASET_TITLES.get(r.dataset, r.dataset)
+    diff = '-' if r.diff is None else f'{r.diff:+.2f}'
+    lines.append(
+      f'| {r.model} | {r.pretrain} | {title} | {r.dropout:g} | {r.runs} | '
+      f'{_pm(r.ours, r.ours_std)} | {r.source or "-"} | {_pm(r.paper, r.paper_std)} | {diff} | '
+      f'{r.note} |'
+    )
+  return '\n'.join(lines)
+
+
+CSV_FIELDS = (
+  'model',
+  'pretrain',
+  'dataset',
+  'dropout',
+  'runs',
+  'ours',
+  'ours_std',
+  'source',
+  'paper',
+  'paper_std',
+  'diff',
+  'note',
+)
+
+
+def _csv_value(value):
+  if value is None:
+    return ''
+  return round(value, 4) if isinstance(value, float) else value
+
+
+def format_csv(rows: Sequence[Row]) -> str:
+  """The same rows as CSV: numbers to 4 decimals, empty where there is none."""
+  buffer = io.StringIO()
+  writer = csv.writer(buffer, lineterminator='\n')
+  writer.writerow(CSV_FIELDS)
+  for r in rows:
+    values = dataclasses.asdict(r) | {'diff': r.diff}
+    writer.writerow([_csv_value(values[k]) for k in CSV_FIELDS])
+  return buffer.getvalue()
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def plot(rows: Sequence[Row], path: str) -> str | None:
+  """A PNG bar chart, ours (with std) against the paper, one pair of bars per compared row."""
+  compared = [r for r in rows if r.paper is not None]
+  if not compared:
+    return None
+  import matplotlib
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt
+
+  labels = [
+    f'{r.model}\n{paper.DATASET_TITLES.get(r.dataset, r.dataset)}\n{r.pretrain}\n{r.source}'
+    for r in compared
+  ]
+  x = np.arange(len(compared))
+  fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(compared) + 2), 5.5))
+  ax.bar(
+    x - 0.2,
+    [r.ours for r in compared],
+    0.4,
+    yerr=[r.ours_std or 0 for r in compared],
+    label='ours',
+    color='tab:blue',
+    capsize=3,
+  )
+  ax.bar(
+    x + 0.2,
+    [r.paper for r in compared],
+    0.4,
+    yerr=[r.paper_std or 0 for r in compared],
+    label='paper',
+    color='tab:gray',
+    capsize=3,
+  )
+  for i, r in enumerate(compared):
+    ax.annotate(
+      f'{r.diff:+.2f}', (x[i], max(r.ours, r.paper)), ha='center', va='bottom', fontsize=8
+    )
+  low = min(min(r.ours, r.paper) for r in compared)
+  ax.set_ylim(max(0.0, low - 5), 100.5)
+  ax.set_xticks(x, labels, fontsize=7)
+  ax.set_ylabel('top-1 accuracy (%)')
+  ax.set_title('Fine-tuning accuracy: ours vs the paper')
+  ax.legend()
+  ax.grid(axis='y', alpha=0.3)
+  fig.tight_layout()
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format='png', dpi=100)
+  plt.close(fig)
+  _atomic_write(path, buffer.getvalue())
+  return path
+
+
+def report(
+  paths: Sequence[str], out: str = '', pretrain: str | None = None
+) -> tuple[list[Row], list[str], str]:
+  """Reads the runs under `paths`: rows, notes and the markdown; writes OUT.{md,csv,png}."""
+  runs = [r for r in (read_run(p, pretrain) for p in find_runs(paths)) if r is not None]
+  if not runs:
+    raise ValueError(
+      f'No evaluated runs under {", ".join(paths)}: expected directories with config.json and a '
+      'metrics.jsonl holding accuracy_test.'
+    )
+  rows, notes = build_rows(runs)
+  text = format_markdown(rows)
+  if notes:
+    text += '\n\n' + '\n'.join(f'- {n}' for n in notes)
+  if out:
+    _atomic_write(out + '.md', (text + '\n').encode())
+    _atomic_write(out + '.csv', format_csv(rows).encode())
+    plot(rows, out + '.png')
+  return rows, notes, text
