@@ -97,7 +97,7 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
   del unused
   import orbax.checkpoint as ocp  # heavy (tensorstore): only when an orbax checkpoint is read
 
-  path = Path(path)
+  path = Path(path).absolute()  # orbax's tensorstore specs need absolute paths
   items, step = _resolve(path)
   if not items:
     raise CheckpointError(f'{path}: no finished orbax checkpoint here (no <step>/<item>/_METADATA)')
@@ -108,9 +108,11 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
     for item in items:
       try:
         metadata = checkpointer.metadata(item)
+        tree = getattr(getattr(metadata, 'item_metadata', metadata), 'tree', None)
+        if tree is None:  # an item of a Composite save (our training runs) has no step metadata
+          tree = getattr(ocp.PyTreeCheckpointHandler().metadata(item.resolve()), 'tree', None)
       except Exception:  # not a PyTree item (e.g. JSON metadata)
         continue
-      tree = getattr(getattr(metadata, 'item_metadata', metadata), 'tree', None)
       where = _find_params(item.name, tree)
       if where is None:
         continue
