@@ -111,6 +111,14 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '6']
 
 
+def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
+  from vit_jax import checkpoint
+
+  workdir, result = reference_run
+  loaded = checkpoint.load(workdir)  # the run directory: its latest step (6)
+  _assert_trees_close(loaded, jax.tree.map(np.asarray, result['params']), atol=0)
+
+
 def test_digits_trains_to_accuracy(tmp_path):
   """A CI-sized digits run: configs/digits.py with 2 blocks and 600 steps, on one device.
 
