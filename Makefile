@@ -13,6 +13,8 @@ $(VENV)/.runtime: requirements.txt
 
 $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
+	# The launch-script tests run shellcheck (Debian's package).
+	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck)
 	touch $@
 
 run: $(VENV)/.runtime

@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
   config.sharding = 'replicate'
+  # The training stream is read as this many shards, split over the processes (0 = one per
+  # process). The batches depend on it, not on the process count: fix it to the largest
+  # process count a run will use to make it reproducible (and resumable) on any of them.
+  config.data_shards = 0
 
   # Evaluate every so many steps (and at the end); log progress; checkpoint (0 = only at the end).
   config.eval_every = 100

@@ -5,6 +5,14 @@ r"""Trains and evaluates a ViT: `python -m vit_jax.main --config=FILE[:ARG] --wo
       --config.pretrained_dir=checkpoints --config.base_lr=0.01
 
 Running the same command again with the same workdir resumes from its last checkpoint.
+
+Several processes (hosts) run the same command; jax.distributed joins them before anything
+else. On a TPU VM pod and under SLURM (srun) it finds its settings by itself; elsewhere give
+them, e.g. two processes on one machine (launch/local.sh does this):
+
+  python -m vit_jax.main ... --coordinator_address=127.0.0.1:8476 --num_processes=2 --process_id=0
+  python -m vit_jax.main ... --coordinator_address=127.0.0.1:8476 --num_processes=2 --process_id=1
+
 Bad input (an unknown model, dataset or config key, a missing pretrained file, a batch
 that does not divide over the devices) ends with a one-line error before any compute.
 """
@@ -19,11 +27,33 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # quiet; tf.data's image op
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vit_jax import distributed
+
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
   'config', None, 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, events).')
+_COORDINATOR = flags.DEFINE_string(
+  'coordinator_address', None, 'HOST:PORT of process 0 (env JAX_COORDINATOR_ADDRESS).'
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+  'num_processes', None, 'Processes in the run (env JAX_NUM_PROCESSES).'
+)
+_PROCESS_ID = flags.DEFINE_integer(
+  'process_id', None, 'This process, 0..num_processes-1 (env JAX_PROCESS_ID).'
+)
+_DISTRIBUTED = flags.DEFINE_enum(
+  'distributed',
+  'auto',
+  list(distributed.MODES),
+  'jax.distributed: auto (given settings, SLURM srun, TPU VM), on (always), off (never).',
+)
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_float(
+  'distributed_timeout',
+  distributed.DEFAULT_TIMEOUT_S,
+  'Seconds to wait for the coordinator and every process before failing.',
+)
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
@@ -41,6 +71,20 @@ def main(argv: list[str]) -> int:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
   if not FLAGS['verbosity'].present:  # orbax and tfds log every step at INFO
     logging.set_verbosity(logging.WARNING)
+  try:  # before anything asks JAX for its devices
+    distributed.initialize(
+      _COORDINATOR.value,
+      _NUM_PROCESSES.value,
+      _PROCESS_ID.value,
+      mode=_DISTRIBUTED.value,
+      timeout_s=_DISTRIBUTED_TIMEOUT.value,
+    )
+  except distributed.DistributedError as e:
+    _exit_with(e)
+  import jax
+
+  if jax.process_index() != 0 and not FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.ERROR)  # process 0 speaks for the run
   _hide_accelerators_from_tensorflow()
   from vit_jax import train
 
@@ -53,7 +97,7 @@ def main(argv: list[str]) -> int:
     result = train.train_and_evaluate(config, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     _exit_with(e)
-  if result['status'] == 'done' and 'accuracy_test' in result:
+  if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:
     print(
       f'Final test accuracy: {result["accuracy_test"]:.4f} '
       f'(top-5 {result["accuracy_test_top5"]:.4f})'

@@ -56,7 +56,7 @@ KNOWN_KEYS = frozenset(
     *('weight_decay_pattern', 'grad_norm_clip', 'optim_dtype', 'accum_steps', 'loss'),
     *('label_smoothing', 'batch', 'batch_eval', 'shuffle_buffer', 'prefetch', 'base_lr'),
     *('decay_type', 'warmup_steps', 'linear_end', 'sharding', 'eval_every', 'progress_every'),
-    *('checkpoint_every', 'keep_checkpoints'),
+    *('checkpoint_every', 'keep_checkpoints', 'data_shards'),
   }
 )
 PP_KEYS = frozenset({'train', 'test', 'crop', 'area_min', 'flip', 'subpixel'})
@@ -198,6 +198,8 @@ def prepare(
 
   mesh = parallel.create_mesh(devices)
   parallel.check_batch(config.batch, mesh, config.get('accum_steps', 1), 'batch')
+  if config.get('data_shards'):
+    data_lib.check_data_shards(int(config.data_shards), config.batch, pc)
   parallel.check_batch(config.batch_eval, mesh, 1, 'batch_eval')
 
   model_config = config.model.to_dict()
@@ -632,6 +634,28 @@ def _write_config(workdir: str, config: ml_collections.ConfigDict, setup: Setup)
   _atomic_write(os.path.join(workdir, CONFIG_FILE), lambda f: f.write(text))
 
 
+def data_shards_for(config: ml_collections.ConfigDict, meta: dict) -> tuple[int, str | None]:
+  """How many shards the training stream has, and a note when a resumed stream changes.
+
+  config.data_shards if set; else the checkpoint's, so a run resumed on another number of
+  processes continues the same stream (if they divide it); else one shard per process.
+  """
+  processes = jax.process_count()
+  saved = int(meta.get('data_shards') or 0)
+  shards = int(config.get('data_shards') or 0)
+  if not shards:
+    shards = saved if saved and saved % processes == 0 else processes
+  data_lib.check_data_shards(shards, config.batch, processes)
+  note = None
+  if saved and saved != shards:
+    note = (
+      f'The checkpoint read its training data as {saved} shards, this run reads {shards} '
+      f'({processes} processes): the example order differs from here on. Set '
+      f'--config.data_shards={saved} with a process count that divides it to continue it exactly.'
+    )
+  return shards, note
+
+
 def train_and_evaluate(
   config: ml_collections.ConfigDict,
   workdir: str,
@@ -707,6 +731,9 @@ def train_and_evaluate(
     if setup.pretrained_path:
       progress.message(f'Fine-tuning from {setup.pretrained_path}.')
   start = int(meta['step'])
+  data_shards, note = data_shards_for(config, meta)
+  if note:
+    progress.message(note)
   if int(meta.get('global_batch', config.batch)) != config.batch:
     manager.close()
     raise ValueError(
@@ -730,14 +757,14 @@ def train_and_evaluate(
   )
 
   writer = MetricWriter(workdir, latest)
-  local_batch = parallel.local_batch_size(config.batch)
-  train_ds = data_lib.train_dataset(
+  train_ds = data_lib.host_train_dataset(
     setup.source,
     config.pp.train,
-    local_batch=local_batch,
+    global_batch=config.batch,
+    data_shards=data_shards,
     pp=setup.pp_train,
     seed=config.get('seed', 0),
-    position=start * local_batch,
+    step=start,
     shuffle_buffer=config.get('shuffle_buffer', 50_000),
     process_index=jax.process_index(),
     process_count=jax.process_count(),
@@ -772,7 +799,12 @@ def train_and_evaluate(
     nonlocal last_saved
     t0 = time.monotonic()
     check_finite()
-    meta = {'step': step, 'data_position': step * config.batch, 'global_batch': config.batch}
+    meta = {
+      'step': step,
+      'data_position': step * config.batch,
+      'global_batch': config.batch,
+      'data_shards': data_shards,
+    }
     _save(manager, state, step, meta)
     last_saved = step
     progress.pause(time.monotonic() - t0)

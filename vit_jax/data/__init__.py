@@ -2,7 +2,9 @@
 
 from vit_jax.data.pipeline import (
   Preprocessing,
+  check_data_shards,
   eval_dataset,
+  host_train_dataset,
   num_eval_batches,
   train_dataset,
 )
@@ -14,8 +16,10 @@ __all__ = [
   'Preprocessing',
   'Source',
   'TfdsSource',
+  'check_data_shards',
   'eval_dataset',
   'get_source',
+  'host_train_dataset',
   'num_eval_batches',
   'train_dataset',
 ]

@@ -101,6 +101,70 @@ def train_dataset(
   return ds.with_options(_options())
 
 
+def check_data_shards(data_shards: int, global_batch: int, process_count: int) -> None:
+  """A clear error when the data shards do not split over the hosts or the batch over them."""
+  if data_shards <= 0 or data_shards % process_count:
+    raise ValueError(
+      f'config.data_shards={data_shards} does not split over {process_count} processes: use a '
+      f'multiple of {process_count} (0 = one shard per process).'
+    )
+  if global_batch % data_shards:
+    raise ValueError(
+      f'config.batch={global_batch} does not split into config.data_shards={data_shards} '
+      f'shards: use a batch that is a multiple of {data_shards}.'
+    )
+
+
+def host_train_dataset(
+  source: Source,
+  split: str,
+  *,
+  global_batch: int,
+  data_shards: int,
+  pp: Preprocessing,
+  seed: int,
+  step: int = 0,
+  shuffle_buffer: int = 50_000,
+  process_index: int = 0,
+  process_count: int = 1,
+  prefetch: int = 2,
+) -> tf.data.Dataset:
+  """This host's rows of every global batch, the same whatever the number of hosts.
+
+  The training stream is `data_shards` streams (`train_dataset` over shard k of the split),
+  each giving `global_batch // data_shards` consecutive rows of every global batch. Host p
+  of P reads only its shards, p * S/P ... (p + 1) * S/P - 1, and concatenates their rows. So
+  two hosts reading one shard each feed the step exactly the batches that one host reading
+  both would, and a run resumes at `step` on any number of hosts that divides S.
+  """
+  check_data_shards(data_shards, global_batch, process_count)
+  per_host = data_shards // process_count
+  rows = global_batch // data_shards
+  shards = [
+    train_dataset(
+      source,
+      split,
+      local_batch=rows,
+      pp=pp,
+      seed=seed,
+      position=step * rows,
+      shuffle_buffer=shuffle_buffer,
+      process_index=k,
+      process_count=data_shards,
+      prefetch=prefetch,
+    )
+    for k in range(process_index * per_host, (process_index + 1) * per_host)
+  ]
+  if per_host == 1:
+    return shards[0]
+
+  def concat(*batches):
+    return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
+
+  ds = tf.data.Dataset.zip(tuple(shards)).map(concat).prefetch(prefetch)
+  return ds.with_options(_options())
+
+
 def num_eval_batches(source: Source, split: str, local_batch: int, process_count: int = 1) -> int:
   """Batches per evaluation pass; the same on every host (the largest share, rounded up)."""
   total = source.num_examples(split, 0, 1)

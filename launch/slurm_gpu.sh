@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Trains on a SLURM GPU cluster: one process per GPU, started by srun; jax.distributed reads
+# SLURM's variables (coordinator on the first node, process id, local GPU) by itself.
+#
+# Usage, from the repository root (edit the #SBATCH lines to your cluster first):
+#   sbatch launch/slurm_gpu.sh [vit_jax.main flags...]
+#   sbatch --nodes=4 launch/slurm_gpu.sh --config=configs/vit_h14_fsdp.py:imagenet2012 \
+#     --workdir=/shared/runs/h14
+#   DRY_RUN=1 bash launch/slurm_gpu.sh --config=configs/digits.py --workdir=runs/d   # print only
+# The workdir must be on a file system every node sees (each process writes its share of
+# every checkpoint there). The venv (VENV, default .venv) is created on first use with the
+# pinned requirements and the CUDA jax extra; the repository must be on a shared file system.
+# Environment:
+#   PYTHON      interpreter that creates the venv (default python3)
+#   VENV        the venv folder (default .venv)
+#   CUDA_EXTRA  jax extra for the GPUs' CUDA (default cuda13; cuda12 for older drivers)
+#   DRY_RUN=1   print the commands instead of running them (same as --dry-run)
+#
+#SBATCH --job-name=vit_jax
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
+#SBATCH --cpus-per-task=12
+#SBATCH --mem=0
+#SBATCH --time=24:00:00
+#SBATCH --output=vit_jax-%j.out
+set -euo pipefail
+
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "$0"; }
+
+DRY_RUN="${DRY_RUN:-0}"
+case "${1:-}" in
+  -h | --help)
+    usage
+    exit 0
+    ;;
+  --dry-run)
+    DRY_RUN=1
+    shift
+    ;;
+esac
+if [[ -n "${SLURM_SUBMIT_DIR:-}" ]]; then
+  cd "$SLURM_SUBMIT_DIR"
+fi
+if [[ ! -f requirements.txt || ! -d vit_jax ]]; then
+  echo "error: submit from the repository root (requirements.txt and vit_jax/ not found)" >&2
+  exit 2
+fi
+if [[ "$DRY_RUN" != 1 && -z "${SLURM_JOB_ID:-}" ]]; then
+  usage >&2
+  echo "error: not inside a SLURM job: submit with sbatch (or DRY_RUN=1 to print the commands)" >&2
+  exit 2
+fi
+
+PY="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+CUDA_EXTRA="${CUDA_EXTRA:-cuda13}"
+JAX_VERSION="$(sed -n 's/^jax==//p' requirements.txt)"
+if [[ -z "$JAX_VERSION" ]]; then
+  echo "error: requirements.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
+  exit 2
+fi
+
+run() {  # prints the command; runs it unless dry-run
+  printf '+'
+  printf ' %q' "$@"
+  echo
+  if [[ "$DRY_RUN" != 1 ]]; then
+    "$@"
+  fi
+}
+
+# 1. The venv with the pinned requirements and CUDA jax, once, on the shared file system.
+if [[ ! -x "$VENV/bin/python" || "$DRY_RUN" == 1 ]]; then
+  run "$PY" -m venv "$VENV"
+  run "$VENV/bin/pip" install -q -r requirements.txt "jax[$CUDA_EXTRA]==$JAX_VERSION"
+fi
+
+# 2. One process per GPU on every node. No --gpus-per-task: every task sees the node's GPUs
+# and JAX picks GPU SLURM_LOCALID (binding one GPU per task would renumber it to 0).
+export PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
+run srun --kill-on-bad-exit=1 --cpu-bind=none "$VENV/bin/python" -m vit_jax.main --distributed=on "$@"

@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Trains on a Cloud TPU VM (one host or a pod slice) with gcloud: creates the TPU VM or
+# reuses it, puts this code on every worker (a copy of the working tree, or a git clone),
+# installs the pinned requirements with the TPU jax extra on every worker, then runs
+# `python -m vit_jax.main` on all workers at once (--worker=all). jax.distributed starts by
+# itself on a TPU VM: no coordinator flags are needed.
+#
+# Usage, from the repository root:
+#   TPU_NAME=vit-pod ZONE=us-central2-b bash launch/tpu_pod.sh [--dry-run] [vit_jax.main flags...]
+#   TPU_NAME=vit-pod ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 bash launch/tpu_pod.sh \
+#     --config=configs/vit.py:b16,cifar10 --workdir=/mnt/shared/runs/b16_cifar10
+# The workdir must be a folder every worker sees (an NFS/Filestore or gcsfuse mount): each
+# worker writes its share of every checkpoint there. tfds data can live in a gs:// bucket
+# (--config.tfds_data_dir=gs://BUCKET/tensorflow_datasets).
+# Environment:
+#   TPU_NAME, ZONE       required
+#   PROJECT              gcloud project (default: gcloud's configured one)
+#   ACCELERATOR_TYPE     for creation (default v4-8); RUNTIME_VERSION (default tpu-ubuntu2204-base)
+#   SPOT=1               create a Spot TPU VM
+#   REPO_URL             clone this git URL on the workers (REPO_REF: branch or tag, default main)
+#                        instead of copying the local working tree
+#   CODE_DIR             folder on the workers (default vit_jax)
+#   SKIP_SETUP=1         skip copying and installing (rerun a job on prepared workers)
+#   DRY_RUN=1            print the gcloud commands instead of running them (same as --dry-run)
+set -euo pipefail
+
+usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+
+DRY_RUN="${DRY_RUN:-0}"
+case "${1:-}" in
+  -h | --help)
+    usage
+    exit 0
+    ;;
+  --dry-run)
+    DRY_RUN=1
+    shift
+    ;;
+esac
+if [[ -z "${TPU_NAME:-}" || -z "${ZONE:-}" ]]; then
+  usage >&2
+  echo "error: set TPU_NAME and ZONE, e.g. TPU_NAME=vit-pod ZONE=us-central2-b" >&2
+  exit 2
+fi
+if [[ ! -f requirements.txt || ! -d vit_jax ]]; then
+  echo "error: run from the repository root (requirements.txt and vit_jax/ not found)" >&2
+  exit 2
+fi
+
+ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v4-8}"
+RUNTIME_VERSION="${RUNTIME_VERSION:-tpu-ubuntu2204-base}"
+CODE_DIR="${CODE_DIR:-vit_jax}"
+JAX_VERSION="$(sed -n 's/^jax==//p' requirements.txt)"
+if [[ -z "$JAX_VERSION" ]]; then
+  echo "error: requirements.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
+  exit 2
+fi
+
+tpu=(gcloud compute tpus tpu-vm)
+location=("--zone=$ZONE")
+if [[ -n "${PROJECT:-}" ]]; then
+  location+=("--project=$PROJECT")
+fi
+where=("$TPU_NAME" "${location[@]}")
+
+quoted() {  # words joined by spaces, each quoted only if it needs it
+  local word out=""
+  for word in "$@"; do
+    if [[ "$word" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then
+      out+=" $word"
+    else
+      out+=" ${word@Q}"
+    fi
+  done
+  printf '%s' "${out# }"
+}
+
+run() {  # prints the command; runs it unless dry-run
+  echo "+ $(quoted "$@")"
+  if [[ "$DRY_RUN" != 1 ]]; then
+    "$@"
+  fi
+}
+
+on_all_workers() {  # runs a shell command line on every worker
+  run "${tpu[@]}" ssh "${where[@]}" --worker=all "--command=$1"
+}
+
+# 1. The TPU VM: reuse it if it exists, else create it.
+if [[ "$DRY_RUN" != 1 ]] && "${tpu[@]}" describe "${where[@]}" --format='value(state)' >/dev/null 2>&1; then
+  echo "Reusing TPU VM $TPU_NAME in $ZONE."
+else
+  create=("${tpu[@]}" create "${where[@]}" "--accelerator-type=$ACCELERATOR_TYPE"
+    "--version=$RUNTIME_VERSION")
+  if [[ "${SPOT:-0}" == 1 ]]; then
+    create+=(--spot)
+  fi
+  if [[ "$DRY_RUN" == 1 ]]; then
+    echo "# if \`${tpu[*]} describe ${where[*]}\` fails:"
+  fi
+  run "${create[@]}"
+fi
+
+if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
+  # 2. The code on every worker.
+  q_dir="$(quoted "$CODE_DIR")"
+  if [[ -n "${REPO_URL:-}" ]]; then
+    q_url="$(quoted "$REPO_URL")"
+    q_ref="$(quoted "${REPO_REF:-main}")"
+    on_all_workers "if [ -d $q_dir/.git ]; then git -C $q_dir fetch -q origin $q_ref && git -C $q_dir checkout -q FETCH_HEAD; else git clone -q --branch $q_ref $q_url $q_dir; fi"
+  else
+    if [[ "$DRY_RUN" == 1 ]]; then
+      tmp=TMPDIR
+    else
+      tmp="$(mktemp -d)"
+      trap 'rm -rf "$tmp"' EXIT
+    fi
+    archive="$tmp/vit_jax_code.tar.gz"
+    run tar --exclude=.venv --exclude=.git --exclude=runs --exclude=__pycache__ -czf "$archive" .
+    run "${tpu[@]}" scp "$archive" "$TPU_NAME:vit_jax_code.tar.gz" "${location[@]}" --worker=all
+    on_all_workers "mkdir -p $q_dir && tar -xzf vit_jax_code.tar.gz -C $q_dir && rm vit_jax_code.tar.gz"
+  fi
+  # 3. The pinned requirements with the TPU jax extra (libtpu), in a venv on every worker.
+  on_all_workers "cd $q_dir && python3 -m venv .venv && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -r requirements.txt 'jax[tpu]==$JAX_VERSION'"
+fi
+
+# 4. The job, on all workers at once; jax.distributed finds the pod through the metadata server.
+on_all_workers "cd $(quoted "$CODE_DIR") && PYTHONUNBUFFERED=1 $(quoted .venv/bin/python -m vit_jax.main "$@")"

@@ -1,0 +1,430 @@
+"""Multi-host runs as several processes on one machine (jax.distributed on 127.0.0.1, gloo).
+
+2 processes x 4 CPU devices train exactly like 1 process x 8; a checkpoint written by one
+topology resumes on the other; start-up that cannot complete fails fast with one line; the
+launch scripts are clean shell and their dry runs print the commands.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import digits as digits_config
+from configs import vit_h14_fsdp
+from vit_jax import data as data_lib
+from vit_jax import distributed, parallel, train
+from vit_jax.checkpoint import orbax as orbax_format
+from vit_jax.models import model_from_config, stats
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCH = os.path.join(REPO, 'launch')
+SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')
+RUN_TIMEOUT_S = 300  # per launch; a hang fails the test instead of blocking the suite
+# A tiny digits run: 6 steps of batch 32, evaluated and checkpointed at steps 3 and 6. The
+# data is read as 2 shards, so the global batches do not depend on the process count.
+OVERRIDES = {
+  'model.hidden_size': 32,
+  'model.transformer.num_layers': 1,
+  'model.transformer.mlp_dim': 64,
+  'model.transformer.num_heads': 2,
+  'batch': 32,
+  'batch_eval': 360,
+  'base_lr': 3e-3,
+  'warmup_steps': 2,
+  'total_steps': 6,
+  'progress_every': 1,
+  'eval_every': 3,
+  'checkpoint_every': 3,
+  'data_shards': 2,
+}
+# The attention key bias has a zero gradient (softmax ignores a per-query constant), so Adam
+# steps it by normalised rounding noise, which differs with any change of summation order.
+# It cannot change any output; it is checked separately for staying at the noise level.
+ZERO_GRADIENT = re.compile(r'MultiHeadDotProductAttention_0/key/bias$')
+
+
+def _config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
+  for dotted, value in OVERRIDES.items():
+    *parents, leaf = dotted.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def _flags(workdir: str) -> list[str]:
+  return [
+    '--config=configs/digits.py',
+    f'--workdir={workdir}',
+    *(f'--config.{k}={v}' for k, v in OVERRIDES.items()),
+  ]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _env(devices: int) -> dict[str, str]:
+  env = dict(os.environ)
+  env.update(
+    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    JAX_PLATFORMS='cpu',
+    TF_CPP_MIN_LOG_LEVEL='3',
+    PYTHONUNBUFFERED='1',
+  )
+  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    env.pop(key, None)
+  return env
+
+
+def _local_sh(workdir: str, processes: int = 2, devices: int = 4) -> subprocess.CompletedProcess:
+  """launch/local.sh: `processes` processes of `devices` CPU devices each, on 127.0.0.1."""
+  env = _env(devices)
+  env.update(PYTHON=sys.executable, DEVICES_PER_PROCESS=str(devices), TIMEOUT='120')
+  run = subprocess.run(
+    ['bash', os.path.join(LAUNCH, 'local.sh'), str(processes), *_flags(workdir)],
+    cwd=REPO,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=RUN_TIMEOUT_S,
+  )
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  return run
+
+
+def _run_here(workdir: str, data_shards: int = OVERRIDES['data_shards']) -> dict:
+  """The same run in this test process: 1 process, 8 devices."""
+  assert jax.process_count() == 1 and jax.device_count() == 8
+  config = _config()
+  config.data_shards = data_shards
+  return train.train_and_evaluate(config, workdir)
+
+
+def _metrics(workdir: str) -> list[dict]:
+  keys = ('loss', 'accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
+  return [{k: m[k] for k in ('step', *keys) if k in m} for m in train.read_metrics(workdir)]
+
+
+def _final_params(workdir: str) -> dict[str, np.ndarray]:
+  """The parameters of the last checkpoint, read back as host arrays whatever wrote them."""
+  tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
+  return {
+    '/'.join(str(k.key) for k in path): np.asarray(x)
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+  }
+
+
+def _assert_same_run(workdir: str, reference: str) -> None:
+  got, want = _metrics(workdir), _metrics(reference)
+  assert [m['step'] for m in got] == [m['step'] for m in want]
+  assert [sorted(m) for m in got] == [sorted(m) for m in want]
+  assert len([m for m in got if 'loss' in m]) == OVERRIDES['total_steps']
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(
+      [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], atol=1e-5, rtol=0, err_msg=str(a)
+    )
+  p, q = _final_params(workdir), _final_params(reference)
+  assert p.keys() == q.keys() and len(p) > 20
+  for k in p:
+    if ZERO_GRADIENT.search(k):
+      assert np.abs(p[k]).max() < 1e-3 and np.abs(q[k]).max() < 1e-3, k  # noise, not signal
+    else:
+      np.testing.assert_allclose(p[k], q[k], atol=1e-5, rtol=0, err_msg=k)
+
+
+@pytest.fixture(scope='module')
+def one_process(tmp_path_factory) -> str:
+  """The reference: 1 process x 8 devices, 6 steps."""
+  workdir = str(tmp_path_factory.mktemp('one_process') / 'run')
+  result = _run_here(workdir)
+  assert result['status'] == 'done' and result['step'] == 6
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def two_processes(tmp_path_factory) -> tuple[str, subprocess.CompletedProcess]:
+  """The same run as 2 processes x 4 devices through launch/local.sh."""
+  workdir = str(tmp_path_factory.mktemp('two_processes') / 'run')
+  return workdir, _local_sh(workdir)
+
+
+def test_two_processes_of_four_devices_train_like_one_process_of_eight(one_process, two_processes):
+  workdir, run = two_processes
+  _assert_same_run(workdir, one_process)
+  with open(os.path.join(workdir, 'config.json')) as f:
+    resolved = json.load(f)['_resolved']
+  assert (resolved['processes'], resolved['devices']) == (2, 8)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '6']
+  # Progress and evaluation lines come from process 0 only; local.sh tags the others.
+  progress = [line for line in run.stdout.splitlines() if 'step 6/6' in line]
+  assert progress and not any(line.startswith('[process 1]') for line in progress)
+  assert 'accuracy_test' in run.stdout
+  assert 'Final test accuracy' in run.stdout
+  # gloo's own connection lines aside (its writes can interleave and split the '[Gloo]' tag
+  # from the rest of the line), process 1 prints nothing.
+  gloo = ('[Gloo]', 'peer ranks')
+  own = [
+    x
+    for x in run.stdout.splitlines()
+    if x.startswith('[process 1]') and not any(g in x for g in gloo)
+  ]
+  assert not own, own
+
+
+def test_data_shards_make_the_global_batches_independent_of_the_process_count():
+  """Host rows of 2 hosts x 2 shards, stacked, equal 1 host reading all 4 shards; resumable."""
+  source = data_lib.get_source('digits')
+  pp = data_lib.Preprocessing(crop=8, area_min=0.6, flip=False, subpixel=True)
+
+  def batches(process_index, process_count, step=0, n=3):
+    ds = data_lib.host_train_dataset(
+      source,
+      'train',
+      global_batch=16,
+      data_shards=4,
+      pp=pp,
+      seed=1,
+      step=step,
+      shuffle_buffer=100,
+      process_index=process_index,
+      process_count=process_count,
+    )
+    return list(ds.take(n).as_numpy_iterator())
+
+  one = batches(0, 1)
+  two = [batches(0, 2), batches(1, 2)]
+  for step, whole in enumerate(one):
+    assert whole['image'].shape == (16, 8, 8, 3)
+    for key in ('image', 'label'):
+      np.testing.assert_array_equal(
+        whole[key], np.concatenate([two[0][step][key], two[1][step][key]])
+      )
+  np.testing.assert_array_equal(batches(0, 1, step=2, n=1)[0]['image'], one[2]['image'])
+  with pytest.raises(ValueError, match=r'config.data_shards=4 does not split over 3 processes'):
+    batches(0, 3)
+  config = _config()
+  config.data_shards = 3
+  with pytest.raises(ValueError, match=r'config.batch=32 does not split into config.data_shards=3'):
+    train.prepare(config, 'unused')
+
+
+def _truncate_to_step_3(src: str, dst: str) -> str:
+  """A copy of a finished run as if it had been stopped right after its step-3 checkpoint."""
+  shutil.copytree(src, dst)
+  shutil.rmtree(os.path.join(dst, 'checkpoints', '6'))
+  return dst
+
+
+def test_checkpoint_of_two_processes_resumes_on_one(tmp_path, one_process, two_processes):
+  workdir = _truncate_to_step_3(two_processes[0], str(tmp_path / 'run'))
+  result = _run_here(workdir, data_shards=0)  # 0: the checkpoint's 2 shards, read by 1 process
+  assert result['status'] == 'done'
+  _assert_same_run(workdir, one_process)
+
+
+def test_checkpoint_of_one_process_resumes_on_two(tmp_path, one_process):
+  workdir = _truncate_to_step_3(one_process, str(tmp_path / 'run'))
+  run = _local_sh(workdir)
+  assert 'Resumed from checkpoint at step 3' in run.stdout
+  _assert_same_run(workdir, one_process)
+
+
+def _start(flags: list[str], workdir: str) -> subprocess.Popen:
+  return subprocess.Popen(
+    [sys.executable, '-m', 'vit_jax.main', *_flags(workdir), *flags],
+    cwd=REPO,
+    env=_env(4),
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def test_start_up_that_cannot_complete_fails_fast_with_one_line(tmp_path):
+  """Nobody listens at the coordinator's port / the other process never comes: exit 1."""
+  timeout = 3
+  port, port0 = _free_port(), _free_port()
+  common = ['--num_processes=2', f'--distributed_timeout={timeout}']
+  start = time.monotonic()
+  worker = _start(
+    [f'--coordinator_address=127.0.0.1:{port}', '--process_id=1', *common], str(tmp_path / 'a')
+  )
+  alone = _start(
+    [f'--coordinator_address=127.0.0.1:{port0}', '--process_id=0', *common], str(tmp_path / 'b')
+  )
+  outs = [p.communicate(timeout=RUN_TIMEOUT_S) for p in (worker, alone)]
+  elapsed = time.monotonic() - start
+  assert (worker.returncode, alone.returncode) == (1, 1), outs
+  # Bounded: the timeout plus interpreter start-up, far below JAX's own 300 s default.
+  assert elapsed < timeout + 90, elapsed
+  errors = [[line for line in err.splitlines() if line.strip()] for _, err in outs]
+  assert errors[0] == [
+    f'Error: Process 1 of 2 could not reach the coordinator at 127.0.0.1:{port} within '
+    f'{timeout} s (Connection refused): start process 0 there first, check the address, port '
+    'and firewall, or raise --distributed_timeout.'
+  ], errors[0]
+  assert len(errors[1]) == 1 and errors[1][0].startswith(
+    f'Error: Process 0 (coordinator at 127.0.0.1:{port0}): not all 2 processes joined within '
+    f'{timeout} s'
+  ), errors[1]
+  assert not os.path.exists(tmp_path / 'a') and not os.path.exists(tmp_path / 'b')
+
+
+@pytest.mark.parametrize(
+  ('kwargs', 'environ', 'message'),
+  [
+    ({'coordinator_address': '10.0.0.1:1234'}, {}, '--num_processes, --process_id not set'),
+    ({}, {'JAX_COORDINATOR_ADDRESS': 'h:1', 'JAX_NUM_PROCESSES': '2'}, '--process_id not set'),
+    ({'coordinator_address': 'h:1', 'num_processes': 2, 'process_id': 2}, {}, '0 <= process_id'),
+    ({'coordinator_address': 'nohost', 'num_processes': 2, 'process_id': 0}, {}, 'HOST:PORT'),
+    ({'num_processes': 'two'}, {}, "--num_processes='two' is not an integer"),
+  ],
+)
+def test_bad_distributed_settings_are_one_line_errors(kwargs, environ, message):
+  with pytest.raises(distributed.DistributedError, match=re.escape(message)) as info:
+    distributed.explicit_settings(**kwargs, environ=environ)
+  assert '\n' not in str(info.value)
+
+
+def test_settings_come_from_flags_then_environment():
+  environ = {'JAX_COORDINATOR_ADDRESS': 'h0:8476', 'JAX_NUM_PROCESSES': '4', 'JAX_PROCESS_ID': '3'}
+  assert distributed.explicit_settings(environ=environ) == ('h0:8476', 4, 3)
+  assert distributed.explicit_settings(process_id=1, environ=environ) == ('h0:8476', 4, 1)
+  assert distributed.explicit_settings(environ={}) is None
+  slurm = {
+    'SLURM_JOB_ID': '7',
+    'SLURM_STEP_NODELIST': 'n[1-2]',
+    'SLURM_PROCID': '0',
+    'SLURM_LOCALID': '0',
+  }
+  assert distributed.in_slurm_job_step({**slurm, 'SLURM_NTASKS': '16'})
+  assert not distributed.in_slurm_job_step({**slurm, 'SLURM_NTASKS': '1'})
+  assert not distributed.in_slurm_job_step({'SLURM_JOB_ID': '7', 'SLURM_NTASKS': '16'})
+  # One process, or 'off': nothing to start (this test process stays single-process).
+  assert not distributed.initialize('h:1', 1, 0)
+  assert not distributed.initialize('h:1', 2, 1, mode='off')
+  assert jax.process_count() == 1
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_launch_script_passes_bash_n_and_shellcheck(script):
+  path = os.path.join(LAUNCH, script)
+  syntax = subprocess.run(['bash', '-n', path], capture_output=True, text=True)
+  assert syntax.returncode == 0, syntax.stderr
+  assert shutil.which('shellcheck'), 'shellcheck is missing: apt-get install -y shellcheck'
+  lint = subprocess.run(['shellcheck', path], capture_output=True, text=True)
+  assert lint.returncode == 0, lint.stdout
+  usage = subprocess.run(['bash', path, '--help'], cwd=REPO, capture_output=True, text=True)
+  assert usage.returncode == 0 and 'Usage' in usage.stdout
+
+
+def _dry_run(script: str, *args: str, **env: str) -> list[str]:
+  run = subprocess.run(
+    ['bash', os.path.join(LAUNCH, script), '--dry-run', *args],
+    cwd=REPO,
+    env={**_env(4), **env},
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
+  assert run.returncode == 0, run.stderr
+  return run.stdout.splitlines()
+
+
+def _pinned_jax() -> str:
+  with open(os.path.join(REPO, 'requirements.txt')) as f:
+    return re.search(r'^jax==(\S+)$', f.read(), re.M)[1]
+
+
+def test_local_dry_run_prints_one_command_per_process():
+  lines = _dry_run('local.sh', '3', '--config=configs/digits.py', '--workdir=runs/x', PORT='9999')
+  assert lines[-1] == 'wait' and len(lines) == 4
+  for i, line in enumerate(lines[:3]):
+    assert 'XLA_FLAGS=--xla_force_host_platform_device_count=4' in line
+    assert '-m vit_jax.main --coordinator_address=127.0.0.1:9999 --num_processes=3' in line
+    assert f'--process_id={i} ' in line and line.endswith('--workdir=runs/x &')
+
+
+def test_tpu_pod_dry_run_prints_the_gcloud_commands():
+  lines = _dry_run(
+    'tpu_pod.sh',
+    '--config=configs/vit.py:b16,cifar10',
+    '--workdir=/mnt/runs/b16',
+    TPU_NAME='vit-pod',
+    ZONE='us-central2-b',
+    ACCELERATOR_TYPE='v4-32',
+  )
+  text = '\n'.join(lines)
+  base = 'gcloud compute tpus tpu-vm'
+  assert f'+ {base} create vit-pod --zone=us-central2-b --accelerator-type=v4-32' in text
+  assert f'+ {base} scp ' in text
+  ssh = [line for line in lines if line.startswith(f'+ {base} ssh vit-pod')]
+  assert len(ssh) == 3 and all('--worker=all' in line for line in ssh)
+  assert f'jax[tpu]=={_pinned_jax()}' in ssh[1] and '-r requirements.txt' in ssh[1]
+  assert ssh[2].endswith(
+    "-m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=/mnt/runs/b16'"
+  )
+  cloned = _dry_run('tpu_pod.sh', TPU_NAME='p', ZONE='z', REPO_URL='https://example.org/v.git')
+  assert any('git clone -q --branch main https://example.org/v.git vit_jax' in x for x in cloned)
+
+
+def test_slurm_dry_run_prints_srun_one_process_per_gpu():
+  lines = _dry_run('slurm_gpu.sh', '--config=configs/digits.py', '--workdir=runs/x')
+  assert f'+ .venv/bin/pip install -q -r requirements.txt jax\\[cuda13\\]=={_pinned_jax()}' in lines
+  assert lines[-1] == (
+    '+ srun --kill-on-bad-exit=1 --cpu-bind=none .venv/bin/python -m vit_jax.main '
+    '--distributed=on --config=configs/digits.py --workdir=runs/x'
+  )
+  with open(os.path.join(LAUNCH, 'slurm_gpu.sh')) as f:
+    header = dict(re.findall(r'^#SBATCH --([\w-]+)=(\S+)$', f.read(), re.M))
+  assert header['ntasks-per-node'] == header['gpus-per-node']  # one process per GPU
+  missing = subprocess.run(
+    ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh')],
+    cwd=REPO,
+    env={k: v for k, v in _env(4).items() if not k.startswith('SLURM')},
+    capture_output=True,
+    text=True,
+  )
+  assert missing.returncode == 2 and 'not inside a SLURM job' in missing.stderr
+
+
+def test_h14_fsdp_state_fits_16_gb_devices():
+  """The memory arithmetic of configs/vit_h14_fsdp.py, from the real parameter shapes."""
+  config = vit_h14_fsdp.get_config('imagenet21k')
+  assert (config.sharding, config.model.remat_policy, config.dtype) == ('fsdp', 'full', 'bfloat16')
+  model_config = config.model.to_dict()
+  model_config.pop('model_name')
+  shapes = stats.param_shapes(model_from_config(model_config, num_classes=21843), 224)
+  n = stats.count_params(shapes)
+  assert n == 660_385_363
+  mesh = parallel.create_mesh()  # 8 devices
+  shardings = parallel.tree_shardings(shapes, mesh, config.sharding)
+
+  def per_device(x, s):
+    shard = s.shard_shape(x.shape)
+    return int(np.prod(shard, dtype=np.int64))
+
+  local = sum(jax.tree.leaves(jax.tree.map(per_device, shapes, shardings)))
+  # Weight, gradient and two Adam moments in float32: 16 bytes per parameter.
+  assert 16 * n > 10.5e9  # replicated: two thirds of a 16 GB device before any activation
+  # Every large leaf is split 8 ways; leaves under parallel.FSDP_MIN_SIZE (biases, LayerNorms:
+  # 0.56M parameters) stay whole.
+  assert local == pytest.approx(n / 8, rel=0.01)
+  assert 16 * local < 1.34e9
+  block = stats.count_params(shapes['Transformer']['encoderblock_0'])
+  assert 4 * block < 80e6  # one block gathered in float32 while it computes

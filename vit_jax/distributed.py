@@ -1,0 +1,247 @@
+"""Multi-process start-up through `jax.distributed`: one call before any other JAX call.
+
+The same command runs on one machine, under SLURM, on a TPU VM pod, or as several
+processes given explicitly. `initialize()` decides which:
+
+  explicit   `--coordinator_address`, `--num_processes`, `--process_id` (or the environment
+             variables JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID);
+  SLURM      a job step with more than one task (srun): JAX reads SLURM's variables;
+  TPU VM     a Cloud TPU VM (libtpu and a TPU on the PCI bus): JAX asks the metadata server;
+  otherwise  one process, nothing to initialise.
+
+On CPU the cross-process collectives go through gloo. The start-up is bounded: a process
+that cannot reach the coordinator, or a coordinator whose peers never arrive, ends with a
+one-line message after `timeout_s` seconds instead of hanging (JAX itself would abort
+with a C++ stack trace, later).
+"""
+
+import glob
+import importlib.util
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+
+MODES = ('auto', 'on', 'off')
+ENV_ADDRESS = 'JAX_COORDINATOR_ADDRESS'
+ENV_NUM_PROCESSES = 'JAX_NUM_PROCESSES'
+ENV_PROCESS_ID = 'JAX_PROCESS_ID'
+DEFAULT_TIMEOUT_S = 300
+_GOOGLE_PCI_VENDOR = '0x1ae0'  # TPU chips on a Cloud TPU VM
+
+
+class DistributedError(RuntimeError):
+  """Multi-process start-up failed; the message says why and what to do."""
+
+
+def _parse_address(address: str) -> tuple[str, int]:
+  host, sep, port = address.rpartition(':')
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise DistributedError(
+      f'Coordinator address {address!r}: expected HOST:PORT, e.g. 10.0.0.1:8476.'
+    )
+  return host.strip('[]'), int(port)
+
+
+def _int_or_none(value: int | str | None, name: str) -> int | None:
+  if value is None or value == '':
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise DistributedError(f'{name}={value!r} is not an integer.') from None
+
+
+def explicit_settings(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  environ: Mapping[str, str] | None = None,
+) -> tuple[str, int, int] | None:
+  """(address, num_processes, process_id) from the arguments, else the environment.
+
+  None when none of the three is given; a DistributedError when only some are, or when
+  they do not fit together.
+  """
+  environ = os.environ if environ is None else environ
+  address = coordinator_address or environ.get(ENV_ADDRESS) or None
+  n = _int_or_none(
+    num_processes if num_processes is not None else environ.get(ENV_NUM_PROCESSES),
+    '--num_processes',
+  )
+  i = _int_or_none(
+    process_id if process_id is not None else environ.get(ENV_PROCESS_ID), '--process_id'
+  )
+  given = {'--coordinator_address': address, '--num_processes': n, '--process_id': i}
+  if all(v is None for v in given.values()):
+    return None
+  missing = [k for k, v in given.items() if v is None]
+  if missing:
+    raise DistributedError(
+      f'Multi-process run: {", ".join(missing)} not set; give all three of '
+      '--coordinator_address, --num_processes and --process_id (or JAX_COORDINATOR_ADDRESS, '
+      'JAX_NUM_PROCESSES, JAX_PROCESS_ID).'
+    )
+  _parse_address(address)
+  if n < 1 or not 0 <= i < n:
+    raise DistributedError(
+      f'--process_id={i} with --num_processes={n}: expected 0 <= process_id < num_processes.'
+    )
+  return address, n, i
+
+
+def in_slurm_job_step(environ: Mapping[str, str] | None = None) -> bool:
+  """Inside `srun` with more than one task (JAX's SLURM detection reads these variables)."""
+  environ = os.environ if environ is None else environ
+  needed = ('SLURM_JOB_ID', 'SLURM_STEP_NODELIST', 'SLURM_NTASKS', 'SLURM_PROCID', 'SLURM_LOCALID')
+  if not all(k in environ for k in needed):
+    return False
+  return (_int_or_none(environ['SLURM_NTASKS'], 'SLURM_NTASKS') or 1) > 1
+
+
+def on_cloud_tpu_vm() -> bool:
+  """libtpu is installed and a Google TPU sits on the PCI bus (what JAX itself checks)."""
+  if importlib.util.find_spec('libtpu') is None:
+    return False
+  for path in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    try:
+      with open(path) as f:
+        if f.read().strip() == _GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      continue
+  return False
+
+
+def wait_for_coordinator(address: str, timeout_s: float, process_id: int, n: int) -> None:
+  """Retries a TCP connection to the coordinator until it answers or `timeout_s` passes."""
+  host, port = _parse_address(address)
+  deadline = time.monotonic() + timeout_s
+  while True:
+    try:
+      with socket.create_connection((host, port), timeout=min(5.0, max(0.1, timeout_s))):
+        return
+    except OSError as e:
+      if time.monotonic() >= deadline:
+        raise DistributedError(
+          f'Process {process_id} of {n} could not reach the coordinator at {address} within '
+          f'{timeout_s:g} s ({e.strerror or e}): start process 0 there first, check the address, '
+          'port and firewall, or raise --distributed_timeout.'
+        ) from None
+    time.sleep(0.25)
+
+
+class _Watchdog:
+  """Ends the process with a one-line message if start-up outlasts its deadline.
+
+  JAX's own connect aborts the process with a C++ stack trace (and only after about twice
+  its timeout); this fires first, at `timeout_s`.
+  """
+
+  def __init__(self, timeout_s: float, message: str):
+    self._timer = threading.Timer(timeout_s, self._fire, args=(message,))
+    self._timer.daemon = True
+
+  @staticmethod
+  def _fire(message: str) -> None:
+    sys.stderr.write(f'Error: {message}\n')
+    sys.stderr.flush()
+    os._exit(1)
+
+  def __enter__(self):
+    self._timer.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._timer.cancel()
+
+
+def _use_gloo_on_cpu() -> None:
+  """CPU devices of different processes talk through gloo (must precede backend start-up)."""
+  import jax
+
+  jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+
+
+def initialize(
+  coordinator_address: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  *,
+  mode: str = 'auto',
+  timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> bool:
+  """Starts JAX's multi-controller runtime when the run spans several processes.
+
+  Call it first, before anything asks JAX for devices. `mode` 'auto' initialises for
+  explicit settings, a multi-task SLURM step or a Cloud TPU VM; 'on' always (JAX detects
+  the cluster when nothing is given); 'off' never.
+
+  Returns:
+    True when `jax.distributed` was initialised (jax.process_count() may then be > 1).
+
+  Raises:
+    DistributedError: bad or partial settings, an unreachable coordinator, or an unknown
+      cluster under mode 'on'.
+  """
+  if mode not in MODES:
+    raise DistributedError(f'--distributed={mode!r}; expected one of {MODES}.')
+  if timeout_s <= 0:
+    raise DistributedError(f'--distributed_timeout={timeout_s:g}: expected seconds > 0.')
+  if mode == 'off':
+    return False
+  explicit = explicit_settings(coordinator_address, num_processes, process_id)
+  if explicit is None and mode == 'auto' and not (in_slurm_job_step() or on_cloud_tpu_vm()):
+    return False
+  if explicit is not None and explicit[1] == 1 and mode == 'auto':
+    return False
+
+  import jax
+
+  _use_gloo_on_cpu()
+  # JAX's connect aborts on its own timeout: give it more time than the watchdog.
+  jax_timeout = int(2 * timeout_s + 30)
+  if explicit is None:
+    message = (
+      f'Multi-process start-up did not finish within {timeout_s:g} s (cluster detected from '
+      'the environment): check that every process of the job started, or raise '
+      '--distributed_timeout.'
+    )
+    with _Watchdog(timeout_s, message):
+      try:
+        jax.distributed.initialize(initialization_timeout=jax_timeout)
+      except (ValueError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DistributedError(
+          f'No cluster detected for --distributed=on ({first}): give --coordinator_address, '
+          '--num_processes and --process_id.'
+        ) from None
+    return True
+
+  address, n, i = explicit
+  start = time.monotonic()
+  if i != 0:
+    wait_for_coordinator(address, timeout_s, i, n)
+  left = max(1.0, timeout_s - (time.monotonic() - start))
+  if i == 0:
+    message = (
+      f'Process 0 (coordinator at {address}): not all {n} processes joined within '
+      f'{timeout_s:g} s: start processes 1..{n - 1} with the same --coordinator_address and '
+      '--num_processes, or raise --distributed_timeout.'
+    )
+  else:
+    message = (
+      f'Process {i} of {n}: the coordinator at {address} answered, but not all {n} processes '
+      f'joined within {timeout_s:g} s: check every process has a distinct --process_id in '
+      f'0..{n - 1} and the same --num_processes, or raise --distributed_timeout.'
+    )
+  with _Watchdog(left, message):
+    jax.distributed.initialize(
+      coordinator_address=address,
+      num_processes=n,
+      process_id=i,
+      initialization_timeout=jax_timeout,
+    )
+  return True
