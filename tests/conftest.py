@@ -1,5 +1,6 @@
 """Shared test set-up: 8 simulated CPU devices, and random weights for oracle comparisons."""
 
+import contextlib
 import os
 
 # Before jax is imported anywhere: 8 CPU devices so sharding tests can build real meshes.
@@ -22,3 +23,38 @@ def randomize(params, seed: int = 0, scale: float = 0.2):
 @pytest.fixture
 def random_params():
   return randomize
+
+
+@contextlib.contextmanager
+def _persistent_compilation_cache(directory: str):
+  """A persistent XLA cache in `directory`: programs that differ only in data compile once."""
+  from jax._src import compilation_cache as cc
+
+  keys = (
+    'jax_compilation_cache_dir',
+    'jax_persistent_cache_min_compile_time_secs',
+    'jax_persistent_cache_min_entry_size_bytes',
+  )
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update('jax_compilation_cache_dir', directory)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+  cc.reset_cache()
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      jax.config.update(k, v)
+    cc.reset_cache()
+
+
+@pytest.fixture
+def compilation_cache(tmp_path_factory):
+  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
+    yield
+
+
+@pytest.fixture(scope='module')
+def module_compilation_cache(tmp_path_factory):
+  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
+    yield

@@ -3,7 +3,6 @@
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
@@ -150,27 +149,6 @@ def test_a_preempted_run_stops_the_sweep(tmp_path):
 
   summary = sweep.run(digits_config.get_config(), s, str(tmp_path), train_fn=trainer, log=print)
   assert len(calls) == 1 and summary['selected_lr'] is None
-
-
-@pytest.fixture
-def compilation_cache(tmp_path_factory):
-  """A persistent XLA cache: the final run at the chosen rate reuses its dev run's compile."""
-  from jax._src import compilation_cache as cc
-
-  keys = (
-    'jax_compilation_cache_dir',
-    'jax_persistent_cache_min_compile_time_secs',
-    'jax_persistent_cache_min_entry_size_bytes',
-  )
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('xla_cache')))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  cc.reset_cache()
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
-  cc.reset_cache()
 
 
 def test_digits_sweep_selects_on_dev_and_reports_test(tmp_path, monkeypatch, compilation_cache):

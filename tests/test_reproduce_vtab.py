@@ -3,7 +3,6 @@
 import functools
 import json
 
-import jax
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,27 +12,6 @@ from tensorflow_datasets.testing import mocking
 from configs import vtab as vtab_config
 from vit_jax import data
 from vit_jax.reproduce import sweep, vtab
-
-
-@pytest.fixture(scope='module')
-def compilation_cache(tmp_path_factory):
-  """A persistent XLA cache for this module: runs that differ only in data compile once."""
-  from jax._src import compilation_cache as cc
-
-  keys = (
-    'jax_compilation_cache_dir',
-    'jax_persistent_cache_min_compile_time_secs',
-    'jax_persistent_cache_min_entry_size_bytes',
-  )
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update('jax_compilation_cache_dir', str(tmp_path_factory.mktemp('xla_cache')))
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  cc.reset_cache()
-  yield
-  for k, v in old.items():
-    jax.config.update(k, v)
-  cc.reset_cache()
 
 
 def test_nineteen_tasks_in_three_groups():
@@ -216,8 +194,8 @@ def _small(config, workdir_seed=0):
   return config
 
 
-def test_every_task_config_trains_on_mock_data(tmp_path, compilation_cache, capsys):
-  del compilation_cache
+def test_every_task_config_trains_on_mock_data(tmp_path, module_compilation_cache, capsys):
+  del module_compilation_cache
   with tfds.testing.mock_data(as_dataset_fn=_fake_as_dataset):
     # The data of every task: labels inside the task's classes, images decoded to RGB.
     for name, task in vtab.TASKS.items():
