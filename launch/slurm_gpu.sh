@@ -26,25 +26,18 @@
 #SBATCH --output=vit_jax-%j.out
 set -euo pipefail
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "$0"; }
-
-DRY_RUN="${DRY_RUN:-0}"
-case "${1:-}" in
-  -h | --help)
-    usage
-    exit 0
-    ;;
-  --dry-run)
-    DRY_RUN=1
-    shift
-    ;;
-esac
 if [[ -n "${SLURM_SUBMIT_DIR:-}" ]]; then
   cd "$SLURM_SUBMIT_DIR"
 fi
-if [[ ! -f requirements.txt || ! -d vit_jax ]]; then
-  echo "error: submit from the repository root (requirements.txt and vit_jax/ not found)" >&2
+if [[ ! -f launch/lib.sh || ! -f requirements.txt ]]; then
+  echo "error: submit from the repository root (launch/lib.sh and requirements.txt not found)" >&2
   exit 2
+fi
+# shellcheck source=launch/lib.sh
+source launch/lib.sh
+
+if dry_run_flag "$@"; then
+  shift
 fi
 if [[ "$DRY_RUN" != 1 && -z "${SLURM_JOB_ID:-}" ]]; then
   usage >&2
@@ -55,20 +48,7 @@ fi
 PY="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 CUDA_EXTRA="${CUDA_EXTRA:-cuda13}"
-JAX_VERSION="$(sed -n 's/^jax==//p' requirements.txt)"
-if [[ -z "$JAX_VERSION" ]]; then
-  echo "error: requirements.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
-  exit 2
-fi
-
-run() {  # prints the command; runs it unless dry-run
-  printf '+'
-  printf ' %q' "$@"
-  echo
-  if [[ "$DRY_RUN" != 1 ]]; then
-    "$@"
-  fi
-}
+JAX_VERSION="$(pinned_jax_version)"
 
 # 1. The venv with the pinned requirements and CUDA jax, once, on the shared file system.
 if [[ ! -x "$VENV/bin/python" || "$DRY_RUN" == 1 ]]; then

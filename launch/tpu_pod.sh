@@ -24,37 +24,26 @@
 #   DRY_RUN=1            print the gcloud commands instead of running them (same as --dry-run)
 set -euo pipefail
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+if [[ ! -f launch/lib.sh || ! -f requirements.txt ]]; then
+  echo "error: run from the repository root (launch/lib.sh and requirements.txt not found)" >&2
+  exit 2
+fi
+# shellcheck source=launch/lib.sh
+source launch/lib.sh
 
-DRY_RUN="${DRY_RUN:-0}"
-case "${1:-}" in
-  -h | --help)
-    usage
-    exit 0
-    ;;
-  --dry-run)
-    DRY_RUN=1
-    shift
-    ;;
-esac
+if dry_run_flag "$@"; then
+  shift
+fi
 if [[ -z "${TPU_NAME:-}" || -z "${ZONE:-}" ]]; then
   usage >&2
   echo "error: set TPU_NAME and ZONE, e.g. TPU_NAME=vit-pod ZONE=us-central2-b" >&2
-  exit 2
-fi
-if [[ ! -f requirements.txt || ! -d vit_jax ]]; then
-  echo "error: run from the repository root (requirements.txt and vit_jax/ not found)" >&2
   exit 2
 fi
 
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v4-8}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-tpu-ubuntu2204-base}"
 CODE_DIR="${CODE_DIR:-vit_jax}"
-JAX_VERSION="$(sed -n 's/^jax==//p' requirements.txt)"
-if [[ -z "$JAX_VERSION" ]]; then
-  echo "error: requirements.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
-  exit 2
-fi
+JAX_VERSION="$(pinned_jax_version)"
 
 tpu=(gcloud compute tpus tpu-vm)
 location=("--zone=$ZONE")
@@ -62,25 +51,6 @@ if [[ -n "${PROJECT:-}" ]]; then
   location+=("--project=$PROJECT")
 fi
 where=("$TPU_NAME" "${location[@]}")
-
-quoted() {  # words joined by spaces, each quoted only if it needs it
-  local word out=""
-  for word in "$@"; do
-    if [[ "$word" =~ ^[A-Za-z0-9_./:=,@%+-]+$ ]]; then
-      out+=" $word"
-    else
-      out+=" ${word@Q}"
-    fi
-  done
-  printf '%s' "${out# }"
-}
-
-run() {  # prints the command; runs it unless dry-run
-  echo "+ $(quoted "$@")"
-  if [[ "$DRY_RUN" != 1 ]]; then
-    "$@"
-  fi
-}
 
 on_all_workers() {  # runs a shell command line on every worker
   run "${tpu[@]}" ssh "${where[@]}" --worker=all "--command=$1"

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.models import MODEL_CONFIGS, get_model, stats
+from vit_jax.models import MODEL_CONFIGS, get_model, stats, vit
 
 # Every registered model at 224 px with a 1000-class head: the original vit_jax
 # `models_test.MODEL_SIZES`. The gap-norep rows have no class token and one fewer
@@ -186,6 +186,48 @@ def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_para
     base.apply({'params': params}, images, train=False),
     atol=1e-5,
   )
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_attend_backward_equals_autodiff_of_the_plain_formula(dtype):
+  """vit.attend's hand-written backward pass against XLA differentiating softmax(q k^T) v."""
+  keys = jax.random.split(jax.random.key(3), 4)
+  q, k, v, dy = (jax.random.normal(key, (2, 3, 17, 8)) for key in keys)
+
+  def plain(q, k, v):  # the same mixed-precision matmuls, differentiated by JAX
+    logits = vit._einsum('bhqd,bhkd->bhqk', q, k, dtype)
+    return vit._einsum('bhqk,bhkd->bhqd', jax.nn.softmax(logits), v, dtype)
+
+  y, pullback = jax.vjp(lambda *a: vit.attend(*a, dtype), q, k, v)
+  y_ref, pullback_ref = jax.vjp(plain, q, k, v)
+  tol = 1e-5 if dtype == jnp.float32 else 3e-2
+  np.testing.assert_allclose(y, y_ref, atol=tol)
+  for name, got, want in zip('qkv', pullback(dy), pullback_ref(dy), strict=True):
+    assert got.dtype == jnp.float32, name
+    scale = float(np.abs(want).max())
+    assert scale > 0.1, name  # a gradient worth comparing
+    np.testing.assert_allclose(got, want, atol=tol * scale, err_msg=name)
+
+
+def test_training_gradients_equal_with_and_without_kept_attention_weights(random_params):
+  """The model takes `attend` unless the weights are kept (mutable intermediates)."""
+  images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
+  model = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)})
+  params = random_params(model.init(jax.random.key(0), images, train=False)['params'], scale=0.05)
+
+  def loss(p, keep):
+    if keep:
+      logits, state = model.apply({'params': p}, images, train=True, mutable=['intermediates'])
+      assert len(jax.tree.leaves(state)) == 12  # one attention map per block
+    else:
+      logits = model.apply({'params': p}, images, train=True)
+    return jnp.sum(jnp.sin(logits))
+
+  got = jax.grad(loss)(params, False)
+  want = jax.grad(loss)(params, True)
+  leaves = zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True)
+  for (path, g), w in leaves:
+    np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
 def test_analytic_flops_match_xla_cost_analysis():

@@ -6,7 +6,9 @@
 Every combination of `--dtype`, `--attention`, `--remat` and `--layers` (unrolled or one
 `nn.scan`) is one variant. All variants share one set of weights and one batch of random
 images, and are timed in interleaved rounds (variant A, B, ..., then A, B, ... again), so that
-a change in machine load hits them alike; the table shows the best round and the median.
+a change in machine load hits them alike; the table shows the best step and the median. Each
+round times `--steps` consecutive steps per program: the later ones show the steady state of a
+training loop, which reuses the memory of the step before.
 Per variant and mode:
 
   img/s         images per second (inference: `apply(train=False)`; training: one jitted
@@ -26,6 +28,9 @@ Per variant and mode:
                 reset before them; it includes everything the process holds)
   cpu/wall      process CPU seconds per wall second while timing (CPU only): well below the
                 number of cores means that other processes had the machine
+  faults/step   minor page faults of the process per step (median): on CPU, XLA's fresh
+                temporaries at every step; the entry point turns on transparent huge pages
+                for them where it can (`vit_jax.hugepages`), and the report says whether
 
 `--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
@@ -39,6 +44,7 @@ import itertools
 import json
 import os
 import re
+import resource
 import statistics
 import sys
 import tempfile
@@ -51,6 +57,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from vit_jax import hugepages
 from vit_jax.models import get_config, model_from_config, stats, vit
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -88,6 +95,7 @@ class _Timed:
   xla_bytes: int | None = None
   wall: list[float] = dataclasses.field(default_factory=list)
   cpu: list[float] = dataclasses.field(default_factory=list)
+  faults: list[int] = dataclasses.field(default_factory=list)
   peak_bytes: int | None = None
 
 
@@ -114,10 +122,13 @@ def variants_from(
 # ----------------------------------------------------------------------------- measurements
 
 
-def _time(fn: Callable[[], Any]) -> tuple[float, float]:
+def _time(fn: Callable[[], Any]) -> tuple[float, float, int]:
+  """(wall seconds, process CPU seconds, minor page faults) of one call."""
+  faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
   wall, cpu = time.perf_counter(), time.process_time()
   jax.block_until_ready(fn())
-  return time.perf_counter() - wall, time.process_time() - cpu
+  wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+  return wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 def matmul_probe(dtype: str, size: int, repeats: int = 3) -> float:
@@ -550,9 +561,10 @@ def run_benchmark(
     for p in programs:
       reset = on_cpu and _peak_rss_reset()
       for _ in range(steps):
-        wall, cpu = _time(p.run)
+        wall, cpu, faults = _time(p.run)
         p.wall.append(wall)
         p.cpu.append(cpu)
+        p.faults.append(faults)
       peak = (_peak_rss() if reset else None) if on_cpu else _device_peak_bytes()
       if peak is not None:
         p.peak_bytes = max(p.peak_bytes or 0, peak)
@@ -610,6 +622,7 @@ def run_benchmark(
         'step_s': best,
         'step_s_all': p.wall,
         'cpu_per_wall': sum(p.cpu) / sum(p.wall) if on_cpu and timed else None,
+        'page_faults_per_step': statistics.median(p.faults) if timed else None,
         'compile_s': _finite(p.compile_s),
         'flops_per_image': _finite(p.flops_per_image),
         'model_flops_per_image': _finite(model_flops),
@@ -654,6 +667,7 @@ def run_benchmark(
     'device_count': jax.device_count(),
     'cpu_count': os.cpu_count(),
     'jax': jax.__version__,
+    'huge_pages': hugepages.describe() if platform == 'cpu' else None,
     'omp_wait_policy': os.environ.get('OMP_WAIT_POLICY') if compare else None,
     'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
     'load_average_start': list(load_start),
@@ -683,9 +697,9 @@ def format_table(result: dict[str, Any]) -> str:
   """A Markdown table of the rows, then the probe, agreement and load lines."""
   head = (
     '| program | mode | img/s | median | compile s | GFLOP/img | TFLOP/s | MFU | XLA mem GB'
-    ' | peak mem GB | cpu/wall | vs HF |'
+    ' | peak mem GB | cpu/wall | faults/step | vs HF |'
   )
-  lines = [head, '|' + '---|' * 12]
+  lines = [head, '|' + '---|' * 13]
   for r in result['rows']:
     cells = [
       r['program'],
@@ -699,6 +713,7 @@ def format_table(result: dict[str, Any]) -> str:
       _fmt(r['xla_memory_bytes'], '.2f', 1e9),
       _fmt(r['peak_memory_bytes'], '.2f', 1e9),
       _fmt(r['cpu_per_wall'], '.2f'),
+      _fmt(r.get('page_faults_per_step'), '.0f'),
       _fmt(r.get('vs_hf'), '.2f'),
     ]
     lines.append('| ' + ' | '.join(cells) + ' |')
@@ -726,6 +741,8 @@ def format_table(result: dict[str, Any]) -> str:
         f'{r["program"]}: training step per image = {r["train_over_inference_time"]:.2f} x'
         ' inference per image'
       )
+  if result.get('huge_pages'):
+    out.append(result['huge_pages'])
   out.append(
     f'load average {result["load_average_start"][0]:.2f} at start, '
     f'{result["load_average_end"][0]:.2f} at end ({result["cpu_count"]} CPUs); {result["date"]}'
@@ -827,5 +844,6 @@ def _define_flags() -> None:
 if __name__ == '__main__':
   from absl import app
 
+  hugepages.reexec_with_huge_pages()
   _define_flags()
   app.run(main)

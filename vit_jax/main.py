@@ -27,7 +27,7 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # quiet; tf.data's image op
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import distributed
+from vit_jax import distributed, hugepages
 
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
@@ -137,6 +137,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def run() -> None:
+  hugepages.reexec_with_huge_pages()
   app.run(main, flags_parser=_parse_flags)
 
 

@@ -24,6 +24,7 @@ import matplotlib
 import numpy as np
 from absl import app, flags
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from vit_jax import predict
 from vit_jax.checkpoint import tree as ckpt_tree
@@ -244,7 +245,7 @@ def draw_posemb_similarity(similarity: np.ndarray, path: Path, title: str) -> Pa
   _tile_ticks(ax, gh, gw, gh, gw, pad)
   ax.set_xlabel('Input patch column')
   ax.set_ylabel('Input patch row')
-  ax.set_title(title)
+  fig.suptitle(title, wrap=True)  # wider than the square axes
   cax = fig.add_axes((0.85, 0.08, 0.03, 0.84))
   fig.colorbar(image, cax=cax, label='Cosine similarity')
   return _save(fig, path)
@@ -262,6 +263,7 @@ def draw_attention_distance(distances: np.ndarray, path: Path, title: str) -> Pa
   ax.set_xlabel('Network depth (layer)')
   ax.set_ylabel('Mean attention distance (pixels)')
   ax.set_xlim(-0.5, layers - 0.5)
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_ylim(0, 1.05 * float(distances.max()) + 1e-9)
   ax.set_title(title)
   ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1.0), fontsize='small', frameon=False)

@@ -88,6 +88,40 @@ def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndar
   return jnp.einsum(spec, x, y)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """softmax(q k^T) v on heads-major (batch, heads, tokens, head_dim) arrays; q is pre-scaled.
+
+  The backward pass is written out as in FlashAttention (Dao et al., 2022, without the
+  tiling): the softmax gradient W * (dW - D) takes D = rowsum(dY * Y), head_dim wide, instead
+  of rowsum(dW * W), tokens wide. XLA differentiating the forward pass itself would reduce the
+  (batch, heads, tokens, tokens) product instead; on a CPU this makes the ViT-B/16 training
+  step ~4% faster. Reverse mode only (no jax.jvp).
+  """
+  return _attend_fwd(q, k, v, dtype)[0]
+
+
+def _attend_fwd(q, k, v, dtype):
+  logits = _einsum('bhqd,bhkd->bhqk', q, k, dtype)
+  weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
+  y = _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
+  return y, (q, k, v, weights, y)
+
+
+def _attend_bwd(dtype, residuals, dy):
+  q, k, v, weights, y = residuals
+  dweights = _einsum('bhqd,bhkd->bhqk', dy, v, dtype)
+  dv = _einsum('bhqk,bhqd->bhkd', weights, dy, dtype)
+  rowsum = jnp.sum(dy.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
+  dlogits = weights.astype(jnp.float32) * (dweights.astype(jnp.float32) - rowsum)
+  dq = _einsum('bhqk,bhkd->bhqd', dlogits, k, dtype)
+  dk = _einsum('bhqk,bhqd->bhkd', dlogits, q, dtype)
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+attend.defvjp(_attend_fwd, _attend_bwd)
+
+
 def _dot_general_as_einsum(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
   """The einsum spec of a `lax.dot_general` (output: batch, lhs free, rhs free dims)."""
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
@@ -203,12 +237,16 @@ class MultiHeadDotProductAttention(nn.Module):
       # on CPU with the batch dimensions leading than with heads between the tokens.
       q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
-      logits = _einsum('bhqd,bhkd->bhqk', q, k, self.dtype)
-      weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
-      # Kept only when applied with mutable=['intermediates'] (attention maps, rollout).
-      self.sow('intermediates', 'attention_weights', weights)
-      weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
-      y = jnp.swapaxes(_einsum('bhqk,bhkd->bhqd', weights, v, self.dtype), 1, 2)
+      # Applied with mutable=['intermediates'] (attention maps, rollout), the weights are kept.
+      if use_dropout or self.is_mutable_collection('intermediates'):
+        logits = _einsum('bhqd,bhkd->bhqk', q, k, self.dtype)
+        weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
+        self.sow('intermediates', 'attention_weights', weights)
+        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
+        y = _einsum('bhqk,bhkd->bhqd', weights, v, self.dtype)
+      else:
+        y = attend(q, k, v, self.dtype)
+      y = jnp.swapaxes(y, 1, 2)
     else:
       raise ValueError(f'attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}')
     return dense(features=width, axis=(-2, -1), name='out')(y)

@@ -25,6 +25,8 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vit_jax import hugepages
+
 COMMANDS = ('compute', 'sweep', 'vtab', 'report')
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
@@ -191,4 +193,5 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == '__main__':
+  hugepages.reexec_with_huge_pages()
   app.run(main, flags_parser=_parse_flags)
