@@ -57,7 +57,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import hugepages
+from vit_jax import files, hugepages
 from vit_jax.models import get_config, model_from_config, stats, vit
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
@@ -751,19 +751,8 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def write_json(result: dict[str, Any], path: str) -> None:
-  """Writes atomically: a temporary file in the same folder, then a rename."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.benchmark.', suffix='.json.tmp')
-  try:
-    with os.fdopen(fd, 'w') as f:
-      json.dump(result, f, indent=2)
-      f.write('\n')
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+  """Writes atomically (`vit_jax.files`): a failed write leaves an earlier file as it was."""
+  files.atomic_write_text(path, json.dumps(result, indent=2) + '\n')
 
 
 def main(argv: Sequence[str]) -> None:

@@ -36,6 +36,7 @@ from absl import app, flags
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
+from vit_jax import files
 from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
 
 IMAGENET_NUM_CLASSES = 1000
@@ -427,8 +428,8 @@ def save_features(
   array = np.stack([p.features for p in predictions]).astype(np.float32)
   sidecar = out.with_suffix('.json')
   meta = {**metadata, 'shape': list(array.shape), 'files': [p.image for p in predictions]}
-  ckpt.tree.atomic_write(out, lambda f: np.save(f, array, allow_pickle=False))
-  ckpt.tree.atomic_write(sidecar, lambda f: f.write((json.dumps(meta, indent=1) + '\n').encode()))
+  files.atomic_write(out, lambda f: np.save(f, array, allow_pickle=False))
+  files.atomic_write_text(sidecar, json.dumps(meta, indent=1) + '\n')
   return out, sidecar
 
 

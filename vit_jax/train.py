@@ -24,7 +24,6 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ import optax
 from absl import logging
 
 from vit_jax import data as data_lib
-from vit_jax import optim, parallel
+from vit_jax import files, optim, parallel
 from vit_jax.models import model_from_config
 
 CHECKPOINT_DIR = 'checkpoints'
@@ -378,20 +377,6 @@ def _restore(manager, step: int, abstract_state):
   return restored['state'], restored['meta']
 
 
-def _atomic_write(path: str, write) -> None:
-  """Writes through a temporary file in the same folder, then renames: never half a file."""
-  folder = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-', suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      write(f)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def read_metrics(workdir: str) -> list[dict]:
   """The metric lines of a run (metrics.jsonl), in order."""
   path = os.path.join(workdir, METRICS_FILE)
@@ -418,8 +403,7 @@ class MetricWriter:
       return
     if resume_step is not None:  # lines past the checkpoint will be written again
       kept = [m for m in read_metrics(workdir) if m['step'] <= resume_step]
-      lines = ''.join(json.dumps(m) + '\n' for m in kept).encode()
-      _atomic_write(self.path, lambda f: f.write(lines))
+      files.atomic_write_text(self.path, ''.join(json.dumps(m) + '\n' for m in kept))
     elif os.path.exists(self.path):
       os.remove(self.path)
     self.file = open(self.path, 'a')  # noqa: SIM115  (kept open for the run)
@@ -543,7 +527,7 @@ def plot_curves(workdir: str) -> str | None:
   ax_acc.grid(alpha=0.3)
   fig.tight_layout()
   path = os.path.join(workdir, CURVES_FILE)
-  _atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=100))
+  files.atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=100))
   plt.close(fig)
   return path
 
@@ -630,8 +614,8 @@ def _write_config(workdir: str, config: ml_collections.ConfigDict, setup: Setup)
     'processes': jax.process_count(),
     'pretrained_path': setup.pretrained_path,
   }
-  text = json.dumps(resolved, indent=2, sort_keys=True).encode()
-  _atomic_write(os.path.join(workdir, CONFIG_FILE), lambda f: f.write(text))
+  text = json.dumps(resolved, indent=2, sort_keys=True)
+  files.atomic_write_text(os.path.join(workdir, CONFIG_FILE), text)
 
 
 def data_shards_for(config: ml_collections.ConfigDict, meta: dict) -> tuple[int, str | None]:

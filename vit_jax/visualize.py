@@ -26,8 +26,7 @@ from absl import app, flags
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vit_jax import predict
-from vit_jax.checkpoint import tree as ckpt_tree
+from vit_jax import files, predict
 
 DPI = 100
 # Pixel size (width, height) of every PNG.
@@ -187,7 +186,7 @@ def _figure(kind: str) -> Figure:
 
 
 def _save(fig: Figure, path: Path) -> Path:
-  ckpt_tree.atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=DPI))
+  files.atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=DPI))
   return path
 
 

@@ -37,12 +37,12 @@ import numpy as np
 
 from vit_jax.checkpoint.tree import (
   CheckpointError,
-  atomic_write,
   flatten,
   natural_key,
   shape_str,
   unflatten,
 )
+from vit_jax.files import atomic_write
 
 # Prefixes of big_vision (and older flax training) checkpoints, most specific first.
 PREFIXES = ('params/img/', 'params/', 'opt/target/')

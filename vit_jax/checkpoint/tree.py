@@ -1,17 +1,14 @@
 """Flat `{'a/b/c': array}` dicts, the nested trees they stand for, and the model a tree describes.
 
 Every format module maps a file to a flat dict in our names and back; these helpers are shared:
-flattening, a safe atomic file write, and `infer_config`, which reads the hyperparameters of a
+flattening and `infer_config`, which reads the hyperparameters of a
 parameter tree off its shapes (so a checkpoint can be checked against, and named by, the registry).
 """
 
 import math
-import os
 import re
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, BinaryIO
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import ml_collections
 
@@ -75,29 +72,6 @@ def square_side(n: int) -> int | None:
   """`s` when `n == s * s`, else None."""
   s = math.isqrt(n)
   return s if s * s == n else None
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
-  """Writes `path` through a temporary file in the same folder and renames it into place.
-
-  A failure at any point (a bad tree, a full disk, Ctrl-C) leaves `path` as it was.
-  """
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      write(f)
-      f.flush()
-      os.fsync(f.fileno())
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
 
 
 def _get(flat: Mapping[str, Any], key: str) -> Any:

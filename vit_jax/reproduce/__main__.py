@@ -90,10 +90,10 @@ def _compute() -> None:
       f'the pretraining head ({compute.JFT_CLASSES:,} classes).'
     )
   if _OUT.value:
-    from vit_jax.reproduce.report import _atomic_write
+    from vit_jax import files
 
-    _atomic_write(_OUT.value + '.md', (text + '\n').encode())
-    _atomic_write(_OUT.value + '.csv', csv_text.encode())
+    files.atomic_write_text(_OUT.value + '.md', text + '\n')
+    files.atomic_write_text(_OUT.value + '.csv', csv_text)
 
 
 def _sweep() -> None:

@@ -22,11 +22,11 @@ import json
 import os
 import re
 import statistics
-import tempfile
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from vit_jax import files
 from vit_jax.reproduce import paper, vtab
 
 CONFIG_FILE, METRICS_FILE = 'config.json', 'metrics.jsonl'
@@ -152,9 +152,9 @@ def find_runs(paths: Iterable[str]) -> list[str]:
       raise ValueError(
         f'{root!r} is not a directory; pass run directories or folders holding them.'
       )
-    for folder, dirs, files in os.walk(root):
+    for folder, dirs, names in os.walk(root):
       dirs[:] = sorted(d for d in dirs if d != 'checkpoints')
-      if CONFIG_FILE in files and METRICS_FILE in files:
+      if CONFIG_FILE in names and METRICS_FILE in names:
         found.append(folder)
   return sorted(found)
 
@@ -317,20 +317,6 @@ def format_csv(rows: Sequence[Row]) -> str:
   return buffer.getvalue()
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-')
-  try:
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def plot(rows: Sequence[Row], path: str) -> str | None:
   """A PNG bar chart, ours (with std) against the paper, one pair of bars per compared row."""
   compared = [r for r in rows if r.paper is not None]
@@ -380,7 +366,7 @@ def plot(rows: Sequence[Row], path: str) -> str | None:
   buffer = io.BytesIO()
   fig.savefig(buffer, format='png', dpi=100)
   plt.close(fig)
-  _atomic_write(path, buffer.getvalue())
+  files.atomic_write(path, lambda f: f.write(buffer.getvalue()))
   return path
 
 
@@ -399,7 +385,7 @@ def report(
   if notes:
     text += '\n\n' + '\n'.join(f'- {n}' for n in notes)
   if out:
-    _atomic_write(out + '.md', (text + '\n').encode())
-    _atomic_write(out + '.csv', format_csv(rows).encode())
+    files.atomic_write_text(out + '.md', text + '\n')
+    files.atomic_write_text(out + '.csv', format_csv(rows))
     plot(rows, out + '.png')
   return rows, notes, text

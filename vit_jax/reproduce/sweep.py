@@ -30,12 +30,13 @@ import json
 import os
 import shlex
 import statistics
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ml_collections
 import numpy as np
+
+from vit_jax import files
 
 SWEEP_FILE, SUMMARY_FILE = 'sweep.json', 'summary.md'
 STAGES = ('dev', 'final', 'all', 'summary')
@@ -305,25 +306,11 @@ def format_summary(summary: dict) -> str:
   return '\n'.join(lines)
 
 
-def _atomic_write(path: str, text: str) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp-')
-  try:
-    with os.fdopen(fd, 'w') as f:
-      f.write(text)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def write_summary(summary: dict, workdir: str) -> str:
   """WORKDIR/sweep.json and WORKDIR/summary.md; returns the markdown."""
   text = format_summary(summary)
-  _atomic_write(os.path.join(workdir, SWEEP_FILE), json.dumps(summary, indent=2) + '\n')
-  _atomic_write(os.path.join(workdir, SUMMARY_FILE), text + '\n')
+  files.atomic_write_text(os.path.join(workdir, SWEEP_FILE), json.dumps(summary, indent=2) + '\n')
+  files.atomic_write_text(os.path.join(workdir, SUMMARY_FILE), text + '\n')
   return text
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import files
 from vit_jax.data.sources import TfdsSource
 
 GROUPS = ('natural', 'specialized', 'structured')
@@ -415,14 +416,13 @@ def write_report(
   log: Callable[[str], None] = print,
 ) -> dict:
   """Per-task and grouped accuracies of the runs in `workdir` (vtab.md, vtab.json)."""
-  from vit_jax.reproduce import sweep
 
   summary = summarize(collect(workdir, list(TASKS), seeds))
   text = f'VTAB-1k, {model or "model"} ({pretrain}):\n\n' + format_summary(
     summary, paper_rows(model, pretrain)
   )
-  sweep._atomic_write(os.path.join(workdir, 'vtab.json'), json.dumps(summary, indent=2) + '\n')
-  sweep._atomic_write(os.path.join(workdir, 'vtab.md'), text + '\n')
+  files.atomic_write_text(os.path.join(workdir, 'vtab.json'), json.dumps(summary, indent=2) + '\n')
+  files.atomic_write_text(os.path.join(workdir, 'vtab.md'), text + '\n')
   log(text)
   return summary
 
