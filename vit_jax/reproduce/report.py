@@ -27,9 +27,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from vit_jax import files
-from vit_jax.reproduce import paper, vtab
-
-CONFIG_FILE, METRICS_FILE = 'config.json', 'metrics.jsonl'
+from vit_jax.reproduce import paper, sweep, vtab
+from vit_jax.reproduce.sweep import CONFIG_FILE, METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,28 +97,11 @@ def infer_pretrain(config: dict) -> str:
   return 'unknown'
 
 
-def _last_eval(metrics_path: str) -> tuple[float, int] | None:
-  last = None
-  with open(metrics_path) as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(
-          f'{metrics_path}:{n} is not JSON ({e.msg}); expected one object a line.'
-        ) from e
-      if 'accuracy_test' in record:
-        last = (float(record['accuracy_test']), int(record.get('step', 0)))
-  return last
-
-
 def read_run(path: str, pretrain: str | None = None) -> Run | None:
   """The run in `path`, or None when it has no evaluation yet."""
   with open(os.path.join(path, CONFIG_FILE)) as f:
     config = json.load(f)
-  evaluation = _last_eval(os.path.join(path, METRICS_FILE))
+  evaluation = sweep.last_evaluation(os.path.join(path, METRICS_FILE))
   if evaluation is None:
     return None
   accuracy, step = evaluation

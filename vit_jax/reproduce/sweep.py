@@ -39,6 +39,8 @@ import numpy as np
 from vit_jax import files
 
 SWEEP_FILE, SUMMARY_FILE = 'sweep.json', 'summary.md'
+# The files of a run directory (vit_jax.train) that results are read from.
+CONFIG_FILE, METRICS_FILE = 'config.json', 'metrics.jsonl'
 STAGES = ('dev', 'final', 'all', 'summary')
 
 
@@ -185,26 +187,39 @@ def _read_json(path: str) -> dict:
     return json.load(f)
 
 
+def last_evaluation(metrics_path: str) -> tuple[float, int] | None:
+  """(accuracy_test, step) of the last evaluation in a run's metrics.jsonl, or None."""
+  last = None
+  with open(metrics_path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(
+          f'{metrics_path}:{n} is not JSON ({e.msg}); expected one object a line.'
+        ) from e
+      if 'accuracy_test' in record:
+        last = (float(record['accuracy_test']), int(record.get('step', 0)))
+  return last
+
+
 def run_result(workdir: str) -> dict | None:
   """{'accuracy', 'step', 'total_steps', 'split'} of a finished run, or None if unfinished."""
-  config_path = os.path.join(workdir, 'config.json')
-  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  config_path = os.path.join(workdir, CONFIG_FILE)
+  metrics_path = os.path.join(workdir, METRICS_FILE)
   if not (os.path.exists(config_path) and os.path.exists(metrics_path)):
     return None
   config = _read_json(config_path)
   total = int((config.get('_resolved') or {}).get('total_steps') or config.get('total_steps') or 0)
-  last = None
-  with open(metrics_path) as f:
-    for line in f:
-      if line.strip():
-        record = json.loads(line)
-        if 'accuracy_test' in record:
-          last = record
-  if last is None or total <= 0 or int(last['step']) < total:
+  last = last_evaluation(metrics_path)
+  if last is None or total <= 0 or last[1] < total:
     return None
+  accuracy, step = last
   return {
-    'accuracy': float(last['accuracy_test']),
-    'step': int(last['step']),
+    'accuracy': accuracy,
+    'step': step,
     'total_steps': total,
     'split': config['pp']['test'],
   }
