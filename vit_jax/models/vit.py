@@ -101,9 +101,13 @@ def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.
   return _attend_fwd(q, k, v, dtype)[0]
 
 
+def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """softmax(q k^T) over the keys, in float32, heads-major (batch, heads, queries, keys)."""
+  return jax.nn.softmax(_einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
+
+
 def _attend_fwd(q, k, v, dtype):
-  logits = _einsum('bhqd,bhkd->bhqk', q, k, dtype)
-  weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
+  weights = _attention_weights(q, k, dtype).astype(v.dtype)
   y = _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
   return y, (q, k, v, weights, y)
 
@@ -239,8 +243,7 @@ class MultiHeadDotProductAttention(nn.Module):
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       # Applied with mutable=['intermediates'] (attention maps, rollout), the weights are kept.
       if use_dropout or self.is_mutable_collection('intermediates'):
-        logits = _einsum('bhqd,bhkd->bhqk', q, k, self.dtype)
-        weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
+        weights = _attention_weights(q, k, self.dtype).astype(v.dtype)
         self.sow('intermediates', 'attention_weights', weights)
         weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
         y = _einsum('bhqk,bhkd->bhqd', weights, v, self.dtype)
