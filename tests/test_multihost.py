@@ -26,6 +26,7 @@ from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, train
 from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.models import model_from_config, stats
+from vit_jax.reproduce.sweep import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
@@ -51,14 +52,7 @@ OVERRIDES = {
 
 
 def _config() -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
-  for dotted, value in OVERRIDES.items():
-    *parents, leaf = dotted.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config
+  return with_overrides(digits_config.get_config(), OVERRIDES)
 
 
 def _flags(workdir: str) -> list[str]:

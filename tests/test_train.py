@@ -21,6 +21,7 @@ from configs import vit as vit_config
 from vit_jax import data as data_lib
 from vit_jax import parallel, train
 from vit_jax.data import digits as digits_data
+from vit_jax.reproduce.sweep import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The tiny model of these tests, as command-line overrides (for subprocess runs) and as a dict.
@@ -42,19 +43,10 @@ TINY = {
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
 
 
-def _set(config, dotted, value):
-  *parents, leaf = dotted.split('.')
-  for p in parents:
-    config = config[p]
-  config[leaf] = value
-
-
 def tiny_config(**overrides) -> ml_collections.ConfigDict:
   """configs/digits.py with the tiny model; keyword names use '__' for '.'."""
-  config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
-  for key, value in {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}.items():
-    _set(config, key, value)
-  return config
+  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  return with_overrides(digits_config.get_config(), dotted)
 
 
 def _metrics(workdir, keys=('loss', *EVAL_KEYS)):

@@ -59,12 +59,7 @@ class Run:
     if self.dataset.startswith('vtab/'):
       task = vtab.TASKS.get(self.dataset.split('/', 1)[1])
       return not (self.eval_split == 'test' or (task and self.eval_split == task.test))
-    return bool(_split_bases(self.eval_split) & _split_bases(self.train_split))
-
-
-def _split_bases(split: str) -> set[str]:
-  """tfds split names a split string reads from: 'train[:98%]+validation' -> {train, validation}."""
-  return {part.split('[')[0].strip() for part in split.split('+') if part.strip()}
+    return bool(sweep.split_bases(self.eval_split) & sweep.split_bases(self.train_split))
 
 
 def infer_pretrain(config: dict) -> str:

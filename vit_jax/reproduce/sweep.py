@@ -84,14 +84,15 @@ class Sweep:
       raise ValueError('The learning-rate grid is empty; give --lrs=0.01,0.03 (for example).')
     if not self.seeds or not self.dev_seeds:
       raise ValueError('No seeds: give --seeds=0 (final runs) and --dev_seeds=0 (dev runs).')
-    if _bases(self.dev_split) & _bases(self.test_split):
+    if split_bases(self.dev_split) & split_bases(self.test_split):
       raise ValueError(
         f'The dev split {self.dev_split!r} and the test split {self.test_split!r} share data: the '
         'learning rate must be chosen on part of the training split.'
       )
 
 
-def _bases(split: str) -> set[str]:
+def split_bases(split: str) -> set[str]:
+  """tfds split names a split string reads from: 'train[:98%]+validation' -> {train, validation}."""
   return {part.split('[')[0].strip() for part in split.split('+') if part.strip()}
 
 
