@@ -108,8 +108,8 @@ def _train_memory(config, variant, batch=16, resolution=128):
   if variant.layers == 'scan':
     params = vit.stack_encoder_blocks(params)
   model = benchmark._model(config, 10, variant)
-  *_, xla_bytes = benchmark._train(model, params, images, labels)
-  return xla_bytes
+  *_, facts = benchmark._train(model, params, images, labels)
+  return facts['xla_memory_bytes']
 
 
 def test_remat_inside_scan_cuts_training_memory():
@@ -396,3 +396,66 @@ def test_training_only_run_measures_peak_memory():
   assert row['mode'] == 'train' and row['img_per_s'] > 0
   assert row['peak_memory_bytes'] > row['xla_memory_bytes'] > 0
   assert row['peak_memory_kind'] == 'process peak RSS'
+
+
+def test_fused_attention_asks_cudnn_on_gpus_and_falls_back(monkeypatch):
+  """The choice logic, with the GPU and cuDNN's refusal stood in (no GPU here): jax would pick
+  XLA unless asked for cuDNN by name, and cuDNN refuses unsupported shapes while tracing."""
+  q, k, v = (
+    jax.random.normal(key, (2, 5, 3, 8), jnp.bfloat16)
+    for key in jax.random.split(jax.random.key(0), 3)
+  )
+  asked = []
+  original = jax.nn.dot_product_attention
+
+  def refusing(q, k, v, implementation=None):
+    asked.append(implementation)
+    if implementation == 'cudnn':
+      raise NotImplementedError('Unsupported sequence length Q 5, KV 5.')
+    return original(q, k, v, implementation=implementation)
+
+  monkeypatch.setattr(jax.nn, 'dot_product_attention', refusing)
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  out = vit.fused_attention(q, k, v)
+  assert asked == ['cudnn', None]
+  np.testing.assert_array_equal(out, original(q, k, v))
+  asked.clear()
+  vit.fused_attention(*(t.astype(jnp.float32) for t in (q, k, v)))  # cuDNN's takes 16-bit
+  assert asked == [None]
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
+  vit.fused_attention(q, k, v)
+  assert asked == [None, None]
+
+
+def _attention_run(**kwargs):
+  return benchmark.run_benchmark(
+    'ViT-Ti_16',
+    batch=2,
+    resolution=32,
+    attentions=('xla', 'fused'),
+    train=True,
+    num_classes=10,
+    peak_tflops=1.0,
+    rounds=1,
+    steps=1,
+    check_batches=0,
+    model_overrides=TINY,
+    **kwargs,
+  )
+
+
+def test_model_flops_count_attention_explicitly_or_analytically(monkeypatch):
+  rows = {(r['attention'], r['mode']): r for r in _attention_run()['rows']}
+  for mode in ('inference', 'train'):
+    explicit, fused = rows['xla', mode], rows['fused', mode]
+    # The fused program's MFU counts the explicit program's FLOPs (a cuDNN kernel counts 0).
+    assert fused['model_flops_per_image'] == explicit['flops_per_image']
+    assert fused['cudnn_attention'] is False and explicit['cudnn_attention'] is False
+  # A backend that analyses no lowered program (GPUs under jax 0.11): the analytic count,
+  # and a training step as 3 forward passes.
+  monkeypatch.setattr(benchmark, '_flops', lambda lowered: float('nan'))
+  result = _attention_run()
+  analytic = stats.forward_flops(benchmark.model_config('ViT-Ti_16', TINY), 32, 10)
+  for row in result['rows']:
+    assert row['flops_per_image'] is None
+    assert row['model_flops_per_image'] == analytic * (3 if row['mode'] == 'train' else 1)

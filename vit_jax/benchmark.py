@@ -17,10 +17,14 @@ Per variant and mode:
   GFLOP/img     XLA's cost analysis of the program, per image (a training step with
                 rematerialisation counts its recomputation; XLA counts a scanned body once,
                 so scanned programs show none)
-  TFLOP/s, MFU  model FLOPs (the unrolled program without rematerialisation) x img/s, and
-                that as a fraction of the peak: `--peak_tflops`, or else the best square
-                matmul this process measures in the same dtype (bfloat16 operands with
-                float32 accumulation for the 16-bit dtypes), once per round
+  TFLOP/s, MFU  model FLOPs (the unrolled program without rematerialisation, with explicit
+                attention: XLA counts a cuDNN kernel as 0 FLOPs; where XLA analyses no
+                lowered program, as on GPUs, the analytic count of `models.stats`, a
+                training step 3 forward passes) x img/s, and that as a
+                fraction of the peak: `--peak_tflops`, or else the best square matmul this
+                process measures in the same dtype (bfloat16 operands with float32
+                accumulation for the 16-bit dtypes), once per round; on an accelerator the
+                probe is measured in any case (JSON `of_matmul_probe`)
   XLA mem       arguments + outputs - donated + temporaries of the compiled program
                 (`compiled.memory_analysis()`): the memory the program needs
   peak mem      measured: the accelerator's `peak_bytes_in_use` (the process's peak so far),
@@ -28,6 +32,8 @@ Per variant and mode:
                 reset before them; it includes everything the process holds)
   cpu/wall      process CPU seconds per wall second while timing (CPU only): well below the
                 number of cores means that other processes had the machine
+  cuDNN attn    (JSON `cudnn_attention`) whether the compiled program calls cuDNN's fused
+                attention: `--attention=fused` falls back to XLA where cuDNN does not apply
   faults/step   minor page faults of the process per step (median): on CPU, XLA's fresh
                 temporaries at every step; the entry point turns on transparent huge pages
                 for them where it can (`vit_jax.hugepages`), and the report says whether
@@ -92,7 +98,7 @@ class _Timed:
   compile_s: float = float('nan')
   flops_per_image: float = float('nan')
   model_flops_per_image: float = float('nan')
-  xla_bytes: int | None = None
+  facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # of the compiled program
   wall: list[float] = dataclasses.field(default_factory=list)
   cpu: list[float] = dataclasses.field(default_factory=list)
   faults: list[int] = dataclasses.field(default_factory=list)
@@ -186,12 +192,25 @@ def _xla_bytes(compiled: Any) -> int | None:
   )
 
 
+def _compiled_facts(compiled: Any) -> dict[str, Any]:
+  """XLA's memory for the program, and whether it calls cuDNN's fused attention kernel
+  (`jax.nn.dot_product_attention` falls back to XLA where cuDNN does not apply)."""
+  return {
+    'xla_memory_bytes': _xla_bytes(compiled),
+    'cudnn_attention': 'cudnn$fmha' in compiled.as_text(),
+  }
+
+
 def _finite(x: float) -> float | None:
   return x if x == x else None  # NaN (not measured) -> null in JSON
 
 
 def _flops(lowered: Any) -> float:
-  return float(lowered.cost_analysis()['flops'])
+  """XLA's FLOP count of the program as lowered; NaN where the backend does not analyse
+  lowered programs (GPUs under jax 0.11). A compiled GPU program is no substitute: its
+  matmuls are cuBLAS custom calls, which the analysis counts as 0 FLOPs."""
+  cost = lowered.cost_analysis()
+  return float('nan') if cost is None else float(cost['flops'])
 
 
 # ----------------------------------------------------------------------------- programs
@@ -238,13 +257,13 @@ def init_params(
 
 
 def _inference(model: Any, params: Any, images: jax.Array) -> tuple[Callable, float, float, Any]:
-  """(compiled apply, compile seconds, flops per image, xla bytes)."""
+  """(compiled apply, compile seconds, flops per image, `_compiled_facts`)."""
   f = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
   start = time.perf_counter()
   lowered = f.lower(params, images)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  return compiled, compile_s, _flops(lowered) / images.shape[0], _xla_bytes(compiled)
+  return compiled, compile_s, _flops(lowered) / images.shape[0], _compiled_facts(compiled)
 
 
 def make_train_step(model: Any, learning_rate: float = 1e-4, momentum: float = 0.9):
@@ -273,7 +292,8 @@ def _abstract(tree: Any) -> Any:
 
 
 def _compile_train(model: Any, params: Any, images: Any, labels: Any):
-  """(compiled step, compile seconds, flops per image, xla bytes); arrays may be abstract."""
+  """(compiled step, compile seconds, flops per image, `_compiled_facts`); arrays may be
+  abstract."""
   tx, step = make_train_step(model)
   params = _abstract(params)
   opt = jax.eval_shape(tx.init, params)
@@ -282,19 +302,19 @@ def _compile_train(model: Any, params: Any, images: Any, labels: Any):
   lowered = f.lower(params, opt, images, labels, jax.random.key(1))
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
-  return compiled, compile_s, _flops(lowered) / images.shape[0], _xla_bytes(compiled)
+  return compiled, compile_s, _flops(lowered) / images.shape[0], _compiled_facts(compiled)
 
 
 def _train(
   model: Any, params: Any, images: jax.Array, labels: jax.Array, state: dict | None = None
 ):
-  """(run, compile seconds, flops per image, xla bytes); `run` steps `state` in place.
+  """(run, compile seconds, flops per image, `_compiled_facts`); `run` steps `state` in place.
 
   Programs may share one `state` (parameters and optimizer state, donated and replaced at
   every step): they run one after another, and a large model is then held once, not once
   per variant.
   """
-  compiled, compile_s, flops, xla_bytes = _compile_train(model, params, images, labels)
+  compiled, compile_s, flops, facts = _compile_train(model, params, images, labels)
   state = {} if state is None else state
   if not state:
     tx, _ = make_train_step(model)
@@ -308,15 +328,20 @@ def _train(
     )
     return loss
 
-  return run, compile_s, flops, xla_bytes
+  return run, compile_s, flops, facts
+
+
+def _flops_reference(variant: Variant) -> Variant:
+  """The variant whose program XLA's cost analysis counts in full: unrolled (a scanned body
+  is counted once), no rematerialisation (recomputation is no useful work) and explicit
+  attention (a cuDNN attention kernel is a custom call that the analysis counts as 0 FLOPs).
+  """
+  return dataclasses.replace(variant, remat='none', layers='unrolled', attention='xla')
 
 
 def _model_flops(config, num_classes, variant, mode, images, labels, params) -> float:
-  """FLOPs per image of the unrolled program without rematerialisation (the model FLOPs).
-
-  XLA's cost analysis counts a loop body once, so a scanned program is counted unrolled.
-  """
-  model = _model(config, num_classes, dataclasses.replace(variant, remat='none', layers='unrolled'))
+  """FLOPs per image of `_flops_reference(variant)`'s program: the model FLOPs."""
+  model = _model(config, num_classes, _flops_reference(variant))
   shapes = _abstract(params)
   if mode == 'inference':
     lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
@@ -339,7 +364,7 @@ def train_memory_bytes(
   images = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
   labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
   params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
-  return _compile_train(model, params['params'], images, labels)[3]
+  return _compile_train(model, params['params'], images, labels)[3]['xla_memory_bytes']
 
 
 def memory_limit_bytes() -> int:
@@ -509,22 +534,24 @@ def run_benchmark(
     )  # remat changes no inference program: inference is measured once
     for mode in modes:
       if mode == 'inference':
-        compiled, compile_s, flops, xla_bytes = _inference(net, params_v, images)
+        compiled, compile_s, flops, facts = _inference(net, params_v, images)
         compiled_inference[variant] = (compiled, params_v)
         run = lambda c=compiled, p=params_v: c(p, images)
       elif compile_only:
-        _, compile_s, flops, xla_bytes = _compile_train(net, params_v, images, labels)
+        _, compile_s, flops, facts = _compile_train(net, params_v, images, labels)
         run = None
       else:
         state = train_state[variant.layers]
-        run, compile_s, flops, xla_bytes = _train(net, params_v, images, labels, state)
+        run, compile_s, flops, facts = _train(net, params_v, images, labels, state)
       model_flops = flops
-      if scan or variant.remat != 'none':
+      if variant != _flops_reference(variant):
         model_flops = _model_flops(config, num_classes, variant, mode, images, labels, params)
+      if model_flops != model_flops:  # XLA gave no count: the analytic one (a step is 3x)
+        model_flops = analytic * (3 if mode == 'train' else 1)
       if scan:
         flops = float('nan')  # XLA counts the scanned body once
       programs.append(
-        _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, xla_bytes)
+        _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, facts)
       )
       log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
   if train and not (inference or compare or compile_only):
@@ -554,8 +581,11 @@ def run_benchmark(
   sizes = tuple(probe_sizes or _default_probe_sizes())
   probe: dict[str, list[float]] = {d: [] for d in dict.fromkeys(v.dtype for v in variants)}
   on_cpu = platform == 'cpu'
+  # The probe is the MFU denominator unless a peak is given; on an accelerator, where it
+  # costs milliseconds, it is measured anyway: the ceiling this chip reaches beside its datasheet.
+  measure_probe = peak_tflops is None or not on_cpu
   for r in range(rounds):
-    if peak_tflops is None:
+    if measure_probe:
       for d in probe:
         probe[d].append(max(matmul_probe(d, s) for s in sizes))
     for p in programs:
@@ -600,12 +630,12 @@ def run_benchmark(
       hf_logit_error = float(np.abs(ours - hf_logits).max())
   tmp.cleanup()
 
-  peaks = {d: max(v) for d, v in probe.items() if v} if peak_tflops is None else {}
+  probe_best = {d: max(v) for d, v in probe.items() if v}
   rows = []
   for p in programs:
     timed = bool(p.wall)
     best = min(p.wall) if timed else None
-    peak = peak_tflops if peak_tflops is not None else peaks.get(p.variant.dtype)
+    peak = peak_tflops if peak_tflops is not None else probe_best.get(p.variant.dtype)
     model_flops = p.model_flops_per_image
     achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
     rows.append(
@@ -629,7 +659,11 @@ def run_benchmark(
         'achieved_tflops': achieved,
         'peak_tflops': peak,
         'mfu': achieved / peak if achieved is not None and peak else None,
-        'xla_memory_bytes': p.xla_bytes,
+        'of_matmul_probe': achieved / probe_best[p.variant.dtype]
+        if achieved is not None and p.variant.dtype in probe_best
+        else None,
+        'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
+        'cudnn_attention': p.facts.get('cudnn_attention'),
         'peak_memory_bytes': p.peak_bytes,
         'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
         if p.peak_bytes is not None
@@ -676,7 +710,7 @@ def run_benchmark(
     'compile_only': compile_only,
     'steps_per_round': steps,
     'matmul_probe_tflops': {d: v for d, v in probe.items() if v},
-    'matmul_probe_sizes': list(sizes) if peak_tflops is None else None,
+    'matmul_probe_sizes': list(sizes) if probe_best else None,
     'peak_tflops_given': peak_tflops,
     'rows': rows,
     'agreement': agreement,
@@ -723,7 +757,7 @@ def format_table(result: dict[str, Any]) -> str:
       f'{d} {max(v) * 1e3:.0f} GFLOP/s' for d, v in result['matmul_probe_tflops'].items()
     )
     out.append(f'matmul probe (best square {result["matmul_probe_sizes"]}): {probes}')
-  elif result['peak_tflops_given']:
+  if result['peak_tflops_given']:
     out.append(f'peak: {result["peak_tflops_given"]} TFLOP/s (given)')
   for name, a in result['agreement'].items():
     out.append(
@@ -735,6 +769,10 @@ def format_table(result: dict[str, Any]) -> str:
     out.append(
       f'Hugging Face vs ours (float32): max |logit error| {result["hf_max_abs_logit_error"]:.2e}'
     )
+  for r in result['rows']:
+    if r['attention'] == 'fused' and r['cudnn_attention'] is not None:
+      kernel = 'cuDNN fused attention' if r['cudnn_attention'] else 'no cuDNN kernel (XLA)'
+      out.append(f'{r["program"]} {r["mode"]}: {kernel}')
   for r in result['rows']:
     if r.get('train_over_inference_time'):
       out.append(

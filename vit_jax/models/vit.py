@@ -126,6 +126,21 @@ def _attend_bwd(dtype, residuals, dy):
 attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+  """`jax.nn.dot_product_attention` on (batch, tokens, heads, head_dim) arrays: cuDNN's flash
+  attention on GPUs where it applies (16-bit inputs, a recent cuDNN), else XLA's.
+
+  jax picks XLA unless asked for cuDNN by name, and cuDNN refuses what it cannot do while
+  the call is traced, so asking first and falling back costs nothing at run time.
+  """
+  if jax.default_backend() == 'gpu' and _is_mixed(q.dtype):
+    try:
+      return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
+    except (ValueError, NotImplementedError, RuntimeError):
+      pass
+  return jax.nn.dot_product_attention(q, k, v)
+
+
 def _dot_general_as_einsum(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
   """The einsum spec of a `lax.dot_general` (output: batch, lhs free, rhs free dims)."""
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
@@ -205,7 +220,7 @@ class MultiHeadDotProductAttention(nn.Module):
   """Self-attention in the released layout: q/k/v (D, heads, head_dim), out (heads, head_dim, D).
 
   `attention_impl='xla'` spells out softmax(q k^T / sqrt(d)) v; `'fused'` calls
-  `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs where it applies). The
+  `fused_attention` (cuDNN flash attention on GPUs where it applies). The
   fused path has no attention dropout, so training with attention dropout takes the
   explicit path.
   """
@@ -235,7 +250,7 @@ class MultiHeadDotProductAttention(nn.Module):
     if self.attention_impl == 'fused' and not use_dropout:
       if _is_mixed(self.dtype):
         q, k, v = (t.astype(self.dtype) for t in (q, k, v))
-      y = jax.nn.dot_product_attention(q, k, v)
+      y = fused_attention(q, k, v)
     elif self.attention_impl in ATTENTION_IMPLS:
       # Heads-major (batch, heads, tokens, head_dim): XLA's batched matmuls run ~2x faster
       # on CPU with the batch dimensions leading than with heads between the tokens.
