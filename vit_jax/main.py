@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
     logging.set_verbosity(logging.ERROR)  # process 0 speaks for the run
   _hide_accelerators_from_tensorflow()
   from vit_jax import train
+  from vit_jax.train import spec
 
   try:
     config = _CONFIG.value
@@ -94,7 +95,8 @@ def main(argv: list[str]) -> int:
   except (OSError, ValueError, KeyError) as e:  # config_flags defers a file's load error
     _exit_with(e)
   try:
-    result = train.train_and_evaluate(config, _WORKDIR.value)
+    run_spec = spec.from_config(config)  # the config, resolved once
+    result = train.train_and_evaluate(run_spec, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     _exit_with(e)
   if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:

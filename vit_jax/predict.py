@@ -8,9 +8,9 @@ resize to the crop size (bilinear, half-pixel centres, no antialiasing, aspect r
 kept: `tf.image.resize`), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every released
 family expects. The model is inferred from the parameter shapes unless `--model` is given.
 
-Class names: a run directory's `config.json` (its `class_names`, or the label names of the
-tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`; the ImageNet-1k
-names that tensorflow_datasets ships for 1000-class heads; class indices otherwise.
+Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or
+the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
+the ImageNet-1k names that tensorflow_datasets ships for 1000-class heads; indices otherwise.
 
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
@@ -36,7 +36,7 @@ from absl import app, flags
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import files
+from vit_jax import files, rundir
 from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
 
 IMAGENET_NUM_CLASSES = 1000
@@ -206,9 +206,13 @@ def class_names_for(
 ) -> tuple[list[str] | None, str]:
   """Names for a head of `num_classes`: the run's own, ImageNet-1k's, or none (indices).
 
-  A `config.json` next to the checkpoint or up to three directories above it is searched
-  first: a run directory holds `config.json` and `checkpoints/<step>/<item>/` below it.
+  A training run's own names come first (`vit_jax.rundir`: the run directory the checkpoint
+  is in); then a `config.json` next to the checkpoint or up to three directories above it.
   """
+  run = rundir.find_run(checkpoint)
+  names = rundir.class_names(run) if run is not None else None
+  if names is not None and len(names) == num_classes:
+    return names, str(run / rundir.CONFIG_FILE)
   path = Path(checkpoint).absolute()
   start = path if path.is_dir() else path.parent
   for directory in [start, *list(start.parents)[:3]]:

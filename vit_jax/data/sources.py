@@ -59,6 +59,10 @@ class Source(abc.ABC):
     """A raw record's image as uint8 (H, W, 3)."""
     return tf.io.decode_image(image, channels=3, expand_animations=False)
 
+  def class_names(self) -> list[str]:
+    """The name of each label, in label order (the label itself where none is known)."""
+    return [str(i) for i in range(self.num_classes)]
+
 
 class DigitsSource(Source):
   """scikit-learn's handwritten digits: 1,437 train / 360 test 8x8 images, bundled."""
@@ -147,6 +151,9 @@ class FolderSource(Source):
   def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
     return len(self._files(split)[1][process_index::process_count])
 
+  def class_names(self) -> list[str]:
+    return list(self.classes)
+
   def decode(self, image: tf.Tensor) -> tf.Tensor:
     return tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)
 
@@ -160,6 +167,14 @@ class TfdsSource(Source):
     label = self.builder.info.features['label']
     self.num_classes = label.num_classes
     self._counts: dict[tuple[str, int, int], int] = {}
+
+  def class_names(self) -> list[str]:
+    """The label names the builder declares, if it declares one per class."""
+    try:
+      names = list(self.builder.info.features['label'].names)
+    except (KeyError, AttributeError):  # no 'label' feature, or not a ClassLabel
+      names = []
+    return names if len(names) == self.num_classes else super().class_names()
 
   def _split(self, split: str, process_index: int, process_count: int):
     if process_count == 1:

@@ -18,7 +18,6 @@ and listed apart.
 import csv
 import dataclasses
 import io
-import json
 import os
 import re
 import statistics
@@ -26,9 +25,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax import files, rundir
 from vit_jax.reproduce import paper, sweep, vtab
-from vit_jax.reproduce.sweep import CONFIG_FILE, METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +66,7 @@ def infer_pretrain(config: dict) -> str:
   Files named like the original release (`ViT-B_16.npz`, `R50+ViT-B_16.npz`) with nothing else
   in their path are the `imagenet21k` checkpoints, the training code's default download.
   """
-  resolved = (config.get('_resolved') or {}).get('pretrained_path')
+  resolved = rundir.resolved(config).get('pretrained_path')
   path = resolved or config.get('pretrained_path') or ''
   if not path and config.get('pretrained_dir'):
     path = os.path.join(config['pretrained_dir'], f'{config.get("model_name", "")}.npz')
@@ -94,12 +92,10 @@ def infer_pretrain(config: dict) -> str:
 
 def read_run(path: str, pretrain: str | None = None) -> Run | None:
   """The run in `path`, or None when it has no evaluation yet."""
-  with open(os.path.join(path, CONFIG_FILE)) as f:
-    config = json.load(f)
-  evaluation = sweep.last_evaluation(os.path.join(path, METRICS_FILE))
+  config = rundir.read_config(path)
+  evaluation = rundir.last_evaluation(path)
   if evaluation is None:
     return None
-  accuracy, step = evaluation
   model_config = config.get('model') or {}
   pp = config.get('pp') or {}
   return Run(
@@ -108,11 +104,9 @@ def read_run(path: str, pretrain: str | None = None) -> Run | None:
     dataset=config.get('dataset', '?'),
     pretrain=pretrain or infer_pretrain(config),
     dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
-    accuracy=100 * accuracy,
-    step=step,
-    total_steps=int(
-      (config.get('_resolved') or {}).get('total_steps') or config.get('total_steps') or 0
-    ),
+    accuracy=100 * float(evaluation['accuracy_test']),
+    step=int(evaluation['step']),
+    total_steps=rundir.total_steps(config),
     eval_split=str(pp.get('test', 'test')),
     train_split=str(pp.get('train', 'train')),
     crop=int(pp.get('crop', 0)),
@@ -129,9 +123,9 @@ def find_runs(paths: Iterable[str]) -> list[str]:
       raise ValueError(
         f'{root!r} is not a directory; pass run directories or folders holding them.'
       )
-    for folder, dirs, names in os.walk(root):
-      dirs[:] = sorted(d for d in dirs if d != 'checkpoints')
-      if CONFIG_FILE in names and METRICS_FILE in names:
+    for folder, dirs, _ in os.walk(root):
+      dirs[:] = sorted(d for d in dirs if d != rundir.CHECKPOINT_DIR)
+      if rundir.is_run(folder):
         found.append(folder)
   return sorted(found)
 

@@ -392,6 +392,7 @@ def run_tasks(
 ) -> dict:
   """Trains every (task, seed) not finished yet, then writes WORKDIR/vtab.md and vtab.json."""
   from vit_jax.reproduce import sweep
+  from vit_jax.train.spec import with_overrides
 
   train_fn = train_fn or sweep._train_fn()
   specs = [(task, seed) for task in tasks for seed in seeds]
@@ -401,7 +402,7 @@ def run_tasks(
       log(f'[{i}/{len(specs)}] {folder}: finished earlier, kept.')
       continue
     log(f'[{i}/{len(specs)}] {folder}: {task}, seed {seed}.')
-    result = train_fn(sweep.with_overrides(config, task_overrides(task, seed, dev)), folder)
+    result = train_fn(with_overrides(config, task_overrides(task, seed, dev)), folder)
     if isinstance(result, dict) and result.get('status') == 'preempted':
       log(f'{folder} was preempted: stopping here; run again to resume.')
       break
