@@ -5,20 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY
 
 from configs import digits as digits_config
 from vit_jax import optim, parallel
 from vit_jax.train import setup, spec, steps
-
-TINY = {
-  'model.hidden_size': 16,
-  'model.patches.size': (4, 4),
-  'model.transformer.num_layers': 1,
-  'model.transformer.mlp_dim': 32,
-  'model.transformer.num_heads': 2,
-  'pp.crop': 8,
-  'batch': 16,
-}
 
 
 def _spec(**overrides) -> spec.RunSpec:
@@ -26,7 +17,7 @@ def _spec(**overrides) -> spec.RunSpec:
   return spec.from_config(spec.with_overrides(digits_config.get_config(), dotted))
 
 
-def _batches(n: int, batch: int = 16, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def _batches(n: int, batch: int = 32, seed: int = 0) -> list[dict[str, np.ndarray]]:
   rng = np.random.default_rng(seed)
   return [
     {
@@ -71,7 +62,7 @@ def test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulati
 
   # lr(s) = 0.1 * min(1, s / 2) * (1 + cos(pi * (s - 2) / 8)) / 2 for s >= 2, warmup before.
   for s, batch, lr in zip((1, 2), _batches(2), (0.05, 0.1), strict=True):
-    value, grads = jax.value_and_grad(loss)(params, batch)
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
     grads = jax.tree.map(np.asarray, grads)
     norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in jax.tree.leaves(grads)))
     assert norm > 0.05  # the clipping does something
@@ -125,15 +116,3 @@ def test_shard_map_step_equals_the_jit_step(devices):
   assert sm_params.keys() == jit_params.keys()
   for k in jit_params:
     np.testing.assert_allclose(sm_params[k], jit_params[k], atol=1e-6, rtol=0, err_msg=k)
-
-
-def test_dropout_masks_follow_the_example_not_the_device():
-  """The same steps with dropout on 1 device and on 8 (shard_map): the same losses, which
-  differ from a run without dropout."""
-  batches = _batches(2)
-  dropout = dict(model__transformer__dropout_rate=0.3, step='shard_map', accum_steps=1)
-  one = _train(_spec(**dropout), jax.devices()[:1], batches)[1]
-  eight = _train(_spec(**dropout), jax.devices(), batches)[1]
-  plain = _train(_spec(step='shard_map', accum_steps=1), jax.devices(), batches)[1]
-  np.testing.assert_allclose(one, eight, atol=1e-6, rtol=0)
-  assert abs(one[1] - plain[1]) > 1e-3

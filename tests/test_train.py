@@ -1,5 +1,6 @@
 """Training end to end: accuracy, 1 vs 8 devices, exact resume, SIGKILL/SIGTERM, faults, errors."""
 
+import glob
 import hashlib
 import json
 import os
@@ -14,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import assert_trained_params_close
+from conftest import TINY, assert_trained_params_close
 
 from configs import digits as digits_config
 from configs import vit as vit_config
@@ -25,22 +26,6 @@ from vit_jax.train import loop, setup, spec, steps
 from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The tiny model of these tests, as command-line overrides (for subprocess runs) and as a dict.
-TINY = {
-  'model.hidden_size': 32,
-  'model.patches.size': (2, 2),
-  'model.transformer.num_layers': 1,
-  'model.transformer.mlp_dim': 64,
-  'model.transformer.num_heads': 2,
-  'pp.crop': 8,
-  'batch': 32,
-  'batch_eval': 360,
-  'warmup_steps': 2,
-  'total_steps': 6,
-  'progress_every': 1,
-  'eval_every': 3,
-  'checkpoint_every': 3,
-}
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
 
 
@@ -80,7 +65,7 @@ def _assert_trees_close(a, b, atol):
 def reference_run(tmp_path_factory):
   """The uninterrupted 6-step tiny run on all 8 devices, shared by several tests."""
   workdir = str(tmp_path_factory.mktemp('reference'))
-  result = train.train_and_evaluate(tiny_config(), workdir)
+  result = train.train_and_evaluate(tiny_config(profile_steps=2), workdir)  # changes no number
   return workdir, result
 
 
@@ -103,6 +88,21 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
   with open(os.path.join(workdir, 'curves.png'), 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '6']
+  # config.json holds every key of the run spec, and the class names of the dataset.
+  assert set(config) - {'_resolved'} == spec.CONFIG_KEYS
+  assert config['_resolved']['class_names'] == [str(i) for i in range(10)]
+  # The profile of steps 3-4: a trace TensorBoard's profile plugin reads.
+  traces = glob.glob(os.path.join(workdir, 'plugins', 'profile', '*', '*.xplane.pb'))
+  assert len(traces) == 1 and os.path.getsize(traces[0]) > 1000
+
+
+def test_predict_names_the_classes_of_a_training_run(reference_run):
+  from vit_jax import predict
+
+  workdir, _ = reference_run
+  loaded = predict.load(workdir)
+  assert loaded.class_names == [str(i) for i in range(10)]
+  assert loaded.class_names_source == os.path.join(workdir, 'config.json')
 
 
 def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
