@@ -32,7 +32,8 @@ StepFn = Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
 
 
 def uses_dropout(model) -> bool:
-  t = model.transformer or {}
+  """Whether the model drops out in training (then each example gets its own key)."""
+  t = getattr(model, 'transformer', None) or {}
   return bool(t.get('dropout_rate', 0.0) or t.get('attention_dropout_rate', 0.0))
 
 
