@@ -14,7 +14,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.seed = 0
-  # Registry name (vit_jax.models.MODEL_CONFIGS) of the model; also names the pretrained file.
+  # Registry name (vit_jax.models.MODEL_CONFIGS) of the model: names the pretrained file and
+  # the model in reports.
   config.model_name = ''
   # The model's constructor fields (from the registry); overridable per field on the command line.
   config.model = None

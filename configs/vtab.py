@@ -34,8 +34,8 @@ def get_config(model_task: str = 'b16,caltech101') -> ml_collections.ConfigDict:
   if task not in vtab.TASKS:
     raise ValueError(f'Unknown VTAB task {task!r}; expected one of {", ".join(vtab.TASKS)}.')
   config = common.get_config()
+  config.model_name = models.registry_name(model)
   config.model = models.model_config(model)
-  config.model_name = config.model.model_name
   config.dataset = f'vtab/{task}'
   config.pp.train = 'train800val200'
   config.pp.test = 'test'

@@ -37,7 +37,7 @@ from PIL import Image
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import files
-from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
+from vit_jax.models import VisionTransformer
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap')
@@ -228,88 +228,38 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
-def build(
-  params: dict[str, Any],
-  model_name: str | None = None,
-  resolution: int | None = None,
-  checkpoint: str | os.PathLike | None = None,
+def load(
+  checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
 ) -> LoadedModel:
-  """A LoadedModel from a parameter tree in our names (as `vit_jax.checkpoint.load` gives).
+  """Any checkpoint `vit_jax.checkpoint` reads, as a LoadedModel (`checkpoint.fit`).
 
-  The architecture is read off the shapes (`checkpoint.infer_config`) unless `model_name`
-  is given; the resolution defaults to the one the position embeddings were trained at
-  (another one resizes them, as fine-tuning does). The tree is fitted and checked by
-  `checkpoint.merge_pretrained`, keeping the checkpoint's head; class names are looked up
-  next to `checkpoint`.
+  The architecture is read off the shapes unless `model_name` is given; the resolution
+  defaults to the one the position embeddings were trained at (another one resizes them, as
+  fine-tuning does). The checkpoint's head is kept; class names are looked up next to it.
   """
-  source = str(checkpoint or 'checkpoint')
-  inferred = ckpt.infer_config(params)
-  t = inferred.transformer
-  layers = f'{t.num_layers} layers, {t.num_heads} heads, ' if t else ''
-  found = f'hidden_size {inferred.hidden_size}, {layers}patch {inferred.patches.size}'
-  if model_name and ckpt.tree.match_registry(get_config(model_name)) != inferred.model_name:
-    holds = inferred.model_name or 'an unregistered architecture'
-    raise ValueError(
-      f'--model {model_name} does not fit the checkpoint, which holds {holds} ({found}); '
-      'leave --model out to use that.'
-    )
-  name = model_name or inferred.model_name
-  if name:
-    config = get_config(name)
-  else:  # an architecture outside the registry: the inferred fields are the model
-    config = inferred
-    name = f'ViT ({found})'
-  config.representation_size = inferred.representation_size
+  fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
+  config = fitted.config
+  name = fitted.name or f'ViT ({ckpt.tree.describe(config)})'
   if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
     raise ValueError(
       f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
       f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
     )
-
-  stride = config.patches.size[0] * ckpt.tree.feature_stride(config)
-  if resolution is None:
-    posemb = ckpt.flatten(params).get(ckpt.tree.POSEMB)
-    side = None if posemb is None else ckpt.tree.square_side(posemb.shape[1] - ('cls' in params))
-    if side is None:
-      raise ValueError(
-        f'{source}: cannot tell the trained resolution from {ckpt.tree.POSEMB} '
-        f'{None if posemb is None else posemb.shape}; pass --resolution.'
-      )
-    resolution = side * stride
-  if resolution % stride:
-    raise ValueError(f"--resolution {resolution} is not a multiple of {name}'s stride {stride}.")
-
-  model = model_from_config(config, num_classes=inferred.num_classes)
-  fitted, _ = ckpt.merge_pretrained(
-    params,
-    stats.param_shapes(model, resolution),
-    config,
-    keep_head=inferred.num_classes is not None,
-    source=source,
-  )
-  head = fitted.pop('head', None)
+  params = dict(fitted.params)
+  head = params.pop('head', None)
   loaded = LoadedModel(
-    model=model.clone(num_classes=None),
-    params=fitted,
+    model=fitted.model(num_classes=None),
+    params=params,
     head_kernel=None if head is None else np.asarray(head['kernel'], np.float32),
     head_bias=None if head is None else np.asarray(head['bias'], np.float32),
     model_name=name,
-    resolution=resolution,
-    grid=(resolution // stride, resolution // stride),
-    patch_pixels=stride,
+    resolution=fitted.resolution,
+    grid=fitted.grid,
+    patch_pixels=fitted.patch_pixels,
   )
-  if loaded.num_classes and checkpoint is not None:
+  if loaded.num_classes:
     loaded.class_names, loaded.class_names_source = class_names_for(checkpoint, loaded.num_classes)
   return loaded
-
-
-def load(
-  checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
-) -> LoadedModel:
-  """Reads any checkpoint `vit_jax.checkpoint` knows (format detected) and builds it."""
-  num_heads = get_config(model_name).transformer.num_heads if model_name else None
-  params, _ = ckpt.read(checkpoint, num_heads=num_heads)
-  return build(params, model_name, resolution, checkpoint)
 
 
 # ---------------------------------------------------------------------------------------

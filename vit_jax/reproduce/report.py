@@ -104,7 +104,7 @@ def read_run(path: str, pretrain: str | None = None) -> Run | None:
   pp = config.get('pp') or {}
   return Run(
     path=path,
-    model=config.get('model_name') or model_config.get('model_name', '?'),
+    model=config.get('model_name') or '?',
     dataset=config.get('dataset', '?'),
     pretrain=pretrain or infer_pretrain(config),
     dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
