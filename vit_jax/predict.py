@@ -3,10 +3,11 @@
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
       [--json] [--features OUT.npy] [--batch_size 32] IMAGE...
 
-Images get the evaluation preprocessing of the original input pipeline: decode to RGB,
-resize to the crop size (bilinear, half-pixel centres, no antialiasing, aspect ratio not
-kept: `tf.image.resize`), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every released
-family expects. The model is inferred from the parameter shapes unless `--model` is given.
+Images get the evaluation preprocessing of the input pipeline (`vit_jax.data.preprocess`):
+decode to RGB, resize to the crop size (`tf.image.resize`: bilinear, half-pixel centres, no
+antialiasing, aspect ratio not kept), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every
+released family expects: an image file becomes the tensor a run's evaluation feeds the model.
+The model is inferred from the parameter shapes unless `--model` is given.
 
 Class names: a run directory's `config.json` (its `class_names`, or the label names of the
 tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`; the ImageNet-1k
@@ -36,7 +37,8 @@ from absl import app, flags
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import files
+from vit_jax import data, files
+from vit_jax.data.preprocess import decode_file, eval_image
 from vit_jax.models import VisionTransformer
 
 IMAGENET_NUM_CLASSES = 1000
@@ -91,25 +93,23 @@ class LoadedModel:
 # Preprocessing.
 
 
-def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
-  """(H, W, C) -> float32 (height, width, C), as `tf.image.resize(..., 'bilinear')`: half-pixel
-  centres, no antialiasing (within 0.02 of TensorFlow's float32 arithmetic on 0..255)."""
-  h, w = image.shape[:2]
-  rows = ckpt.surgery.linear_resize_matrix(h, height).astype(np.float32)
-  cols = ckpt.surgery.linear_resize_matrix(w, width).astype(np.float32)
-  x = np.einsum('oh,hw...->ow...', rows, image.astype(np.float32))
-  return np.einsum('ow...,pw->op...', x, cols)
-
-
 def preprocess(image: np.ndarray, resolution: int) -> np.ndarray:
-  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1], the eval pipeline's."""
+  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1]: the input pipeline's
+  evaluation preprocessing (`vit_jax.data.preprocess.eval_image`)."""
   if image.ndim != 3 or image.shape[-1] != 3:
     raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
-  return (resize_bilinear(image, resolution, resolution) - 127.5) / 127.5
+  return eval_image(image, resolution).numpy()
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason."""
+  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
+
+  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
+  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
+  """
+  image = decode_file(os.fspath(path))
+  if image is not None:
+    return image
   try:
     with Image.open(path) as im:
       rgb = im.convert('RGB')
@@ -511,6 +511,7 @@ def define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
+  data.hide_accelerators_from_tensorflow()
   sys.exit(
     run(f.checkpoint, argv[1:], f.model, f.resolution, f.top_k, f.json, f.features, f.batch_size)
   )

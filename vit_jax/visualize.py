@@ -26,7 +26,7 @@ from absl import app, flags
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vit_jax import files, predict
+from vit_jax import data, files, predict
 
 DPI = 100
 # Pixel size (width, height) of every PNG.
@@ -272,7 +272,7 @@ def draw_attention_distance(distances: np.ndarray, path: Path, title: str) -> Pa
 def draw_rollout(image: np.ndarray, mask: np.ndarray, path: Path, title: str) -> Path:
   """Figure 6: the input, the rollout map over it (colour bar), and the input times the map."""
   h, w = image.shape[:2]
-  upsampled = np.clip(predict.resize_bilinear(mask[..., None], h, w)[..., 0], 0, 1)
+  upsampled = np.clip(np.asarray(jax.image.resize(mask, (h, w), 'linear')), 0, 1)
   fig = _figure('attention_rollout')
   panels = [fig.add_axes((0.05 + 0.3 * i, 0.1, 0.24, 0.74)) for i in range(3)]
   panels[0].imshow(image)
@@ -382,6 +382,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; give images with --image.')
   f = flags.FLAGS
+  data.hide_accelerators_from_tensorflow()
   try:
     loaded = predict.load(f.checkpoint, f.model, f.resolution)
   except (OSError, ValueError, KeyError) as e:
