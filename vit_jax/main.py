@@ -20,13 +20,13 @@ that does not divide over the devices) ends with a one-line error before any com
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+import configs
 from vit_jax import distributed, hugepages
 
 FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file(
-  'config', None, 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
+_CONFIG = configs.define_config_flag(
+  'config', 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, events).')
 _COORDINATOR = flags.DEFINE_string(
