@@ -51,7 +51,8 @@ def _reference_probs(params, paths, resolution=RESOLUTION):
 
 
 def test_preprocess_matches_the_original_tf_image_resize():
-  tf = pytest.importorskip('tensorflow')
+  import tensorflow as tf
+
   rng = np.random.default_rng(0)
   for h, w, r in [(37, 53, 24), (480, 640, 224), (1000, 750, 224), (8, 8, 32), (224, 224, 224)]:
     image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
@@ -257,7 +258,8 @@ def test_table_output(tmp_path, random_params, capsys):
 
 
 def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random_params):
-  ocp = pytest.importorskip('orbax.checkpoint')
+  import orbax.checkpoint as ocp
+
   run = tmp_path / 'run'
   params = _params(random_params, num_classes=3, seed=4)
   manager = ocp.CheckpointManager(run / 'checkpoints')

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import chex
 import jax
 import ml_collections
 import numpy as np
@@ -394,4 +395,7 @@ def merge_pretrained(
   merge.resize_posemb(image_size, pretrained_grid)
   merge.resize_patch_embedding(resize_patch_embedding)
   merge.check_complete(strict)
-  return merge.params(), merge.report
+  params = merge.params()
+  # Leaf for leaf the model's tree (compared as plain dicts: init_params may be a FrozenDict).
+  chex.assert_trees_all_equal_shapes_and_dtypes(params, unflatten(merge.init))
+  return params, merge.report
