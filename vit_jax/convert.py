@@ -18,7 +18,7 @@ bad usage exits with status 2.
 import sys
 from collections.abc import Callable, Sequence
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from vit_jax import checkpoint
 from vit_jax.checkpoint import catalog, tree
@@ -167,6 +167,8 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str]) -> None:
+  if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
   sys.exit(run(argv[1:]))
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
@@ -511,6 +511,8 @@ def define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
+  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
   data.hide_accelerators_from_tensorflow()
   sys.exit(
     run(f.checkpoint, argv[1:], f.model, f.resolution, f.top_k, f.json, f.features, f.batch_size)

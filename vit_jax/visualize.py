@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 import matplotlib
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -395,6 +395,8 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; give images with --image.')
   f = flags.FLAGS
+  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
   data.hide_accelerators_from_tensorflow()
   try:
     loaded = predict.load(f.checkpoint, f.model, f.resolution)
