@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
@@ -201,7 +202,6 @@ def test_the_module_runs_and_exits_with_its_status(tmp_path, testing_npz):
 def test_keys_of_a_conversion_are_exactly_the_models(tmp_path, capsys, testing_npz):
   src, model, _ = testing_npz
   _run(capsys, src, tmp_path / 'o.npz', '--to=npz', '--model=testing')
-  loaded = checkpoint.flatten(checkpoint.load(tmp_path / 'o.npz'))
-  shapes = checkpoint.flatten(stats.param_shapes(model, 32))
-  assert {k: v.shape for k, v in loaded.items()} == {k: v.shape for k, v in shapes.items()}
+  loaded = checkpoint.load(tmp_path / 'o.npz')
+  chex.assert_trees_all_equal_shapes_and_dtypes(loaded, stats.param_shapes(model, 32))
   assert jax.tree.leaves(loaded)  # not empty
