@@ -12,6 +12,7 @@ embeddings on another grid), every mismatch a one-line error.
 """
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -142,7 +143,7 @@ def _resolution(
 
 
 def fit(
-  path: Any,
+  path: str | os.PathLike,
   model: str | Mapping[str, Any] | ml_collections.ConfigDict | None = None,
   num_classes: int | None = None,
   resolution: int | tuple[int, int] | None = None,
@@ -204,7 +205,7 @@ def fit(
 
 
 def load_pretrained(
-  path: Any,
+  path: str | os.PathLike,
   init_params: Mapping[str, Any],
   model_config: Any,
   keep_head: bool = False,
