@@ -22,7 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.model_name = 'ViT-digits'
   config.model = ml_collections.ConfigDict(
     {
-      'model_name': 'ViT-digits',
       'patches': {'size': (2, 2)},
       'hidden_size': 64,
       'transformer': {

@@ -169,8 +169,6 @@ def test_command_line_writes_json(tmp_path):
 
 
 def test_compare_runs_hugging_face_on_the_same_weights():
-  pytest.importorskip('torch')
-  pytest.importorskip('transformers')
   result = benchmark.run_benchmark(
     'ViT-Ti_16',
     batch=2,

@@ -409,9 +409,7 @@ def test_h14_fsdp_state_fits_16_gb_devices():
   """The memory arithmetic of configs/vit_h14_fsdp.py, from the real parameter shapes."""
   config = vit_h14_fsdp.get_config('imagenet21k')
   assert (config.sharding, config.model.remat_policy, config.dtype) == ('fsdp', 'full', 'bfloat16')
-  model_config = config.model.to_dict()
-  model_config.pop('model_name')
-  shapes = stats.param_shapes(model_from_config(model_config, num_classes=21843), 224)
+  shapes = stats.param_shapes(model_from_config(config.model, num_classes=21843), 224)
   n = stats.count_params(shapes)
   assert n == 660_385_363
   mesh = parallel.create_mesh()  # 8 devices

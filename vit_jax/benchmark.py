@@ -423,11 +423,11 @@ def largest_batch(
 # ----------------------------------------------------------------------------- Hugging Face
 
 
-def _check_comparable(config: Any) -> None:
+def _check_comparable(name: str, config: Any) -> None:
   if config.resnet is not None or config.classifier != 'token' or config.representation_size:
     raise ValueError(
       f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
-      f' ViTForImageClassification); {config.model_name} has resnet={config.resnet is not None},'
+      f' ViTForImageClassification); {name} has resnet={config.resnet is not None},'
       f' classifier={config.classifier!r}, representation_size={config.representation_size}'
     )
 
@@ -508,9 +508,11 @@ class _Job:
     return (['inference'] if infer else []) + (['train'] if self.train else [])
 
 
-def _check(config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only):
+def _check(
+  model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only
+):
   if compare:
-    _check_comparable(config)
+    _check_comparable(model, config)
     if compile_only:
       raise ValueError('--compare times Hugging Face: it cannot run with --compile_only')
   if not (inference or train):
@@ -748,7 +750,7 @@ def run_benchmark(
   """
   variants = variants_from(dtypes, attentions, remats, layers)
   config = model_config(model, model_overrides)
-  _check(config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only)
+  _check(model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only)
   load_start = os.getloadavg()
   rng = np.random.default_rng(seed)
   images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)

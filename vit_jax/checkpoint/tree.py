@@ -84,8 +84,8 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """The `VisionTransformer` fields a parameter tree implies, read off its shapes.
 
   Dropout rates are not stored in weights and come back as 0; a tree without `cls` is taken
-  as `classifier='gap'` ('unpooled' has the same parameters). `model_name` is the matching
-  registry entry, or None when no registered model has this architecture.
+  as `classifier='gap'` ('unpooled' has the same parameters). `match_registry` names the
+  registered model of this architecture, if there is one.
   """
   flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
   kernel = _get(flat, 'embedding/kernel')
@@ -93,12 +93,21 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     raise CheckpointError(
       f'embedding/kernel has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
     )
-  hidden = int(kernel.shape[-1])
   config = ml_collections.ConfigDict()
-  config.model_name = None
   config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
-  config.hidden_size = hidden
+  config.hidden_size = int(kernel.shape[-1])
+  config.transformer = _infer_transformer(flat)
+  config.resnet = _infer_resnet(flat)
+  config.classifier = 'token' if 'cls' in flat else 'gap'
+  config.representation_size = (
+    int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
+  )
+  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  return config
 
+
+def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
   blocks = sorted(
     int(m.group(1))
     for name in {k.split(SEP)[1] for k in flat if k.startswith('Transformer/')}
@@ -106,52 +115,45 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   )
   if blocks != list(range(len(blocks))):
     raise CheckpointError(f'encoder blocks {blocks} are not numbered 0..{len(blocks) - 1}')
-  if blocks:
-    block = 'Transformer/encoderblock_0'
-    query = _get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
-    if len(query.shape) != 3:
-      raise CheckpointError(
-        f'{block}/MultiHeadDotProductAttention_0/query/kernel has shape {shape_str(query.shape)};'
-        ' expected (hidden, heads, head_dim)'
-      )
-    config.transformer = ml_collections.ConfigDict(
-      {
-        'num_layers': len(blocks),
-        'mlp_dim': int(_get(flat, f'{block}/MlpBlock_0/Dense_0/kernel').shape[-1]),
-        'num_heads': int(query.shape[1]),
-        'dropout_rate': 0.0,
-        'attention_dropout_rate': 0.0,
-      }
+  if not blocks:
+    return None
+  block = 'Transformer/encoderblock_0'
+  query = _get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
+  if len(query.shape) != 3:
+    raise CheckpointError(
+      f'{block}/MultiHeadDotProductAttention_0/query/kernel has shape {shape_str(query.shape)};'
+      ' expected (hidden, heads, head_dim)'
     )
-  else:
-    config.transformer = None
-
-  if 'conv_root/kernel' in flat:
-    stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
-    if stages != list(range(1, len(stages) + 1)):
-      raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
-    units = []
-    for s in stages:
-      names = {k.split(SEP)[1] for k in flat if k.startswith(f'block{s}/')}
-      units.append(sum(bool(_UNIT_RE.match(n)) for n in names))
-    width = int(flat['conv_root/kernel'].shape[-1])
-    config.resnet = ml_collections.ConfigDict(
-      {'num_layers': tuple(units), 'width_factor': width // 64 if width % 64 == 0 else width / 64}
-    )
-  else:
-    config.resnet = None
-
-  config.classifier = 'token' if 'cls' in flat else 'gap'
-  config.representation_size = (
-    int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
+  return ml_collections.ConfigDict(
+    {
+      'num_layers': len(blocks),
+      'mlp_dim': int(_get(flat, f'{block}/MlpBlock_0/Dense_0/kernel').shape[-1]),
+      'num_heads': int(query.shape[1]),
+      'dropout_rate': 0.0,
+      'attention_dropout_rate': 0.0,
+    }
   )
-  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-  config.model_name = match_registry(config)
-  return config
 
 
-def _arch(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
-  """The fields that decide the parameter shapes (not dropout, not the head)."""
+def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The hybrid stem's units per stage and width; None for a plain ViT."""
+  if 'conv_root/kernel' not in flat:
+    return None
+  stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
+  if stages != list(range(1, len(stages) + 1)):
+    raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
+  units = []
+  for s in stages:
+    names = {k.split(SEP)[1] for k in flat if k.startswith(f'block{s}/')}
+    units.append(sum(bool(_UNIT_RE.match(n)) for n in names))
+  width = int(flat['conv_root/kernel'].shape[-1])
+  return ml_collections.ConfigDict(
+    {'num_layers': tuple(units), 'width_factor': width // 64 if width % 64 == 0 else width / 64}
+  )
+
+
+def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
+  """The fields that decide the parameter shapes (not dropout, not the head, not pre_logits)."""
   t = config['transformer']
   r = config['resnet']
   return (
@@ -167,11 +169,25 @@ def match_registry(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str
   """The registered model with the architecture of `config`, or None."""
   from vit_jax.models import MODEL_CONFIGS
 
-  arch = _arch(config)
+  arch = architecture(config)
   for name, registered in MODEL_CONFIGS.items():
-    if _arch(registered) == arch:
+    if architecture(registered) == arch:
       return name
   return None
+
+
+def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
+  """The architecture in one phrase, e.g. 'hidden_size 768, 12 layers, 12 heads, mlp_dim 3072,
+  patch 16x16, classifier token'."""
+  t, r = config['transformer'], config['resnet']
+  parts = [f'hidden_size {config["hidden_size"]}']
+  if t is not None:
+    parts.append(f'{t["num_layers"]} layers, {t["num_heads"]} heads, mlp_dim {t["mlp_dim"]}')
+  parts.append('patch ' + 'x'.join(map(str, config['patches']['size'])))
+  if r is not None:
+    parts.append(f'resnet {tuple(r["num_layers"])}')
+  parts.append(f'classifier {config["classifier"]}')
+  return ', '.join(parts)
 
 
 def feature_stride(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
@@ -179,6 +195,23 @@ def feature_stride(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int
   if config.get('resnet') is None:
     return 1
   return 4 * 2 ** max(0, len(config['resnet']['num_layers']) - 1)
+
+
+def patch_pixels(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
+  """The side in input pixels of the patch one token sees (patch size x the stem's stride)."""
+  return config['patches']['size'][0] * feature_stride(config)
+
+
+def native_resolution(
+  params: Mapping[str, Any], config: Mapping[str, Any] | ml_collections.ConfigDict
+) -> int | None:
+  """The square image size the position embeddings of `params` are laid out for, or None."""
+  flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
+  posemb = flat.get(POSEMB)
+  if posemb is None:
+    return None
+  side = square_side(posemb.shape[1] - int('cls' in flat))
+  return None if side is None else side * patch_pixels(config)
 
 
 def token_grid(

@@ -100,7 +100,7 @@ def read_run(path: str, pretrain: str | None = None) -> Run | None:
   pp = config.get('pp') or {}
   return Run(
     path=path,
-    model=config.get('model_name') or model_config.get('model_name', '?'),
+    model=config.get('model_name') or '?',
     dataset=config.get('dataset', '?'),
     pretrain=pretrain or infer_pretrain(config),
     dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
@@ -155,8 +155,8 @@ class Row:
     return None if self.paper is None else self.ours - self.paper
 
 
-def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
-  """Rows for the test-split runs; and notes on what was left out (dev runs, incomplete runs)."""
+def _left_out(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
+  """The runs a table reports (test-split evaluations), and notes on the others."""
   notes = []
   dev = [r for r in runs if r.is_dev]
   if dev:
@@ -171,24 +171,31 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       'Not finished (their last evaluation is used): '
       + ', '.join(f'{r.path} (step {r.step}/{r.total_steps})' for r in incomplete)
     )
-  groups: dict[tuple, list[Run]] = {}
-  vtab_groups: dict[tuple, dict[str, list[float]]] = {}
-  for r in test_runs:
-    if r.dataset.startswith('vtab/'):
-      task = r.dataset.split('/', 1)[1]
-      vtab_groups.setdefault((r.model, r.pretrain, r.dropout), {}).setdefault(task, []).append(
-        r.accuracy / 100
-      )
-    else:
-      groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
+  return test_runs, notes
 
+
+def _beside_the_paper(
+  base: dict, refs: Sequence[paper.Reference], note: str, paper_note: bool
+) -> list[Row]:
+  """One row per paper reference of `base` (the note adds the reference's own with
+  `paper_note`), or one row without the paper when it has none."""
+  if not refs:
+    return [Row(**base, note=note)]
+  rows = []
+  for ref in refs:
+    both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '') if paper_note else note
+    rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
+  return rows
+
+
+def _dataset_rows(runs: Sequence[Run]) -> list[Row]:
+  """Runs of one (model, pretraining, dataset, dropout) averaged, beside the paper's."""
+  groups: dict[tuple, list[Run]] = {}
+  for r in runs:
+    groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
   rows = []
   for (model, pretrain, dataset, dropout), members in sorted(groups.items()):
     mean, std = _mean_std([m.accuracy for m in members])
-    std = std if len(members) > 1 else None  # one run has no spread
-    crops = sorted({m.crop for m in members})
-    note = f'{"/".join(map(str, crops))} px'
-    refs = paper.references(model, pretrain, dataset, dropout)
     base = dict(
       model=model,
       pretrain=pretrain,
@@ -196,14 +203,24 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       dropout=dropout,
       runs=len(members),
       ours=mean,
-      ours_std=std,
+      ours_std=std if len(members) > 1 else None,  # one run has no spread
     )
-    if not refs:
-      rows.append(Row(**base, note=note))
-    for ref in refs:
-      both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '')
-      rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
-  for (model, pretrain, dropout), accuracies in sorted(vtab_groups.items()):
+    note = f'{"/".join(map(str, sorted({m.crop for m in members})))} px'
+    refs = paper.references(model, pretrain, dataset, dropout)
+    rows += _beside_the_paper(base, refs, note, paper_note=True)
+  return rows
+
+
+def _vtab_rows(runs: Sequence[Run], notes: list[str]) -> list[Row]:
+  """The mean of the 19 VTAB tasks per (model, pretraining, dropout), when all 19 ran."""
+  groups: dict[tuple, dict[str, list[float]]] = {}
+  for r in runs:
+    task = r.dataset.split('/', 1)[1]
+    groups.setdefault((r.model, r.pretrain, r.dropout), {}).setdefault(task, []).append(
+      r.accuracy / 100
+    )
+  rows = []
+  for (model, pretrain, dropout), accuracies in sorted(groups.items()):
     summary = vtab.summarize(accuracies)
     if not summary['complete']:
       notes.append(
@@ -221,15 +238,16 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       ours_std=summary['std'] if runs_per_task > 1 else None,
     )
     refs = paper.references(model, pretrain, 'vtab')
-    if not refs:
-      rows.append(Row(**base, note='mean of 19 tasks'))
-    for ref in refs:
-      rows.append(
-        Row(
-          **base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note='mean of 19 tasks'
-        )
-      )
-  return rows, notes
+    rows += _beside_the_paper(base, refs, 'mean of 19 tasks', paper_note=False)
+  return rows
+
+
+def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
+  """Rows for the test-split runs; and notes on what was left out (dev runs, incomplete runs)."""
+  test_runs, notes = _left_out(runs)
+  vtab_runs = [r for r in test_runs if r.dataset.startswith('vtab/')]
+  others = [r for r in test_runs if not r.dataset.startswith('vtab/')]
+  return _dataset_rows(others) + _vtab_rows(vtab_runs, notes), notes
 
 
 def _pm(mean: float | None, std: float | None) -> str:

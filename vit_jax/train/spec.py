@@ -45,7 +45,8 @@ class Pp:
 class Model:
   """The model and its compute dtype."""
 
-  # Registry name (vit_jax.models.MODEL_CONFIGS) of the model; also names the pretrained file.
+  # Registry name (vit_jax.models.MODEL_CONFIGS) of the model: names the pretrained file and
+  # the model in reports.
   name: str = dataclasses.field(default='', metadata={'key': 'model_name'})
   # The model's constructor fields (from the registry); overridable per field on the command
   # line (`--config.model.transformer.dropout_rate=0.1`). None: not chosen yet.
@@ -55,10 +56,8 @@ class Model:
   dtype: str = 'float32'
 
   def constructor_fields(self) -> dict[str, Any]:
-    """`fields` as keyword arguments of the module (the registry's `model_name` left out)."""
-    fields = dict(self.fields or {})
-    fields.pop('model_name', None)
-    return fields
+    """`fields` as keyword arguments of the module."""
+    return dict(self.fields or {})
 
 
 @dataclasses.dataclass(frozen=True)
