@@ -13,9 +13,12 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 from vit_jax.data.pipeline import (
+  BadExamples,
   Preprocessing,
   check_data_shards,
+  default_threads,
   eval_dataset,
+  host_batches,
   host_train_dataset,
   num_eval_batches,
   train_dataset,
@@ -23,21 +26,26 @@ from vit_jax.data.pipeline import (
 from vit_jax.data.sources import (
   DigitsSource,
   FolderSource,
+  Reader,
   Source,
   TfdsSource,
   get_source,
 )
 
 __all__ = [
+  'BadExamples',
   'DigitsSource',
   'FolderSource',
   'Preprocessing',
+  'Reader',
   'Source',
   'TfdsSource',
   'check_data_shards',
+  'default_threads',
   'eval_dataset',
   'get_source',
   'hide_accelerators_from_tensorflow',
+  'host_batches',
   'host_train_dataset',
   'num_eval_batches',
   'train_dataset',

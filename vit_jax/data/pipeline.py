@@ -1,27 +1,46 @@
-"""Per-host input pipelines: a resumable training stream and an exact, padded evaluation pass.
+"""Per-host input pipelines: a training stream that starts at any position at no extra cost,
+and an exact, padded evaluation pass.
 
-Why tf.data with step-derived seeds (and not grain): tfds, image folders and the bundled
-arrays all read through tf.data already, and when the shuffle order of epoch `e` is seeded
-by `(seed, e)` and each example's augmentation by `(seed, host, stream position)`, the
-stream is a pure function of its position, so a checkpoint only needs the position (an
-integer) to resume exactly, with no iterator state to save and nothing more to install.
+Training. The stream of a shard k (the training split is read as `data_shards` shards, see
+`host_train_dataset`) holding n records is a pure function of the position i: it is record
+`index_shuffle(i mod n)` of the permutation keyed by (seed, k, epoch i div n), a new full
+permutation each epoch computed per example (`tf.random.experimental.index_shuffle`: nothing
+is materialised), augmented with the seed (seed, k, i). A checkpoint stores the position, and
+a run resumed at position p reads from p on: the work before its first batch is the same at
+any position. A source that can only be read in order (a tfds dataset stored as TFRecord)
+falls back to a buffer shuffle seeded by (seed, epoch), and a resumed run then skips the
+records before p in its epoch (a warning says so).
 
-Training: epoch `e` is this host's share shuffled with seed `(seed, e)` (a buffer of
-`shuffle_buffer` examples), epochs follow each other without a gap, and a run resumed at
-position `p` skips to epoch `p // n`, offset `p % n`. Evaluation: this host's share once,
-in order, padded with masked (mask = 0) examples to a whole number of batches that is the
-same on every host, so every example counts exactly once.
+Evaluation: this host's share once, in order, padded with masked (mask = 0) examples to a
+whole number of batches that is the same on every host, so every example counts once.
+
+Unreadable examples (a truncated or corrupt image, an empty file, a file that is no image)
+never stop the stream. The examples of a batch are decoded as groups (`group_size`); an
+example that fails is flagged in its row (`bad` = 1, `name` = which file or record) and, in
+training, replaced by a copy of another example of its group, so batches keep their size and
+the stream its positions: a resumed run replaces the same examples. In evaluation the row
+is masked out. Whether a flagged example is skipped or is an error is the caller's choice
+(`BadExamples`, and the trainer's `skip_bad_images`).
+
+Threads: `threads` workers (default: the cores this process may use) each decode one group at
+a time, so `threads` groups are in flight; examples and batches come out in order.
 """
 
 import dataclasses
 import math
+import os
+import sys
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import preprocess
-from vit_jax.data.sources import Source, per_host_max
+from vit_jax.data.sources import Reader, Records, Source, per_host_max
 
 _FOREVER = 2**62
+# The largest group of examples decoded together (it bounds the memory of the groups in flight).
+_MAX_GROUP = 128
 # The mapped functions are plain graph code: no autograph conversion (it writes temporary files).
 _graph_fn = tf.autograph.experimental.do_not_convert
 
@@ -37,12 +56,179 @@ class Preprocessing:
   subpixel: bool = False
 
 
-def _options() -> tf.data.Options:
+def default_threads() -> int:
+  """The CPU cores this process may run on (its affinity: a container's or srun's share)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
+
+
+def _options(threads: int) -> tf.data.Options:
   options = tf.data.Options()
   options.deterministic = True
-  options.experimental_optimization.map_parallelization = True
-  options.threading.private_threadpool_size = 2
+  options.threading.private_threadpool_size = threads
+  options.autotune.cpu_budget = threads
   return options
+
+
+def group_size(rows: int) -> int:
+  """Examples decoded together, by one worker: a batch of `rows`, or the largest divisor of
+  `rows` up to 128 (a group is copied once more into its batch then)."""
+  if rows <= _MAX_GROUP:
+    return rows
+  return max(d for d in range(1, _MAX_GROUP + 1) if rows % d == 0)
+
+
+# ----------------------------------------------------------------------------------------
+# Groups: raw records -> examples, unreadable ones flagged.
+# ----------------------------------------------------------------------------------------
+
+
+def _decoded(raw: Records, first_position: tf.Tensor, process: Callable, size: int):
+  """One element: the group's readable examples, stacked, each with its `slot` (row)."""
+  rows = tf.shape(raw['name'], out_type=tf.int64)[0]
+
+  @_graph_fn
+  def one(slot, record):
+    return {**process(first_position + slot, record), 'slot': slot}
+
+  good = tf.data.Dataset.from_tensor_slices((tf.range(rows), raw)).map(one).ignore_errors()
+  empty = tf.nest.map_structure(lambda s: tf.zeros([0, *s.shape], s.dtype), good.element_spec)
+  return good.batch(size).concatenate(tf.data.Dataset.from_tensors(empty)).take(1)
+
+
+def _slots(good: Records, size: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """(readable: bool per slot, the row of `good` holding each readable slot)."""
+  slots = tf.cast(good['slot'][:, None], tf.int32)
+  count = tf.shape(slots, out_type=tf.int64)[0]
+  readable = tf.scatter_nd(slots, tf.ones([count], tf.int32), [size]) > 0
+  return readable, tf.scatter_nd(slots, tf.range(count), [size])
+
+
+def _flags(readable: tf.Tensor, names: tf.Tensor, size: int) -> Records:
+  rows = tf.shape(names)[0]
+  bad = tf.logical_and(tf.logical_not(readable), tf.range(size) < rows)
+  names = tf.pad(names, [[0, size - rows]], constant_values='')
+  return {'bad': tf.cast(bad, tf.int32), 'name': tf.where(bad, names, '')}
+
+
+def _replace_unreadable(good: Records, names: tf.Tensor, size: int) -> Records:
+  """Training: an unreadable slot gets a copy of a readable example of the group (the j-th
+  unreadable one the (j mod count)-th readable one)."""
+  count = tf.shape(good['slot'], out_type=tf.int64)[0]
+  message = tf.strings.join(
+    [f'all {size} examples decoded together are unreadable (the first: ', names[0], ')']
+  )
+  with tf.control_dependencies([tf.debugging.Assert(count > 0, [message])]):
+    readable, row = _slots(good, size)
+  missing = tf.cumsum(tf.cast(tf.logical_not(readable), tf.int64)) - 1
+  rows = tf.where(readable, row, missing % tf.maximum(count, 1))
+  keys = ('image', 'label')
+  out = tf.cond(
+    count == size,
+    lambda: {k: good[k] for k in keys},
+    lambda: {k: tf.gather(good[k], rows) for k in keys},
+  )
+  return {**out, **_flags(readable, names, size)}
+
+
+def _mask_unreadable(good: Records, names: tf.Tensor, size: int) -> Records:
+  """Evaluation: unreadable slots and the slots past the records are zeros with mask 0."""
+  readable, _ = _slots(good, size)
+  slots = tf.cast(good['slot'][:, None], tf.int32)
+  out = {k: tf.scatter_nd(slots, good[k], [size, *good[k].shape[1:]]) for k in ('image', 'label')}
+  return {**out, 'mask': tf.cast(readable, tf.int32), **_flags(readable, names, size)}
+
+
+def _merge_groups(batch: Records) -> Records:
+  """[groups, size, ...] -> [groups * size, ...]."""
+  return {k: tf.reshape(v, [-1, *v.shape[2:]]) for k, v in batch.items()}
+
+
+def _batches(groups: tf.data.Dataset, to_batch: Callable, rows: int, size: int, threads: int):
+  """Groups decoded by `threads` workers, in order, as batches of `rows`."""
+  ds = groups.interleave(
+    to_batch, cycle_length=threads, num_parallel_calls=threads, deterministic=True
+  )
+  if size < rows:
+    ds = ds.batch(rows // size).map(_merge_groups)
+  return ds
+
+
+# ----------------------------------------------------------------------------------------
+# Training.
+# ----------------------------------------------------------------------------------------
+
+
+def _train_example(source: Source, pp: Preprocessing, host_seed: tf.Tensor) -> Callable:
+  """(position, raw record) -> {'image', 'label'}, augmented with the position's seed."""
+  whole = source.holds_pixels or pp.subpixel  # else JPEGs decode only the crop window
+
+  def process(position, raw):
+    example = source.example(raw)
+    seed = tf.random.experimental.stateless_fold_in(host_seed, position)
+    if whole:
+      image = preprocess.train_image(
+        source.decode(example['image']),
+        seed,
+        pp.crop,
+        area_min=pp.area_min,
+        flip=pp.flip,
+        subpixel=pp.subpixel,
+      )
+    else:
+      image = preprocess.train_image_from_bytes(
+        source.encoded(example['image']), seed, pp.crop, pp.area_min, pp.flip, source.adjust
+      )
+    return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
+
+  return process
+
+
+def _random_access_groups(reader: Reader, first: int, size: int, seed: int, shard: int):
+  """(g, raw records of group g) from group `first` on: positions g * size ... + size - 1."""
+  n = reader.size
+
+  @_graph_fn
+  def fetch(g):
+    positions = g * size + tf.range(size, dtype=tf.int64)
+    epochs, offsets = positions // n, positions % n
+    key = tf.constant([seed, shard], tf.int64)
+    keys = tf.concat([tf.tile(key[None], [size, 1]), epochs[:, None]], 1)
+    indices = tf.raw_ops.RandomIndexShuffle(
+      index=offsets, seed=keys, max_index=tf.constant(n - 1, tf.int64), rounds=4
+    )
+    return g, reader.fetch(indices)
+
+  return tf.data.Dataset.range(first, _FOREVER).map(fetch)
+
+
+def _in_order_groups(
+  source: Source, split: str, first: int, size: int, seed: int, shard: int, shards: int, buffer
+):
+  """The same from a source read in order: epoch e shuffled by a buffer seeded (seed, e)."""
+  records = source.records(split, shard, shards)
+  n = source.num_examples(split, shard, shards)
+  first_epoch, offset = divmod(first * size, n)
+
+  @_graph_fn
+  def epoch(e):
+    epoch_seed = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(e, tf.int64)
+    return records.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
+
+  stream = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch).skip(offset)
+  groups = tf.data.Dataset.range(first, _FOREVER)
+  return tf.data.Dataset.zip(groups, stream.batch(size, drop_remainder=True))
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_in_order(source: Source, split: str) -> None:
+  if (source.name, split) not in _warned:
+    _warned.add((source.name, split))
+    print(f'Warning: {source.in_order_cost(split)}.', file=sys.stderr, flush=True)
 
 
 def train_dataset(
@@ -57,46 +243,46 @@ def train_dataset(
   process_index: int = 0,
   process_count: int = 1,
   prefetch: int = 2,
+  threads: int = 0,
 ) -> tf.data.Dataset:
-  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1], 'label': int32 (B,)}`.
+  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1], 'label': int32 (B,),
+  'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`.
 
-  `position` counts the examples this host has already consumed (step x local batch);
-  the dataset then yields exactly what an uninterrupted stream would yield from there on.
+  `position` counts the examples this shard has already given (step x local batch, a
+  multiple of `local_batch`); the dataset yields exactly what an uninterrupted stream would
+  from there on. `bad` flags the rows that replace an unreadable example, named in `name`
+  ('' elsewhere). `shuffle_buffer` applies to sources read in order only. `threads`: 0 = the
+  cores this process may use.
   """
   n = source.num_examples(split, process_index, process_count)
   if n == 0:
     raise ValueError(f'Split {split!r} of {source.name!r} is empty on host {process_index}.')
-  records = source.records(split, process_index, process_count)
-  buffer = max(1, min(shuffle_buffer, n))
-  first_epoch, offset = divmod(position, n)
-
-  @_graph_fn
-  def epoch(e):
-    epoch_seed = tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(e, tf.int64)
-    return records.shuffle(buffer, seed=epoch_seed, reshuffle_each_iteration=False)
-
-  stream = tf.data.Dataset.range(first_epoch, _FOREVER).flat_map(epoch).skip(offset)
-  positions = tf.data.Dataset.range(position, _FOREVER)
+  if position % local_batch:
+    raise ValueError(f'position={position} is not a multiple of local_batch={local_batch}.')
+  threads = threads or default_threads()
+  size = group_size(local_batch)
+  first = position // size
+  reader = source.reader(split, process_index, process_count)
+  if reader is not None:
+    groups = _random_access_groups(reader, first, size, seed, process_index)
+  else:
+    _warn_in_order(source, split)
+    buffer = max(1, min(shuffle_buffer, n))
+    groups = _in_order_groups(
+      source, split, first, size, seed, process_index, process_count, buffer
+    )
   host_seed = tf.random.experimental.stateless_fold_in(
     tf.constant([seed, 0], tf.int64), process_index
   )
+  process = _train_example(source, pp, host_seed)
 
   @_graph_fn
-  def process(i, record):
-    example_seed = tf.random.experimental.stateless_fold_in(host_seed, i)
-    image = preprocess.train_image(
-      source.decode(record['image']),
-      example_seed,
-      pp.crop,
-      area_min=pp.area_min,
-      flip=pp.flip,
-      subpixel=pp.subpixel,
-    )
-    return {'image': image, 'label': tf.cast(record['label'], tf.int32)}
+  def to_batch(g, raw):
+    decoded = _decoded(raw, g * size, process, size)
+    return decoded.map(lambda good: _replace_unreadable(good, raw['name'], size))
 
-  ds = tf.data.Dataset.zip(positions, stream).map(process, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(local_batch, drop_remainder=True).prefetch(prefetch)
-  return ds.with_options(_options())
+  ds = _batches(groups, to_batch, local_batch, size, threads)
+  return ds.prefetch(prefetch).with_options(_options(threads))
 
 
 def check_data_shards(data_shards: int, global_batch: int, process_count: int) -> None:
@@ -126,6 +312,7 @@ def host_train_dataset(
   process_index: int = 0,
   process_count: int = 1,
   prefetch: int = 2,
+  threads: int = 0,
 ) -> tf.data.Dataset:
   """This host's rows of every global batch, the same whatever the number of hosts.
 
@@ -133,11 +320,13 @@ def host_train_dataset(
   each giving `global_batch // data_shards` consecutive rows of every global batch. Host p
   of P reads only its shards, p * S/P ... (p + 1) * S/P - 1, and concatenates their rows. So
   two hosts reading one shard each feed the step exactly the batches that one host reading
-  both would, and a run resumes at `step` on any number of hosts that divides S.
+  both would, and a run resumes at `step` on any number of hosts that divides S. The
+  host's `threads` are shared by its shards.
   """
   check_data_shards(data_shards, global_batch, process_count)
   per_host = data_shards // process_count
   rows = global_batch // data_shards
+  threads = threads or default_threads()
   shards = [
     train_dataset(
       source,
@@ -150,6 +339,7 @@ def host_train_dataset(
       process_index=k,
       process_count=data_shards,
       prefetch=prefetch,
+      threads=max(1, math.ceil(threads / per_host)),
     )
     for k in range(process_index * per_host, (process_index + 1) * per_host)
   ]
@@ -160,7 +350,12 @@ def host_train_dataset(
     return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
 
   ds = tf.data.Dataset.zip(tuple(shards)).map(concat).prefetch(prefetch)
-  return ds.with_options(_options())
+  return ds.with_options(_options(threads))
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation.
+# ----------------------------------------------------------------------------------------
 
 
 def num_eval_batches(source: Source, split: str, local_batch: int, process_count: int = 1) -> int:
@@ -178,26 +373,77 @@ def eval_dataset(
   process_index: int = 0,
   process_count: int = 1,
   prefetch: int = 2,
+  threads: int = 0,
 ) -> tf.data.Dataset:
-  """One pass of `{'image', 'label', 'mask'}` batches; padding examples have mask 0."""
-  records = source.records(split, process_index, process_count)
+  """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches; padding and unreadable
+  examples have mask 0, the unreadable ones `bad` = 1 and their `name`."""
+  threads = threads or default_threads()
+  size = group_size(local_batch)
 
   @_graph_fn
-  def process(record):
-    return {
-      'image': preprocess.eval_image(source.decode(record['image']), pp.crop),
-      'label': tf.cast(record['label'], tf.int32),
-      'mask': tf.constant(1, tf.int32),
-    }
+  def process(_, raw):
+    example = source.example(raw)
+    image = preprocess.eval_image(source.decode(example['image']), pp.crop)
+    return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
-  padding = tf.data.Dataset.from_tensors(
-    {
-      'image': tf.zeros([pp.crop, pp.crop, 3], tf.float32),
-      'label': tf.constant(0, tf.int32),
-      'mask': tf.constant(0, tf.int32),
-    }
-  ).repeat()
+  @_graph_fn
+  def to_batch(raw):
+    decoded = _decoded(raw, tf.constant(0, tf.int64), process, size)
+    return decoded.map(lambda good: _mask_unreadable(good, raw['name'], size))
+
+  groups = source.chunks(split, size, process_index, process_count)
+  padding = {
+    'image': np.zeros([size, pp.crop, pp.crop, 3], np.float32),
+    **{k: np.zeros([size], np.int32) for k in ('label', 'mask', 'bad')},
+    'name': np.full([size], '', object),
+  }
+  ds = groups.interleave(
+    to_batch, cycle_length=threads, num_parallel_calls=threads, deterministic=True
+  )
+  ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
+  if size < local_batch:
+    ds = ds.batch(local_batch // size).map(_merge_groups)
   batches = num_eval_batches(source, split, local_batch, process_count)
-  ds = records.map(process, num_parallel_calls=tf.data.AUTOTUNE).concatenate(padding)
-  ds = ds.batch(local_batch, drop_remainder=True).take(batches).prefetch(prefetch)
-  return ds.with_options(_options())
+  return ds.take(batches).prefetch(prefetch).with_options(_options(threads))
+
+
+# ----------------------------------------------------------------------------------------
+# On the host: the names of unreadable examples.
+# ----------------------------------------------------------------------------------------
+
+
+def host_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
+  """The batches of `ds` as numpy arrays; the pipeline's errors (e.g. a group of examples
+  none of which can be read) as one-line ValueErrors."""
+  try:
+    yield from ds.as_numpy_iterator()
+  except tf.errors.OpError as e:
+    lines = [line.strip() for line in e.message.splitlines() if line.strip()] or [repr(e)]
+    reason = lines[0].removeprefix('assertion failed: [').removesuffix(']')
+    raise ValueError(f'Input pipeline: {reason}') from e
+
+
+class BadExamples:
+  """The unreadable examples this process has met: a warning names each one the first time.
+
+  `take(batch)` removes the batch's `name` strings (the rest goes to the devices) and warns.
+  """
+
+  def __init__(self, what: str):
+    self.what = what
+    self.names: list[str] = []
+    self._seen: set[str] = set()
+
+  def take(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    names = batch.pop('name')
+    for name in names[batch['bad'] > 0]:
+      name = name.decode()
+      if name not in self._seen:
+        self._seen.add(name)
+        self.names.append(name)
+        print(f'Warning: unreadable {self.what} image {name}', file=sys.stderr, flush=True)
+    return batch
+
+  def first(self) -> str:
+    """The first name met here, or where to look for it."""
+    return self.names[0] if self.names else 'read by another process: see its warnings'

@@ -1,8 +1,8 @@
 """Preprocessing of the original vit_jax input pipeline, with stateless (seeded) randomness.
 
 Decoding: JPEG, PNG, GIF (first frame) or BMP bytes to uint8 RGB. Training: inception crop
-(a random box covering `area_range` of the image, aspect ratio 3/4 to 4/3), resize to `crop` x
-`crop`, random horizontal flip, pixels to [-1, 1].
+(a random box covering `area_range` of the image, aspect ratio 3/4 to 4/3; of a JPEG only
+that window is decoded), resize to `crop` x `crop`, random horizontal flip, pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
 
 Every random op takes an explicit seed, so the same example at the same stream position
@@ -10,6 +10,7 @@ gets the same augmentation in an uninterrupted and in a resumed run.
 """
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -34,15 +35,10 @@ def value_range(image: tf.Tensor) -> tf.Tensor:
   return (tf.cast(image, tf.float32) - 127.5) / 127.5
 
 
-def inception_crop(
-  image: tf.Tensor,
-  seed: tf.Tensor,
-  area_range: tuple[float, float] = (0.05, 1.0),
-  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
-) -> tf.Tensor:
-  """A random crop covering `area_range` of the image (Szegedy et al.'s inception crop)."""
+def _crop_box(image_shape, seed, area_range, aspect_ratio_range) -> tuple[tf.Tensor, tf.Tensor]:
+  """(begin, size) of an inception crop of an image of `image_shape` (H, W, C)."""
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
-    tf.shape(image),
+    image_shape,
     tf.zeros([0, 0, 4], tf.float32),
     seed=seed,
     min_object_covered=0.0,
@@ -50,9 +46,49 @@ def inception_crop(
     area_range=area_range,
     use_image_if_no_bounding_boxes=True,
   )
+  return begin, size
+
+
+def inception_crop(
+  image: tf.Tensor,
+  seed: tf.Tensor,
+  area_range: tuple[float, float] = (0.05, 1.0),
+  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
+) -> tf.Tensor:
+  """A random crop covering `area_range` of the image (Szegedy et al.'s inception crop)."""
+  begin, size = _crop_box(tf.shape(image), seed, area_range, aspect_ratio_range)
   channels = image.shape[-1]
   image = tf.slice(image, begin, size)
   image.set_shape([None, None, channels])
+  return image
+
+
+def decode_and_inception_crop(
+  encoded: tf.Tensor,
+  seed: tf.Tensor,
+  area_range: tuple[float, float] = (0.05, 1.0),
+  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
+) -> tf.Tensor:
+  """`inception_crop(decode(encoded), ...)`, decoding only the crop window of a JPEG.
+
+  The box is the same (it depends on the image's size, read from the JPEG header), and
+  `tf.image.decode_and_crop_jpeg` skips the rest of the image, as big_vision's
+  `decode_jpeg_and_inception_crop` does. It equals a full decode cropped, except that the
+  window's outermost rows and columns may differ by a few grey levels (chroma upsampling
+  without the neighbours outside the window). Other formats are decoded whole.
+  """
+
+  def jpeg():
+    shape = tf.image.extract_jpeg_shape(encoded)
+    begin, size = _crop_box(tf.concat([shape[:2], [3]], 0), seed, area_range, aspect_ratio_range)
+    window = tf.stack([begin[0], begin[1], size[0], size[1]])
+    return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
+
+  def other():
+    return inception_crop(decode(encoded), seed, area_range, aspect_ratio_range)
+
+  image = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+  image.set_shape([None, None, 3])
   return image
 
 
@@ -84,6 +120,18 @@ def subpixel_inception_crop(
   return tf.image.crop_and_resize(image, box, tf.zeros([1], tf.int32), [size, size])[0]
 
 
+def _seeds(seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """The inception crop's and the flip's seeds of an example's seed."""
+  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+  return crop_seed, flip_seed
+
+
+def _flip(image: tf.Tensor, flip_seed: tf.Tensor, flip: bool) -> tf.Tensor:
+  if flip:
+    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  return value_range(image)
+
+
 def train_image(
   image: tf.Tensor,
   seed: tf.Tensor,
@@ -93,15 +141,30 @@ def train_image(
   subpixel: bool = False,
 ) -> tf.Tensor:
   """Inception crop, resize to `crop`, optional random flip, [-1, 1]; `seed` is shape (2,)."""
-  crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, num=2))
+  crop_seed, flip_seed = _seeds(seed)
   if subpixel:
     image = subpixel_inception_crop(image, crop_seed, crop, area_range=(area_min, 1.0))
   else:
     image = inception_crop(image, crop_seed, area_range=(area_min, 1.0))
     image = tf.image.resize(image, [crop, crop])
-  if flip:
-    image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  return value_range(image)
+  return _flip(image, flip_seed, flip)
+
+
+def train_image_from_bytes(
+  encoded: tf.Tensor,
+  seed: tf.Tensor,
+  crop: int,
+  area_min: float = 0.05,
+  flip: bool = True,
+  adjust: Callable[[tf.Tensor], tf.Tensor] | None = None,
+) -> tf.Tensor:
+  """`train_image` of encoded bytes, decoding only the crop window of a JPEG
+  (`decode_and_inception_crop`); `adjust` maps the decoded pixels (a source's own fix)."""
+  crop_seed, flip_seed = _seeds(seed)
+  image = decode_and_inception_crop(encoded, crop_seed, area_range=(area_min, 1.0))
+  if adjust is not None:
+    image = adjust(image)
+  return _flip(tf.image.resize(image, [crop, crop]), flip_seed, flip)
 
 
 def eval_image(image: tf.Tensor, crop: int) -> tf.Tensor:

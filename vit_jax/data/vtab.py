@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import preprocess
 from vit_jax.data.sources import TfdsSource
 
 GROUPS = ('natural', 'specialized', 'structured')
@@ -217,29 +216,23 @@ class VtabSource(TfdsSource):
     if task not in TASKS:
       raise ValueError(f'Unknown VTAB task {task!r}; expected one of {", ".join(TASKS)}.')
     self.task = TASKS[task]
+    super().__init__(self.task.tfds_name, data_dir)
     self.name = f'vtab/{task}'
-    self.builder = tfds.builder(self.task.tfds_name, data_dir=data_dir)
-    self.num_classes = self.task.num_classes
-    self._counts: dict[tuple[str, int, int], int] = {}
+
+  def declared_classes(self) -> int:
+    return self.task.num_classes
 
   def tfds_split(self, split: str) -> str:
     """The tfds split string behind an alias ('val200' -> 'train[2754:2954]' for caltech101)."""
     return self.task.splits.get(split, split)
 
-  def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
-    ds = self.builder.as_dataset(
-      split=self._split(self.tfds_split(split), process_index, process_count),
-      shuffle_files=False,
-      decoders=self.task.decoders,
-    )
-    label_fn = self.task.label_fn
-    return ds.map(lambda r: {'image': r['image'], 'label': label_fn(r)})
+  def decoders(self):
+    return self.task.decoders
 
-  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
-    return super().num_examples(self.tfds_split(split), process_index, process_count)
+  def from_features(self, features):
+    return {'image': features['image'], 'label': self.task.label_fn(features)}
 
-  def decode(self, image: tf.Tensor) -> tf.Tensor:
-    image = preprocess.decode(image)
+  def adjust(self, pixels: tf.Tensor) -> tf.Tensor:
     if self.task.pixel_scale != 1:
-      image = image * tf.constant(self.task.pixel_scale, tf.uint8)
-    return image
+      pixels = pixels * tf.constant(self.task.pixel_scale, tf.uint8)
+    return pixels

@@ -23,18 +23,32 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
+from vit_jax import data as data_lib
 from vit_jax import rundir
 from vit_jax.train import state as state_lib
 
-EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
+EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test', 'bad_test_images')
 
 
 class NonFiniteGuard:
-  """Keeps each step's metrics on the device until they are needed (no sync per step)."""
+  """Keeps each step's metrics on the device until they are needed (no sync per step).
 
-  def __init__(self, checkpoints: state_lib.Checkpoints):
+  It also adds up the steps' `bad_images` (unreadable training images replaced in the batch,
+  over all hosts) into `bad_images`, from the count of the checkpoint the run resumed from;
+  with `skip_bad=False` the first one stops the run, on every host alike.
+  """
+
+  def __init__(
+    self,
+    checkpoints: state_lib.Checkpoints,
+    bad: data_lib.BadExamples | None = None,
+    bad_images: int = 0,
+    skip_bad: bool = True,
+  ):
     self._pending: list[tuple[int, dict]] = []
     self._checkpoints = checkpoints
+    self._bad, self._skip_bad = bad, skip_bad
+    self.bad_images = bad_images
 
   def add(self, step: int, metrics: dict) -> None:
     self._pending.append((step, metrics))
@@ -52,8 +66,18 @@ class NonFiniteGuard:
           f'stopped. Last good checkpoint ({kept}) in {self._checkpoints.directory} is '
           'untouched; lower --config.base_lr (or check the data) and rerun to resume from it.'
         )
+      self._count_bad(step, int(m.get('bad_images', 0)))
     self._pending.clear()
     return fetched[-1] if fetched else None
+
+  def _count_bad(self, step: int, count: int) -> None:
+    self.bad_images += count
+    if count and not self._skip_bad:
+      first = self._bad.first() if self._bad else 'see the warnings'
+      raise ValueError(
+        f'Unreadable training image {first} at step {step}: fix or remove it, or set '
+        '--config.skip_bad_images=True to skip such images (counted in metrics.jsonl).'
+      )
 
 
 # ----------------------------------------------------------------------------------------
@@ -168,6 +192,8 @@ class Progress(periodic_actions.ReportProgress):
     }
     if img_per_sec is not None:
       scalars['img_per_sec'] = img_per_sec
+    if self._guard.bad_images:
+      scalars['bad_images'] = self._guard.bad_images
     self._metrics.write_scalars(step, scalars)
     self._draw(step, scalars['loss'])
 
@@ -216,7 +242,7 @@ class Evaluator:
     with self._progress.timed('eval', wait_jax_async_dispatch=False):
       self._guard.check()
       self.last = self._evaluate(state['params'])
-      self._writer.write_scalars(step, {k: self.last[k] for k in EVAL_KEYS})
+      self._writer.write_scalars(step, {k: self.last[k] for k in EVAL_KEYS if k in self.last})
       self._progress.message(
         f'step {step}: accuracy_test {self.last["accuracy_test"]:.4f} '
         f'(top-5 {self.last["accuracy_test_top5"]:.4f}, {self.last["num_test"]} examples)'
@@ -234,7 +260,7 @@ class Saver:
     del t
     with self._progress.timed('checkpoint', wait_jax_async_dispatch=False):
       self._guard.check()
-      meta = state_lib.checkpoint_meta(step, self._batch, self._data_shards)
+      meta = state_lib.checkpoint_meta(step, self._batch, self._data_shards, self._guard.bad_images)
       self._checkpoints.save(step, state, meta)
 
 

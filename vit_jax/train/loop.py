@@ -34,8 +34,7 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
-  """One exact pass over the test split: every example counted once (padding is masked)."""
+def _eval_batches(setup: Setup, bad: data_lib.BadExamples) -> Iterator[dict]:
   data = setup.spec.data
   ds = data_lib.eval_dataset(
     setup.source,
@@ -45,22 +44,43 @@ def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float
     process_index=jax.process_index(),
     process_count=jax.process_count(),
     prefetch=data.prefetch,
+    threads=data.input_threads,
   )
+  return (bad.take(local) for local in data_lib.host_batches(ds))
+
+
+def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
+  """One exact pass over the test split: every example counted once (padding is masked).
+
+  An unreadable test image is an error naming it, or with `skip_bad_test_images` left out
+  of the count (`bad_test_images`).
+  """
+  bad = data_lib.BadExamples('test')
   totals = None
-  for local in ds.as_numpy_iterator():
+  for local in _eval_batches(setup, bad):
     sums = eval_step(params, parallel.global_batch(local, batch_sharding))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   totals = jax.device_get(totals)
-  count = int(totals['count'])
-  return {
+  count, unreadable = int(totals['count']), int(totals['bad'])
+  if unreadable and not setup.spec.data.skip_bad_test_images:
+    raise ValueError(
+      f'Unreadable test image {bad.first()} ({unreadable} in all): evaluation counts every '
+      'test image; fix or remove it (or set --config.skip_bad_test_images=True to leave it out).'
+    )
+  metrics = {
     'accuracy_test': float(totals['correct']) / count,
     'accuracy_test_top5': float(totals['correct_top5']) / count,
     'loss_test': float(totals['loss']) / count,
     'num_test': count,
   }
+  if unreadable:
+    metrics['bad_test_images'] = unreadable
+  return metrics
 
 
-def _train_batches(setup: Setup, start: int, data_shards: int) -> Iterator[dict[str, jax.Array]]:
+def _train_batches(
+  setup: Setup, start: int, data_shards: int, bad: data_lib.BadExamples
+) -> Iterator[dict[str, jax.Array]]:
   """Global batches of the training stream from step `start` on."""
   data = setup.spec.data
   ds = data_lib.host_train_dataset(
@@ -75,9 +95,10 @@ def _train_batches(setup: Setup, start: int, data_shards: int) -> Iterator[dict[
     process_index=jax.process_index(),
     process_count=jax.process_count(),
     prefetch=data.prefetch,
+    threads=data.input_threads,
   )
   sharding = parallel.batch_sharding(setup.mesh)
-  return (parallel.global_batch(local, sharding) for local in ds.as_numpy_iterator())
+  return (parallel.global_batch(bad.take(local), sharding) for local in data_lib.host_batches(ds))
 
 
 def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
@@ -150,14 +171,18 @@ def _loop(parts: _Parts, state: dict, start: int, stop_after: int | None):
   return state, step, 'done'
 
 
-def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, writer) -> _Parts:
+def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
+  start = int(meta['step'])
   train_step = steps.train_step_for(
     spec, setup.model, tx, schedule, setup.num_classes, mesh, lay.shardings
   )
   eval_step = steps.compile_eval_step(setup.model, setup.num_classes, lay.shardings['params'], mesh)
   batch_sharding = parallel.batch_sharding(mesh)
-  guard = actions.NonFiniteGuard(checkpoints)
+  bad = data_lib.BadExamples('training')
+  guard = actions.NonFiniteGuard(
+    checkpoints, bad, int(meta.get('bad_images', 0)), spec.data.skip_bad_images
+  )
   progress = actions.Progress(
     total_steps=total,
     batch=spec.data.batch,
@@ -172,7 +197,7 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, w
   return _Parts(
     total_steps=total,
     train_step=train_step,
-    batches=_train_batches(setup, start, data_shards),
+    batches=_train_batches(setup, start, data_shards, bad),
     guard=guard,
     progress=progress,
     callbacks=(
@@ -203,7 +228,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str,
     _say(note)
   _write_config(workdir, spec, setup)
   writer = actions.make_writer(workdir, checkpoints.last_saved)
-  parts = _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, writer)
+  parts = _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer)
   if start >= setup.total_steps:
     _say(f'Already trained for {setup.total_steps} steps.')
   try:

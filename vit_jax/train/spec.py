@@ -89,8 +89,18 @@ class Data:
   # Global batch sizes (over all hosts and devices).
   batch: int = 512
   batch_eval: int = 512
+  # Shuffle buffer of a dataset that can only be read in order (a tfds TFRecord build); the
+  # others are shuffled whole, a new permutation each epoch.
   shuffle_buffer: int = 50_000
+  # Batches the input pipeline prepares ahead; its threads (0 = the cores this process may use).
   prefetch: int = 2
+  input_threads: int = 0
+  # An unreadable training image (corrupt, truncated, empty, not an image) is skipped: replaced
+  # by a copy of another image of its batch, counted (bad_images in metrics.jsonl) and named in
+  # a warning; False stops the run instead. An unreadable test image stops the evaluation with
+  # an error naming it unless skip_bad_test_images (it then leaves the count: num_test drops).
+  skip_bad_images: bool = True
+  skip_bad_test_images: bool = False
   # The training stream is read as this many shards, split over the processes (0 = one per
   # process). The batches depend on it, not on the process count: fix it to the largest
   # process count a run will use to make it reproducible (and resumable) on any of them.
@@ -284,6 +294,10 @@ def check(spec: RunSpec) -> None:
     raise ValueError(
       "config.step='shard_map' runs on replicated parameters; FSDP (config.sharding="
       f"{spec.step.sharding!r}) needs config.step='jit'."
+    )
+  if spec.data.input_threads < 0:
+    raise ValueError(
+      f'config.input_threads={spec.data.input_threads}; expected >= 0 (0: all cores).'
     )
   positive = {
     'accum_steps': spec.step.accum_steps,

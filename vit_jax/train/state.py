@@ -3,7 +3,8 @@ orbax checkpoints it is saved to and restored from.
 
 State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`.
 A checkpoint holds two items: `state`, and `meta` (JSON: the step, the data position, the
-global batch and the number of data shards the training stream was read as).
+global batch, the number of data shards the training stream was read as, and the unreadable
+training images replaced so far).
 """
 
 import dataclasses
@@ -145,12 +146,13 @@ class Checkpoints:
       self.manager.close()
 
 
-def checkpoint_meta(step: int, batch: int, data_shards: int) -> dict[str, int]:
+def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict[str, int]:
   return {
     'step': step,
     'data_position': step * batch,
     'global_batch': batch,
     'data_shards': data_shards,
+    'bad_images': bad_images,
   }
 
 

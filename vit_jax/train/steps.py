@@ -141,6 +141,19 @@ def make_shard_map_train_step(
   return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
 
 
+def counting_bad_examples(fn: StepFn) -> StepFn:
+  """`fn` on the batch's images and labels, with the metric `bad_images`: how many of its
+  rows replace an unreadable example (the input pipeline's `bad` flags), if it has them."""
+
+  def train_step(state, batch):
+    state, metrics = fn(state, {'image': batch['image'], 'label': batch['label']})
+    if 'bad' in batch:
+      metrics = {**metrics, 'bad_images': jnp.sum(batch['bad'])}
+    return state, metrics
+
+  return train_step
+
+
 def compile_train_step(
   fn: StepFn, shardings: Any, batch_sharding: NamedSharding, mesh: Mesh
 ) -> Callable:
@@ -162,11 +175,13 @@ def train_step_for(
     fn = make_shard_map_train_step(*args, mesh)
   else:
     fn = make_train_step(*args)
+  fn = counting_bad_examples(fn)
   return compile_train_step(fn, shardings, parallel.batch_sharding(mesh), mesh)
 
 
 def make_eval_step(model, num_classes: int):
-  """Masked sums over one batch: top-1 and top-5 hits, loss, and the number of real examples."""
+  """Masked sums over one batch: top-1 and top-5 hits, loss, the number of real examples, and
+  of unreadable ones (the input pipeline's `bad` flags, if the batch has them)."""
   k = min(5, num_classes)
 
   def eval_step(params, batch):
@@ -175,12 +190,15 @@ def make_eval_step(model, num_classes: int):
     top1 = jnp.argmax(logits, -1) == labels
     topk = jnp.any(jax.lax.top_k(logits, k)[1] == labels[:, None], axis=-1)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    return {
+    sums = {
       'correct': jnp.sum(top1 * mask),
       'correct_top5': jnp.sum(topk * mask),
       'loss': jnp.sum(jnp.where(mask > 0, loss, 0.0)),
       'count': jnp.sum(mask),
     }
+    if 'bad' in batch:
+      sums['bad'] = jnp.sum(batch['bad'])
+    return sums
 
   return eval_step
 
