@@ -2,6 +2,7 @@
 comparison of trained parameters between runs that differ only in summation order."""
 
 import contextlib
+import io
 import os
 import re
 
@@ -95,3 +96,47 @@ def compilation_cache(tmp_path_factory):
 def module_compilation_cache(tmp_path_factory):
   with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
     yield
+
+
+# Image folders for the input pipeline's tests: readable images, and files no decoder reads.
+UNREADABLE = ('truncated.jpg', 'empty.jpg', 'notes.jpg')
+
+
+def jpeg_bytes(rng: np.random.Generator, h: int, w: int, **kwargs) -> bytes:
+  """A JPEG of random pixels (`kwargs`: Pillow's JPEG options)."""
+  from PIL import Image
+
+  out = io.BytesIO()
+  Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(
+    out, 'JPEG', quality=90, **kwargs
+  )
+  return out.getvalue()
+
+
+def unreadable_files() -> dict[str, bytes]:
+  """A JPEG cut in half, an empty file and a text file, each named .jpg."""
+  whole = jpeg_bytes(np.random.default_rng(1), 64, 48)
+  contents = (whole[: len(whole) // 2], b'', b'these are not the pixels you are looking for\n')
+  return dict(zip(UNREADABLE, contents, strict=True))
+
+
+def write_image_folder(root, counts: dict[str, int], bad=None, bad_split: str = 'train') -> str:
+  """root/<split>/<class>/: `counts[split]` images over classes a, b, c (12x10 JPEGs, every
+  fourth a 9x11 PNG), and the `bad` files ({name: bytes}) in `bad_split`/a."""
+  from PIL import Image
+
+  rng = np.random.default_rng(0)
+  for split, n in counts.items():
+    for i in range(n):
+      folder = os.path.join(root, split, 'abc'[i % 3])
+      os.makedirs(folder, exist_ok=True)
+      if i % 4 == 3:
+        Image.fromarray(rng.integers(0, 255, (9, 11, 3), np.uint8)).save(f'{folder}/{i:03d}.png')
+      else:
+        with open(f'{folder}/{i:03d}.jpg', 'wb') as f:
+          f.write(jpeg_bytes(rng, 12, 10))
+  os.makedirs(os.path.join(root, bad_split, 'a'), exist_ok=True)
+  for name, content in (bad or {}).items():
+    with open(os.path.join(root, bad_split, 'a', name), 'wb') as f:
+      f.write(content)
+  return str(root)

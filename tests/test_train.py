@@ -15,7 +15,13 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import TINY, assert_trained_params_close
+from conftest import (
+  TINY,
+  UNREADABLE,
+  assert_trained_params_close,
+  unreadable_files,
+  write_image_folder,
+)
 
 from configs import digits as digits_config
 from configs import vit as vit_config
@@ -446,6 +452,46 @@ def test_evaluation_counts_every_example_exactly_once(tmp_path):
   # Top-5 of 3 classes: always right.
   assert metrics['accuracy_test_top5'] == pytest.approx(1.0)
   assert data_lib.num_eval_batches(prepared.source, 'test', 2) == 3
+
+
+def _bad_image_config(tmp_path, bad_split: str, **overrides):
+  """A folder of 13 readable training images (+ the 3 unreadable ones in `bad_split`) and 5
+  test images, trained in batches of 16 (one epoch a step when the bad ones are in train)."""
+  root = write_image_folder(
+    tmp_path / 'images', {'train': 13, 'test': 5}, unreadable_files(), bad_split
+  )
+  defaults = {'dataset': root, 'batch': 16, 'batch_eval': 8, 'pp__subpixel': False}
+  return tiny_config(**{**defaults, **overrides}), str(tmp_path / 'run')
+
+
+def test_unreadable_training_images_are_skipped_counted_and_resume_alike(tmp_path, capsys):
+  config, workdir = _bad_image_config(tmp_path, 'train', total_steps=3, checkpoint_every=0)
+  first = train.train_and_evaluate(config, workdir, stop_after=2)
+  assert first['status'] == 'preempted'
+  train.train_and_evaluate(config, workdir)
+  # Each step's 16 examples are one epoch: the 3 unreadable files each once.
+  counts = [m['bad_images'] for m in rundir.read_metrics(workdir) if 'loss' in m]
+  assert counts == [3, 6, 9]
+  warnings = [x for x in capsys.readouterr().err.splitlines() if 'unreadable' in x]
+  # Named on first sight, by each of the two runs.
+  assert sorted(os.path.basename(x) for x in warnings) == sorted(2 * UNREADABLE)
+  assert all(x.startswith('Warning: unreadable training image ') for x in warnings)
+  stop, workdir = _bad_image_config(tmp_path / 'stop', 'train', skip_bad_images=False)
+  with pytest.raises(ValueError, match=r'^Unreadable training image .*\.jpg at step 1: ') as e:
+    train.train_and_evaluate(stop, workdir)
+  assert '\n' not in str(e.value)
+
+
+def test_unreadable_test_images_are_a_one_line_error_unless_skipped(tmp_path):
+  config, workdir = _bad_image_config(tmp_path, 'test', total_steps=1, eval_every=1)
+  with pytest.raises(ValueError, match=r'^Unreadable test image .*\.jpg \(3 in all\): ') as e:
+    train.train_and_evaluate(config, workdir)
+  assert '\n' not in str(e.value) and str(tmp_path / 'images' / 'test' / 'a') in str(e.value)
+  skipped = with_overrides(config, {'skip_bad_test_images': True})
+  result = train.train_and_evaluate(skipped, str(tmp_path / 'skipped'))
+  assert result['num_test'] == 5
+  evaluation = rundir.last_evaluation(str(tmp_path / 'skipped'))
+  assert (evaluation['num_test'], evaluation['bad_test_images']) == (5, 3)
 
 
 def _error(config, tmp_path, match):

@@ -29,6 +29,7 @@ a time, so `threads` groups are in flight; examples and batches come out in orde
 import dataclasses
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 
@@ -418,9 +419,15 @@ def host_batches(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
   try:
     yield from ds.as_numpy_iterator()
   except tf.errors.OpError as e:
-    lines = [line.strip() for line in e.message.splitlines() if line.strip()] or [repr(e)]
-    reason = lines[0].removeprefix('assertion failed: [').removesuffix(']')
-    raise ValueError(f'Input pipeline: {reason}') from e
+    raise ValueError(f'Input pipeline: {_reason(e)}') from e
+
+
+def _reason(error: tf.errors.OpError) -> str:
+  """A TensorFlow error's first line without the names of graph nodes and functions."""
+  line = next((x.strip() for x in error.message.splitlines() if x.strip()), repr(error))
+  if 'assertion failed: [' in line:  # ours (tf.debugging.Assert): the message alone
+    return line.split('assertion failed: [', 1)[1].removesuffix(']')
+  return re.sub(r'\{\{[^}]*\}\}\s*', '', line)
 
 
 class BadExamples:
