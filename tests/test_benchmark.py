@@ -290,3 +290,63 @@ def test_the_benchmark_imports_no_tensorflow():
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=root)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == '[]'
+
+
+def test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches(tmp_path):
+  """`--pipeline`: rows for each variant, the cores an accelerator needs (img/s over the
+  measured img/s per core), the resume cost at 0 and 95%, and resumed batches checked."""
+  model = {
+    'model': 'ViT-B_16',
+    'batch': 832,
+    'resolution': 16,
+    'device': 'NVIDIA H200',
+    'rows': [
+      {'mode': 'inference', 'framework': 'jax', 'program': 'x', 'img_per_s': 9000.0},
+      {'mode': 'train', 'framework': 'jax', 'program': 'bfloat16/fused', 'img_per_s': 2459.0},
+    ],
+  }
+  (tmp_path / 'model.json').write_text(json.dumps(model))
+  out = tmp_path / 'pipeline.json'
+  flags = [
+    '--pipeline', f'--pipeline_dir={tmp_path}', '--crops=16', '--threads=1,2', '--images=32',
+    '--image_size=40x30', '--batch=8', '--measure_images=16', '--rounds=1',
+    '--resume_images=200', '--resume_size=16x12', f'--model_json={tmp_path}/model.json',
+    f'--json={out}',
+  ]  # fmt: skip
+  root = Path(__file__).resolve().parents[1]
+  done = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.benchmark', *flags],
+    capture_output=True,
+    text=True,
+    cwd=root,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  result = json.loads(out.read_text())
+  names = {r['name'] for r in result['rows']}
+  # JPEG training both ways; the digits (pixels) and evaluation have one decode.
+  expected = {
+    f'{source} {mode}{decode} 16px {t}t'
+    for t in (1, 2)
+    for source, mode, decode in [
+      ('digits', 'train', ''),
+      ('digits', 'eval', ''),
+      ('folder', 'train', ' window'),
+      ('folder', 'train', ' whole'),
+      ('folder', 'eval', ''),
+    ]
+  }
+  assert names == expected
+  for row in result['rows']:
+    assert row['img_per_s'] > 0 and row['img_per_s_per_core'] > 0
+  per_core = next(r for r in result['rows'] if r['name'] == 'folder train window 16px 1t')
+  (measured,) = [c for c in result['cores_per_accelerator'] if '(measured)' in c['accelerator']]
+  assert measured['img_per_s'] == 2459.0
+  assert measured['cores'] == pytest.approx(2459.0 / per_core['img_per_s_per_core'])
+  resume = result['resume']
+  assert resume['position'] == 184  # 95% of 200, in whole batches of 8
+  assert {(r['read'], r['position']) for r in resume['rows']} == {
+    (read, p) for read in ('by index', 'in order') for p in (0, 184)
+  }
+  assert resume['resumed_equals_uninterrupted'] is True
+  assert '| folder | train | crop window | 16 | 1 |' in done.stdout

@@ -41,6 +41,10 @@ Per variant and mode:
                 temporaries at every step; the entry point turns on transparent huge pages
                 for them where it can (`vit_jax.hugepages`), and the report says whether
 
+`--pipeline` measures the input pipeline instead (`vit_jax.data.benchmark`, TensorFlow):
+images/s and images/s per core of training and evaluation input, beside accelerators'
+training images/s.
+
 `--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
 and the largest logit difference; 16-bit variants compare against `torch.autocast`.
@@ -988,5 +992,11 @@ if __name__ == '__main__':
   from absl import app
 
   hugepages.reexec_with_huge_pages()
-  _define_flags()
-  app.run(main)
+  if '--pipeline' in sys.argv[1:]:  # the input pipeline's benchmark: imports TensorFlow
+    from vit_jax.data import benchmark as pipeline_benchmark
+
+    pipeline_benchmark.define_flags()
+    app.run(pipeline_benchmark.main)
+  else:
+    _define_flags()
+    app.run(main)

@@ -49,12 +49,15 @@ _graph_fn = tf.autograph.experimental.do_not_convert
 @dataclasses.dataclass(frozen=True)
 class Preprocessing:
   """What `config.pp` asks for: output size, inception-crop area floor, random flip, and
-  whether the crop box may fall between pixels (for images of a few pixels)."""
+  whether the crop box may fall between pixels (for images of a few pixels).
+  `decode_window`: training decodes only the crop window of a JPEG (False: the whole image,
+  then the crop; the benchmark compares the two)."""
 
   crop: int
   area_min: float = 0.05
   flip: bool = True
   subpixel: bool = False
+  decode_window: bool = True
 
 
 def default_threads() -> int:
@@ -138,7 +141,12 @@ def _mask_unreadable(good: Records, names: tf.Tensor, size: int) -> Records:
   """Evaluation: unreadable slots and the slots past the records are zeros with mask 0."""
   readable, _ = _slots(good, size)
   slots = tf.cast(good['slot'][:, None], tf.int32)
-  out = {k: tf.scatter_nd(slots, good[k], [size, *good[k].shape[1:]]) for k in ('image', 'label')}
+  keys = ('image', 'label')
+  out = tf.cond(
+    tf.shape(slots)[0] == size,
+    lambda: {k: good[k] for k in keys},
+    lambda: {k: tf.scatter_nd(slots, good[k], [size, *good[k].shape[1:]]) for k in keys},
+  )
   return {**out, 'mask': tf.cast(readable, tf.int32), **_flags(readable, names, size)}
 
 
@@ -164,7 +172,7 @@ def _batches(groups: tf.data.Dataset, to_batch: Callable, rows: int, size: int, 
 
 def _train_example(source: Source, pp: Preprocessing, host_seed: tf.Tensor) -> Callable:
   """(position, raw record) -> {'image', 'label'}, augmented with the position's seed."""
-  whole = source.holds_pixels or pp.subpixel  # else JPEGs decode only the crop window
+  whole = source.holds_pixels or pp.subpixel or not pp.decode_window
 
   def process(position, raw):
     example = source.example(raw)
