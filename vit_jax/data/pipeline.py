@@ -72,6 +72,7 @@ def _options(threads: int) -> tf.data.Options:
   options = tf.data.Options()
   options.deterministic = True
   options.threading.private_threadpool_size = threads
+  options.threading.max_intra_op_parallelism = 1  # an op on one core: `threads` cores in all
   options.autotune.cpu_budget = threads
   return options
 
