@@ -4,12 +4,14 @@
                            run derived: total_steps, num_classes, class_names, devices,
                            processes, pretrained_path
   metrics.jsonl            one JSON object per line with `step`: training lines (loss,
-                           learning_rate, grad_norm, img_per_sec) and evaluation lines
-                           (accuracy_test, accuracy_test_top5, loss_test, num_test)
+                           learning_rate, grad_norm, img_per_sec; bad_images, the unreadable
+                           training images skipped so far, once there is one) and evaluation
+                           lines (accuracy_test, accuracy_test_top5, loss_test, num_test;
+                           bad_test_images where unreadable test images were left out)
   events.out.tfevents.*    the same scalars for TensorBoard (clu's SummaryWriter)
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
-                           `meta` (step, data position, batch, data shards)
+                           `meta` (step, data position, batch, data shards, bad images)
   curves.png               loss and accuracy curves, written at the end
 
 metrics.jsonl is written a whole line at a time: a process killed while writing leaves at

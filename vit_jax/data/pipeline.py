@@ -156,11 +156,14 @@ def _merge_groups(batch: Records) -> Records:
   return {k: tf.reshape(v, [-1, *v.shape[2:]]) for k, v in batch.items()}
 
 
-def _batches(groups: tf.data.Dataset, to_batch: Callable, rows: int, size: int, threads: int):
-  """Groups decoded by `threads` workers, in order, as batches of `rows`."""
+def _batches(groups, to_batch: Callable, rows: int, size: int, threads: int, then=None):
+  """Groups decoded by `threads` workers, in order (followed by the groups `then`), as
+  batches of `rows`."""
   ds = groups.interleave(
     to_batch, cycle_length=threads, num_parallel_calls=threads, deterministic=True
   )
+  if then is not None:
+    ds = ds.concatenate(then)
   if size < rows:
     ds = ds.batch(rows // size).map(_merge_groups)
   return ds
@@ -401,18 +404,17 @@ def eval_dataset(
     decoded = _decoded(raw, tf.constant(0, tf.int64), process, size)
     return decoded.map(lambda good: _mask_unreadable(good, raw['name'], size))
 
+  @_graph_fn
+  def padding(_):
+    return {
+      'image': tf.zeros([size, pp.crop, pp.crop, 3], tf.float32),
+      **{k: tf.zeros([size], tf.int32) for k in ('label', 'mask', 'bad')},
+      'name': tf.fill([size], ''),
+    }
+
   groups = source.chunks(split, size, process_index, process_count)
-  padding = {
-    'image': np.zeros([size, pp.crop, pp.crop, 3], np.float32),
-    **{k: np.zeros([size], np.int32) for k in ('label', 'mask', 'bad')},
-    'name': np.full([size], '', object),
-  }
-  ds = groups.interleave(
-    to_batch, cycle_length=threads, num_parallel_calls=threads, deterministic=True
-  )
-  ds = ds.concatenate(tf.data.Dataset.from_tensors(padding).repeat())
-  if size < local_batch:
-    ds = ds.batch(local_batch // size).map(_merge_groups)
+  then = tf.data.Dataset.range(_FOREVER).map(padding)
+  ds = _batches(groups, to_batch, local_batch, size, threads, then=then)
   batches = num_eval_batches(source, split, local_batch, process_count)
   return ds.take(batches).prefetch(prefetch).with_options(_options(threads))
 
