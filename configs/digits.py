@@ -30,6 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
         'num_heads': 4,
         'dropout_rate': 0.0,
         'attention_dropout_rate': 0.0,
+        'drop_path_rate': 0.0,
       },
       'classifier': 'gap',
       'representation_size': None,

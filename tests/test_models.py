@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax.models import MODEL_CONFIGS, get_model, stats, vit
+from vit_jax.models import MODEL_CONFIGS, get_model, model_from_config, stats, vit
 
 # Every registered model at 224 px with a 1000-class head: the original vit_jax
 # `models_test.MODEL_SIZES`. The gap-norep rows have no class token and one fewer
@@ -156,6 +156,83 @@ def test_dropout_depends_on_rng_only_in_training(random_params):
     model.apply({'params': params}, images, train=False),
     model.apply({'params': params}, images, train=False),
   )
+
+
+def _without_drop_path(name: str) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict(MODEL_CONFIGS[name].to_dict())
+  del config.transformer['drop_path_rate']
+  return config
+
+
+def test_stochastic_depth_at_rate_0_is_the_plain_model(random_params):
+  """drop_path_rate=0 builds the same tree and, with the same dropout key, the same logits
+  as a model config without the key."""
+  images = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3), minval=-1, maxval=1)
+  plain = model_from_config(_without_drop_path('testing'), num_classes=5)
+  zero = get_model('testing', num_classes=5, transformer={'num_layers': 3, 'drop_path_rate': 0.0})
+  plain = plain.clone(transformer={**plain.transformer, 'num_layers': 3})
+  params = random_params(plain.init(jax.random.key(0), images, train=False)['params'])
+  assert jax.tree.structure(params) == jax.tree.structure(
+    zero.init(jax.random.key(0), images, train=False)['params']
+  )
+  rngs = {'dropout': jax.random.key(2)}  # dropout_rate 0.1: the keys are used alike
+  np.testing.assert_array_equal(
+    zero.apply({'params': params}, images, train=True, rngs=rngs),
+    plain.apply({'params': params}, images, train=True, rngs=rngs),
+  )
+
+
+def test_stochastic_depth_is_off_at_evaluation_and_random_in_training(random_params):
+  images = jax.random.uniform(jax.random.key(1), (8, 32, 32, 3), minval=-1, maxval=1)
+  no_dropout = {'num_layers': 3, 'dropout_rate': 0.0}
+  plain = get_model('testing', num_classes=5, transformer=no_dropout)
+  model = get_model('testing', num_classes=5, transformer={**no_dropout, 'drop_path_rate': 0.5})
+  params = {'params': random_params(plain.init(jax.random.key(0), images, train=False)['params'])}
+  evaluated = model.apply(params, images, train=False)
+  np.testing.assert_array_equal(evaluated, model.apply(params, images, train=False))
+  np.testing.assert_array_equal(evaluated, plain.apply(params, images, train=False))
+  train = lambda seed: model.apply(
+    params, images, train=True, rngs={'dropout': jax.random.key(seed)}
+  )
+  np.testing.assert_array_equal(train(0), train(0))
+  assert np.abs(train(0) - train(1)).max() > 1e-3
+  # Without dropout, the training path of the plain model is its evaluation.
+  np.testing.assert_array_equal(plain.apply(params, images, train=True), evaluated)
+
+
+@pytest.mark.parametrize('scan_layers', [False, True])
+def test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l_minus_1(
+  scan_layers, random_params
+):
+  """Four blocks at drop_path_rate 0.6: over 4,000 examples block i keeps each branch of an
+  example with frequency 1 - 0.6 i / 3 (binomial std <= 0.008), and a kept branch is the
+  branch scaled by 1 / keep."""
+  n, rate = 4000, 0.6
+  images = jax.random.uniform(jax.random.key(1), (n, 16, 16, 3), minval=-1, maxval=1)
+  fields = {'num_layers': 4, 'dropout_rate': 0.0, 'drop_path_rate': rate}
+  model = get_model('testing', num_classes=5, transformer=fields, scan_layers=scan_layers)
+  params = random_params(model.init(jax.random.key(0), images[:1], train=False)['params'])
+  _, state = model.apply(
+    {'params': params}, images, train=True, rngs={'dropout': jax.random.key(3)},
+    capture_intermediates=True,
+  )  # fmt: skip
+  blocks = state['intermediates']['Transformer']
+  if scan_layers:
+    stacked = blocks['encoderblock']
+    blocks = {f'encoderblock_{i}': jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(4)}
+  for i in range(4):
+    keep = 1.0 - rate * i / 3
+    block = blocks[f'encoderblock_{i}']
+    if 'DropPath_1' not in block:  # rate 0: no draw at all
+      assert keep == 1.0
+      continue
+    for branch in ('DropPath_0', 'DropPath_1'):
+      out = np.asarray(block[branch]['__call__'][0])
+      kept = np.abs(out).reshape(n, -1).max(-1) > 0
+      assert abs(kept.mean() - keep) < 0.035, (i, branch, kept.mean(), keep)
+    mlp = np.asarray(block['MlpBlock_0']['__call__'][0])
+    out = np.asarray(block['DropPath_1']['__call__'][0])
+    np.testing.assert_allclose(out[kept], mlp[kept] / keep, rtol=1e-6)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_agrees(random_params):

@@ -97,15 +97,26 @@ def _train(run: spec.RunSpec, devices, batches) -> tuple[dict, list[float]]:
   return {'/'.join(str(k.key) for k in path): np.asarray(x) for path, x in flat}, losses
 
 
+# Stochastic depth (two blocks: the first never drops), mixup or CutMix per batch, label
+# smoothing on the mixed targets.
+REGULARISED = dict(
+  model__transformer__num_layers=2, model__transformer__drop_path_rate=0.3, mixup=0.2,
+  cutmix=1.0, label_smoothing=0.1,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize('regularised', [False, True])
 @pytest.mark.parametrize('devices', [1, 8])
-def test_shard_map_step_equals_the_jit_step(devices):
+def test_shard_map_step_equals_the_jit_step(devices, regularised):
   """Per-device loss and gradient, explicit pmean: the jit step's parameters after 4 steps
   of SGD with momentum and clipping, with dropout (per-example keys) and 2 micro-batches
-  per device. (SGD: Adam would scale the rounding noise of the attention key bias, whose
-  gradient is zero, up to a full step; see conftest.ZERO_GRADIENT.)"""
+  per device; and with stochastic depth, mixup/CutMix (the predecessor of a device's first
+  row is on the previous device) and label smoothing. (SGD: Adam would scale the rounding
+  noise of the attention key bias, whose gradient is zero, up to a full step; see
+  conftest.ZERO_GRADIENT.)"""
   overrides = dict(
     model__transformer__dropout_rate=0.1, accum_steps=2, total_steps=10, warmup_steps=1,
-    optimizer='sgd', base_lr=0.1, weight_decay=0.0,
+    optimizer='sgd', base_lr=0.1, weight_decay=0.0, **(REGULARISED if regularised else {}),
   )  # fmt: skip
   batches = _batches(4)
   mesh_devices = jax.devices()[:devices]

@@ -131,6 +131,7 @@ def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | N
       'num_heads': int(query.shape[1]),
       'dropout_rate': 0.0,
       'attention_dropout_rate': 0.0,
+      'drop_path_rate': 0.0,
     }
   )
 

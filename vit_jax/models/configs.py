@@ -34,6 +34,7 @@ def _vit(
       'num_layers': layers,
       'attention_dropout_rate': 0.0,
       'dropout_rate': dropout,
+      'drop_path_rate': 0.0,  # stochastic depth (linear in depth), for training
     }
   )
   config.classifier = classifier

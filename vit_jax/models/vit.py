@@ -270,19 +270,51 @@ class MultiHeadDotProductAttention(nn.Module):
     return dense(features=width, axis=(-2, -1), name='out')(y)
 
 
+class DropPath(nn.Module):
+  """Stochastic depth (Huang et al., 2016): each example's residual branch is dropped with
+  probability `rate` and scaled by 1 / (1 - rate) when kept, as in DeiT and timm. One draw
+  per example from the 'dropout' rng. A module (without parameters) so that
+  `capture_intermediates` shows each branch after the drop."""
+
+  @nn.compact
+  def __call__(self, y: jnp.ndarray, rate: jnp.ndarray) -> jnp.ndarray:
+    keep = 1.0 - rate
+    shape = (y.shape[0],) + (1,) * (y.ndim - 1)
+    mask = jax.random.bernoulli(self.make_rng('dropout'), keep, shape)
+    return jnp.where(mask, y / keep, jnp.zeros_like(y))
+
+
+def _drop_path(y: jnp.ndarray, rate: float | jnp.ndarray, deterministic: bool) -> jnp.ndarray:
+  """`DropPath` in training with a rate that may be non-zero (a traced rate may be)."""
+  if deterministic or (isinstance(rate, float) and rate == 0.0):
+    return y
+  return DropPath()(y, rate)
+
+
+def drop_path_rates(rate: float, num_layers: int) -> list[float]:
+  """The linear rule of DeiT and timm: block i of L drops with rate * i / (L - 1)."""
+  return [rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
+
+
 class Encoder1DBlock(nn.Module):
-  """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x))."""
+  """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); with `drop_path_rate`
+  each branch is dropped per example (stochastic depth) in training."""
 
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  drop_path_rate: float = 0.0
   attention_impl: str = 'xla'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
+  def __call__(
+    self, x: jnp.ndarray, deterministic: bool, drop_path_rate: jnp.ndarray | None = None
+  ) -> jnp.ndarray:
+    # `drop_path_rate` as an argument: the rate of this layer inside `nn.scan` (traced).
+    rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
     norm = functools.partial(
       nn.LayerNorm,
       epsilon=1e-6,
@@ -298,7 +330,8 @@ class Encoder1DBlock(nn.Module):
       param_dtype=self.param_dtype,
       name='MultiHeadDotProductAttention_0',
     )(y, deterministic)
-    x = x + nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
+    x = x + _drop_path(y, rate, deterministic)
     y = norm(name='LayerNorm_1')(x)
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
@@ -307,16 +340,17 @@ class Encoder1DBlock(nn.Module):
       param_dtype=self.param_dtype,
       name='MlpBlock_0',
     )(y, deterministic)
-    return x + y
+    return x + _drop_path(y, rate, deterministic)
 
 
 class _ScanBlock(Encoder1DBlock):
-  """An encoder block as the body of `nn.scan`: (x, None) -> (block(x), None)."""
+  """An encoder block as the body of `nn.scan`: (x, this layer's drop-path rate or None) ->
+  (block(x), None)."""
 
   deterministic: bool = True
 
-  def __call__(self, x: jnp.ndarray, _: Any) -> tuple[jnp.ndarray, None]:
-    return super().__call__(x, self.deterministic), None
+  def __call__(self, x: jnp.ndarray, rate: jnp.ndarray | None) -> tuple[jnp.ndarray, None]:
+    return super().__call__(x, self.deterministic, rate), None
 
 
 class Encoder(nn.Module):
@@ -335,6 +369,8 @@ class Encoder(nn.Module):
   num_heads: int
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
+  # Stochastic depth of the last block; block i of L drops with rate * i / (L - 1).
+  drop_path_rate: float = 0.0
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
@@ -357,25 +393,28 @@ class Encoder(nn.Module):
       'param_dtype': self.param_dtype,
     }
     policy = REMAT_POLICIES[self.remat_policy]
+    rates = drop_path_rates(self.drop_path_rate, self.num_layers)
     x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     if self.scan_layers:
       body = _ScanBlock
       if self.remat_policy != 'none':
         body = nn.remat(_ScanBlock, policy=policy, prevent_cse=False)
+      scanned_rates = jnp.asarray(rates, jnp.float32) if self.drop_path_rate else None
       x, _ = nn.scan(
         body,
         variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
+        in_axes=0,
         length=self.num_layers,
-      )(**block_args, deterministic=not train, name='encoderblock')(x, None)
+      )(**block_args, deterministic=not train, name='encoderblock')(x, scanned_rates)
     else:
       block = Encoder1DBlock
       if self.remat_policy != 'none':
         # Argument 2 (counting self) is `deterministic`, a Python bool.
         block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
       for i in range(self.num_layers):
-        x = block(**block_args, name=f'encoderblock_{i}')(x, not train)
+        x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(x, not train)
     return nn.LayerNorm(
       epsilon=1e-6,
       dtype=_elementwise_dtype(self.dtype),
@@ -391,7 +430,8 @@ class VisionTransformer(nn.Module):
     num_classes: head width; 0 or None leaves the head out (features only).
     patches: {'size': (ph, pw)}, the patch size on the image, or on the ResNet feature map.
     transformer: {'num_layers', 'mlp_dim', 'num_heads', 'dropout_rate',
-      'attention_dropout_rate'}; None gives the patch embedding alone.
+      'attention_dropout_rate', optional 'drop_path_rate' (stochastic depth of the last
+      block, linear in depth)}; None gives the patch embedding alone.
     hidden_size: D, the token width.
     resnet: {'num_layers': units per stage, 'width_factor'} for hybrids, else None.
     representation_size: width of the `pre_logits` Dense + tanh layer, or None.

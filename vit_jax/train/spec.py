@@ -137,6 +137,11 @@ class Step:
   # 'softmax_xent', or 'sigmoid_xent' (per-class sigmoid, summed over classes).
   loss: str = 'softmax_xent'
   label_smoothing: float = 0.0
+  # mixup's Beta concentration p (big_vision's `mixup.p`; 0 = off) and CutMix's alpha (timm's
+  # `cutmix_alpha`; 0 = off); both > 0: either one, with probability 1/2 each. Applied to
+  # the global batch in the step (vit_jax/train/mixing.py).
+  mixup: float = 0.0
+  cutmix: float = 0.0
   # Split each batch into this many micro-batches and average their gradients (saves memory).
   accum_steps: int = 8
   # 'jit': one program for the global batch, partitioned by GSPMD (replicated or FSDP).
@@ -299,6 +304,9 @@ def check(spec: RunSpec) -> None:
     raise ValueError(
       f'config.input_threads={spec.data.input_threads}; expected >= 0 (0: all cores).'
     )
+  for key in ('mixup', 'cutmix', 'label_smoothing'):
+    if getattr(spec.step, key) < 0:
+      raise ValueError(f'config.{key}={getattr(spec.step, key)}; expected >= 0 (0: off).')
   positive = {
     'accum_steps': spec.step.accum_steps,
     'batch': spec.data.batch,

@@ -2,8 +2,9 @@
 
 The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` and a batch
 `{'image': f32 (B, H, W, 3), 'label': int32 (B,)}`. Both training steps compute the same
-update: the mean loss over the global batch (in `accum_steps` micro-batches), its gradient,
-the optax update, and the metrics `loss`, `grad_norm`, `learning_rate`, `params_finite`.
+update: the mean loss over the global batch (mixed first with `mixup`/`cutmix`, see
+`mixing`; in `accum_steps` micro-batches), its gradient, the optax update, and the metrics
+`loss`, `grad_norm`, `learning_rate`, `params_finite`.
 
   jit        one program for the global batch; GSPMD partitions it over the mesh from the
              state's shardings (replicated or FSDP), and inserts the gradient reduction.
@@ -24,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import optim, parallel
+from vit_jax.train import mixing
 from vit_jax.train import spec as spec_lib
 
 State = dict[str, Any]
@@ -32,13 +34,16 @@ StepFn = Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
 
 
 def uses_dropout(model) -> bool:
-  """Whether the model drops out in training (then each example gets its own key)."""
+  """Whether the model drops out (or drops paths) in training: then each example gets its
+  own key."""
   t = getattr(model, 'transformer', None) or {}
-  return bool(t.get('dropout_rate', 0.0) or t.get('attention_dropout_rate', 0.0))
+  rates = ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate')
+  return any(t.get(rate, 0.0) for rate in rates)
 
 
 def make_loss_fn(model, step: spec_lib.Step, num_classes: int):
-  """loss(params, images, labels, example_ids, rng) -> mean loss over the examples.
+  """loss(params, images, labels, example_ids, rng) -> mean loss over the examples; `labels`
+  are class indices (B,) or soft targets (B, num_classes) (mixup, CutMix).
 
   With dropout, each example gets its own key fold_in(rng, global example id), so the
   masks do not depend on how the batch is split over devices or micro-batches.
@@ -58,7 +63,7 @@ def make_loss_fn(model, step: spec_lib.Step, num_classes: int):
 
   def loss_fn(params, images, labels, ids, rng):
     logits = forward(params, images, ids, rng)
-    targets = jax.nn.one_hot(labels, num_classes)
+    targets = labels if labels.ndim == 2 else jax.nn.one_hot(labels, num_classes)
     if step.loss == 'sigmoid_xent':
       return optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1).mean()
     if step.label_smoothing:
@@ -69,18 +74,22 @@ def make_loss_fn(model, step: spec_lib.Step, num_classes: int):
 
 
 def _loss_and_grad(
-  loss_fn, accum_steps: int, params, state: State, batch: Batch, first_id, axis=None
+  loss_fn, mix, accum_steps: int, params, state: State, batch: Batch, first_id, axis=None
 ):
-  """Mean loss and gradient over `batch`, whose first example has the global id `first_id`;
-  `axis`: the mesh axis the per-device results vary over (in the shard_map step)."""
+  """Mean loss and gradient over `batch` (mixed first if the step mixes), whose first
+  example has the global id `first_id`; `axis`: the mesh axis the per-device results vary
+  over (in the shard_map step)."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
   size = batch['label'].shape[0]
   ids = first_id + jnp.arange(size, dtype=jnp.int32)
+  images, labels = batch['image'], batch['label']
+  if mix is not None:
+    images, labels = mix(images, labels, jax.random.fold_in(rng, mixing.KEY_DATA), axis)
 
   def loss_and_grad(params, images, labels, ids):
     return jax.value_and_grad(loss_fn)(params, images, labels, ids, rng)
 
-  data = (batch['image'], batch['label'], ids)
+  data = (images, labels, ids)
   return optim.accumulate_gradient(loss_and_grad, params, data, accum_steps, axis)
 
 
@@ -105,10 +114,12 @@ def make_train_step(
 ) -> StepFn:
   """The step on one global batch of `batch_size`, for `jax.jit` (GSPMD)."""
   loss_fn = make_loss_fn(model, step, num_classes)
+  mix = mixing.make_mix(step.mixup, step.cutmix, num_classes)
 
   def train_step(state, batch):
     first_id = state['step'].astype(jnp.int32) * batch_size
-    loss, grads = _loss_and_grad(loss_fn, step.accum_steps, state['params'], state, batch, first_id)
+    args = (loss_fn, mix, step.accum_steps, state['params'], state, batch, first_id)
+    loss, grads = _loss_and_grad(*args)
     return _apply(tx, schedule, state, loss, grads)
 
   return train_step
@@ -127,6 +138,7 @@ def make_shard_map_train_step(
   j, j + accum_steps, ...: over all devices exactly the jit step's micro-batch j.
   """
   loss_fn = make_loss_fn(model, step, num_classes)
+  mix = mixing.make_mix(step.mixup, step.cutmix, num_classes)
   axis = parallel.DATA_AXIS
 
   def per_device(state, batch):
@@ -134,7 +146,8 @@ def make_shard_map_train_step(
     offset = jax.lax.axis_index(axis).astype(jnp.int32) * local
     first_id = state['step'].astype(jnp.int32) * batch_size + offset
     params = jax.lax.pcast(state['params'], axis, to='varying')
-    loss, grads = _loss_and_grad(loss_fn, step.accum_steps, params, state, batch, first_id, axis)
+    args = (loss_fn, mix, step.accum_steps, params, state, batch, first_id, axis)
+    loss, grads = _loss_and_grad(*args)
     loss, grads = jax.lax.pmean((loss, grads), axis)
     return _apply(tx, schedule, state, loss, grads)
 
