@@ -1,6 +1,7 @@
 r"""The bundled default job: a small ViT trained from scratch on scikit-learn's digits.
 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
+  python -m vit_jax.main --config=configs/digits.py:regularised --workdir=runs/digits_reg
 
 1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
 no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
@@ -15,8 +16,11 @@ import ml_collections
 from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
-  """The digits config."""
+def get_config(variant: str = '') -> ml_collections.ConfigDict:
+  """The digits config; 'regularised' adds the big_vision ImageNet recipe's RandAugment(2, 10)
+  and mixup 0.2 (configs/vit_s16_i1k.py) and stochastic depth 0.1."""
+  if variant not in ('', 'regularised'):
+    raise ValueError(f"Config argument {variant!r}: expected nothing or 'regularised'.")
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
@@ -59,6 +63,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.batch_eval = 360
   config.accum_steps = 1
   config.shuffle_buffer = 2_000
+
+  if variant == 'regularised':
+    config.pp.randaug_layers = 2
+    config.pp.randaug_magnitude = 10.0
+    config.mixup = 0.2
+    config.model.transformer.drop_path_rate = 0.1
 
   config.progress_every = 50
   config.eval_every = 500

@@ -1,6 +1,7 @@
 """The training stream of every source kind: exact resume at any position, unreadable images
 skipped and counted, the thread count changing nothing, JPEG crops decoded alone."""
 
+import dataclasses
 import io
 import os
 
@@ -63,10 +64,18 @@ def _assert_batches_equal(a, b):
       np.testing.assert_array_equal(x[key], y[key], err_msg=key)
 
 
-@pytest.mark.parametrize('kind', ['digits', 'folder', 'array_record', 'tfrecord'])
-def test_resumed_stream_equals_the_uninterrupted_one(sources, kind):
+RANDAUG = dataclasses.replace(PP, randaug_layers=2, randaug_magnitude=10.0)
+
+
+@pytest.mark.parametrize(
+  ('kind', 'pp'),
+  [('digits', PP), ('folder', PP), ('array_record', PP), ('tfrecord', PP)]
+  + [('digits', RANDAUG), ('array_record', RANDAUG)],
+)
+def test_resumed_stream_equals_the_uninterrupted_one(sources, kind, pp):
   """Batches of 4 resumed at position 8, at the batch that spans the end of the first epoch,
-  at the batch after it and two batches later, equal the uninterrupted stream's."""
+  at the batch after it and two batches later, equal the uninterrupted stream's; with
+  RandAugment too."""
   source, split, n = sources[kind]
   batch = 4
   spanning = n // batch * batch  # n is not a multiple of 4: this batch holds both epochs
@@ -74,7 +83,7 @@ def test_resumed_stream_equals_the_uninterrupted_one(sources, kind):
 
   def stream(position, count):
     ds = data.train_dataset(
-      source, split, local_batch=batch, pp=PP, seed=5, position=position, shuffle_buffer=8
+      source, split, local_batch=batch, pp=pp, seed=5, position=position, shuffle_buffer=8
     )
     return _take(ds, count)
 
@@ -199,3 +208,19 @@ def test_jpeg_crop_decoded_alone_equals_the_crop_of_the_whole_image(kwargs, exac
     np.testing.assert_array_equal(whole[inner], alone[inner])
     if exact:
       np.testing.assert_array_equal(whole, alone)
+
+
+def test_randaugment_changes_the_training_images_and_keeps_their_range(sources):
+  """The same positions with and without RandAugment(2, 10): the same labels, other pixels,
+  still in [-1, 1] on the uint8 grid."""
+  source, split, _ = sources['array_record']
+  plain, augmented = (
+    _take(data.train_dataset(source, split, local_batch=8, pp=pp, seed=3), 2)
+    for pp in (PP, RANDAUG)
+  )
+  for a, b in zip(plain, augmented, strict=True):
+    np.testing.assert_array_equal(a['label'], b['label'])
+    assert np.abs(a['image'] - b['image']).max() > 0.1
+    pixels = b['image'] * 127.5 + 127.5
+    np.testing.assert_allclose(pixels, np.round(pixels), atol=1e-4)
+    assert pixels.min() >= -1e-4 and pixels.max() <= 255 + 1e-4

@@ -48,15 +48,18 @@ _graph_fn = tf.autograph.experimental.do_not_convert
 
 @dataclasses.dataclass(frozen=True)
 class Preprocessing:
-  """What `config.pp` asks for: output size, inception-crop area floor, random flip, and
-  whether the crop box may fall between pixels (for images of a few pixels).
-  `decode_window`: training decodes only the crop window of a JPEG (False: the whole image,
-  then the crop; the benchmark compares the two)."""
+  """What `config.pp` asks for: output size, inception-crop area floor, random flip,
+  whether the crop box may fall between pixels (for images of a few pixels), and
+  RandAugment's layers (0: none) and magnitude. `decode_window`: training decodes only the
+  crop window of a JPEG (False: the whole image, then the crop; the benchmark compares the
+  two)."""
 
   crop: int
   area_min: float = 0.05
   flip: bool = True
   subpixel: bool = False
+  randaug_layers: int = 0
+  randaug_magnitude: float = 10.0
   decode_window: bool = True
 
 
@@ -181,6 +184,7 @@ def _train_example(source: Source, pp: Preprocessing, host_seed: tf.Tensor) -> C
   def process(position, raw):
     example = source.example(raw)
     seed = tf.random.experimental.stateless_fold_in(host_seed, position)
+    randaug = (pp.randaug_layers, pp.randaug_magnitude)
     if whole:
       image = preprocess.train_image(
         source.decode(example['image']),
@@ -189,10 +193,17 @@ def _train_example(source: Source, pp: Preprocessing, host_seed: tf.Tensor) -> C
         area_min=pp.area_min,
         flip=pp.flip,
         subpixel=pp.subpixel,
+        randaug=randaug,
       )
     else:
       image = preprocess.train_image_from_bytes(
-        source.encoded(example['image']), seed, pp.crop, pp.area_min, pp.flip, source.adjust
+        source.encoded(example['image']),
+        seed,
+        pp.crop,
+        pp.area_min,
+        pp.flip,
+        source.adjust,
+        randaug,
       )
     return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
 

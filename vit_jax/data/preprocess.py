@@ -2,7 +2,9 @@
 
 Decoding: JPEG, PNG, GIF (first frame) or BMP bytes to uint8 RGB. Training: inception crop
 (a random box covering `area_range` of the image, aspect ratio 3/4 to 4/3; of a JPEG only
-that window is decoded), resize to `crop` x `crop`, random horizontal flip, pixels to [-1, 1].
+that window is decoded), resize to `crop` x `crop`, random horizontal flip, optionally
+RandAugment (on the resized image rounded to uint8, as big_vision's
+`inception_crop|flip_lr|randaug`), pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
 
 Every random op takes an explicit seed, so the same example at the same stream position
@@ -14,6 +16,11 @@ from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+
+from vit_jax.data import randaugment
+
+# fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
+_RANDAUG_SEED = 7
 
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
@@ -126,9 +133,17 @@ def _seeds(seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   return crop_seed, flip_seed
 
 
-def _flip(image: tf.Tensor, flip_seed: tf.Tensor, flip: bool) -> tf.Tensor:
+def _finish(
+  image: tf.Tensor, seed: tf.Tensor, flip_seed: tf.Tensor, flip: bool, randaug: tuple[int, float]
+) -> tf.Tensor:
+  """Random flip, RandAugment (`randaug`: layers, magnitude; 0 layers: none), [-1, 1]."""
   if flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
+  layers, magnitude = randaug
+  if layers:
+    image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+    ra_seed = tf.random.experimental.stateless_fold_in(seed, _RANDAUG_SEED)
+    image = randaugment.randaugment(image, ra_seed, layers, magnitude)
   return value_range(image)
 
 
@@ -139,15 +154,17 @@ def train_image(
   area_min: float = 0.05,
   flip: bool = True,
   subpixel: bool = False,
+  randaug: tuple[int, float] = (0, 10.0),
 ) -> tf.Tensor:
-  """Inception crop, resize to `crop`, optional random flip, [-1, 1]; `seed` is shape (2,)."""
+  """Inception crop, resize to `crop`, optional random flip and RandAugment (layers,
+  magnitude), [-1, 1]; `seed` is shape (2,)."""
   crop_seed, flip_seed = _seeds(seed)
   if subpixel:
     image = subpixel_inception_crop(image, crop_seed, crop, area_range=(area_min, 1.0))
   else:
     image = inception_crop(image, crop_seed, area_range=(area_min, 1.0))
     image = tf.image.resize(image, [crop, crop])
-  return _flip(image, flip_seed, flip)
+  return _finish(image, seed, flip_seed, flip, randaug)
 
 
 def train_image_from_bytes(
@@ -157,6 +174,7 @@ def train_image_from_bytes(
   area_min: float = 0.05,
   flip: bool = True,
   adjust: Callable[[tf.Tensor], tf.Tensor] | None = None,
+  randaug: tuple[int, float] = (0, 10.0),
 ) -> tf.Tensor:
   """`train_image` of encoded bytes, decoding only the crop window of a JPEG
   (`decode_and_inception_crop`); `adjust` maps the decoded pixels (a source's own fix)."""
@@ -164,7 +182,7 @@ def train_image_from_bytes(
   image = decode_and_inception_crop(encoded, crop_seed, area_range=(area_min, 1.0))
   if adjust is not None:
     image = adjust(image)
-  return _flip(tf.image.resize(image, [crop, crop]), flip_seed, flip)
+  return _finish(tf.image.resize(image, [crop, crop]), seed, flip_seed, flip, randaug)
 
 
 def eval_image(image: tf.Tensor, crop: int) -> tf.Tensor:

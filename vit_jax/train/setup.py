@@ -181,7 +181,9 @@ def prepare(
     source=source,
     model=model,
     mesh=mesh,
-    pp_train=data_lib.Preprocessing(pp.crop, pp.area_min, pp.flip, pp.subpixel),
+    pp_train=data_lib.Preprocessing(
+      pp.crop, pp.area_min, pp.flip, pp.subpixel, pp.randaug_layers, pp.randaug_magnitude
+    ),
     pp_eval=data_lib.Preprocessing(crop=pp.crop),
     pretrained_path=pretrained_path,
   )

@@ -39,6 +39,10 @@ class Pp:
   area_min: float = 0.05
   flip: bool = True
   subpixel: bool = False
+  # RandAugment after the flip: layers (0 = off) and magnitude, big_vision's randaug(2, 10)
+  # is 2 and 10 (vit_jax/data/randaugment.py).
+  randaug_layers: int = 0
+  randaug_magnitude: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,6 +303,11 @@ def check(spec: RunSpec) -> None:
     raise ValueError(
       "config.step='shard_map' runs on replicated parameters; FSDP (config.sharding="
       f"{spec.step.sharding!r}) needs config.step='jit'."
+    )
+  if spec.data.pp.randaug_layers < 0 or spec.data.pp.randaug_magnitude < 0:
+    raise ValueError(
+      f'config.pp.randaug_layers={spec.data.pp.randaug_layers}, config.pp.randaug_magnitude='
+      f'{spec.data.pp.randaug_magnitude}; expected >= 0 (0 layers: no RandAugment).'
     )
   if spec.data.input_threads < 0:
     raise ValueError(
