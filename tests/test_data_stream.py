@@ -67,11 +67,13 @@ def _assert_batches_equal(a, b):
 RANDAUG = dataclasses.replace(PP, randaug_layers=2, randaug_magnitude=10.0)
 
 
-@pytest.mark.parametrize(
-  ('kind', 'pp'),
-  [('digits', PP), ('folder', PP), ('array_record', PP), ('tfrecord', PP)]
-  + [('digits', RANDAUG), ('array_record', RANDAUG)],
-)
+STREAMS = [
+  ('digits', PP), ('folder', PP), ('array_record', PP), ('tfrecord', PP),
+  ('digits', RANDAUG), ('array_record', RANDAUG),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(('kind', 'pp'), STREAMS)
 def test_resumed_stream_equals_the_uninterrupted_one(sources, kind, pp):
   """Batches of 4 resumed at position 8, at the batch that spans the end of the first epoch,
   at the batch after it and two batches later, equal the uninterrupted stream's; with
