@@ -436,6 +436,26 @@ def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
   np.testing.assert_allclose(head_bias, -10.0, atol=0.01)  # initialised at -10, 2 small steps
 
 
+def test_mock_data_s16_imagenet_recipe_runs_end_to_end(tmp_path):
+  """configs/vit_s16_i1k.py (RandAugment, mixup, gap, pre_logits, Adam with a bfloat16 first
+  moment) for 2 steps on mock ImageNet, the model made tiny."""
+  from configs import vit_s16_i1k
+
+  config = ml_collections.ConfigDict(vit_s16_i1k.get_config().to_dict())
+  config.model.hidden_size = config.model.representation_size = 16
+  config.model.transformer.update(num_layers=2, mlp_dim=32, num_heads=2, drop_path_rate=0.1)
+  config.pp.crop = 32
+  config.batch = config.batch_eval = 16
+  config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
+  config.warmup_steps = 1
+  with tfds.testing.mock_data(num_examples=20):
+    result = train.train_and_evaluate(config, str(tmp_path))
+  assert result['step'] == 2 and result['num_test'] == 20
+  assert np.isfinite([m['loss'] for m in _metrics(str(tmp_path), ('loss',)) if 'loss' in m]).all()
+  assert result['params']['head']['kernel'].shape == (16, 1000)
+  assert 'cls' not in result['params']  # global average pooling
+
+
 def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state(tmp_path):
   one = jax.devices()[:1]
   f32 = train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path / 'f32'), devices=one)

@@ -5,7 +5,7 @@ import re
 import ml_collections
 import pytest
 
-from configs import augreg, common, digits, models, vit
+from configs import augreg, common, digits, models, vit, vit_s16_i1k
 from vit_jax.models import MODEL_CONFIGS
 from vit_jax.train import setup, spec
 
@@ -104,6 +104,38 @@ def test_scratch_when_no_pretrained_location():
   assert setup.resolve_pretrained_path(spec.from_config(digits.get_config())) is None
 
 
+def test_high_resolution_fine_tuning_follows_table_2():
+  """512 px L/16 and 518 px H/14 on ImageNet: 32x32 and 37x37 patches, the Table 4 recipe
+  otherwise, bfloat16 compute with full rematerialisation; 384 px keeps the defaults."""
+  for arg, crop, patch in (('l16,imagenet2012,512', 512, 16), ('h14,imagenet2012,518', 518, 14)):
+    config = vit.get_config(arg)
+    assert config.pp.crop == crop and crop % patch == 0
+    assert (config.dtype, config.model.remat_policy) == ('bfloat16', 'full')
+    assert (config.optimizer, config.momentum, config.batch, config.total_steps) == (
+      'sgd', 0.9, 512, 20_000,
+    )  # fmt: skip
+  assert vit.get_config('b16,cifar10,384').to_dict() == vit.get_config('b16,cifar10').to_dict()
+  with pytest.raises(ValueError, match='RESOLUTION'):
+    vit.get_config('l16,imagenet2012,big')
+
+
+def test_s16_imagenet_recipe_is_big_visions():
+  config = vit_s16_i1k.get_config()
+  assert (config.batch, config.pp.crop, config.pp.train, config.total_epochs) == (
+    1024, 224, 'train[:99%]', 90,
+  )  # fmt: skip
+  assert (config.pp.randaug_layers, config.pp.randaug_magnitude, config.mixup) == (2, 10, 0.2)
+  assert (config.model.classifier, config.model.representation_size) == ('gap', 384)
+  assert (config.optimizer, config.optim_dtype, config.base_lr, config.warmup_steps) == (
+    'adam', 'bfloat16', 1e-3, 10_000,
+  )  # fmt: skip
+  # big_vision's wd 1e-4 scales with the schedule (lr_t / 1e-3); here it scales with lr_t.
+  assert config.weight_decay * config.base_lr == pytest.approx(1e-4)
+  assert vit_s16_i1k.get_config('300').total_epochs == 300
+  with pytest.raises(ValueError, match='expected one of'):
+    vit_s16_i1k.get_config('100')
+
+
 def test_bad_config_arguments():
   with pytest.raises(ValueError, match='expected "MODEL,DATASET"'):
     vit.get_config('b16')
@@ -139,6 +171,11 @@ def _every_config():
   for dataset in ('imagenet2012', 'imagenet21k'):
     yield f'pretrain.py:b16,{dataset}', pretrain.get_config(f'b16,{dataset}')
     yield f'vit_h14_fsdp.py:{dataset}', vit_h14_fsdp.get_config(dataset)
+  yield 'digits.py:regularised', digits.get_config('regularised')
+  for arg in ('l16,imagenet2012,512', 'h14,imagenet2012,518'):
+    yield f'vit.py:{arg}', vit.get_config(arg)
+  for epochs in ('90', '150', '300'):
+    yield f'vit_s16_i1k.py:{epochs}', vit_s16_i1k.get_config(epochs)
 
 
 def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
@@ -154,8 +191,9 @@ def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
     model = setup.build_model(run.model, num_classes=10)  # the model accepts its fields
     assert model.hidden_size == config.model.hidden_size, name
     names.append(name)
-  # 1 + 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2 pretrain.
-  assert len(names) == 1 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4
+  # 1 + 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2 pretrain;
+  # digits regularised, 2 high-resolution, 3 S/16 ImageNet-1k.
+  assert len(names) == 1 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4 + 1 + 2 + 3
 
 
 def test_the_spec_is_typed_and_frozen():
