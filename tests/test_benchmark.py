@@ -202,6 +202,20 @@ def test_largest_batch_fits_and_the_next_does_not():
     benchmark.largest_batch(config, 10, variant, 32, mem(8) - 1, multiple=8)
 
 
+def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
+  """The fixed part of the step's memory is at least the weights, gradients and SGD momentum
+  in float32 (12 B per parameter); accum_steps is the fewest micro-batches that fit."""
+  config = benchmark.model_config('ViT-Ti_16', TINY)
+  fixed, per_image = benchmark.memory_line(config, 10, benchmark.Variant(), 32)
+  model = benchmark._model(config, 10, benchmark.Variant())
+  n = stats.count_params(stats.param_shapes(model, 32))
+  assert 12 * n <= fixed < 20 * n and per_image > 0
+  # 512 images on 8 devices (64 each), 1 GB fixed, 0.1 GB per image, 90% of the device:
+  # 16 GB holds 134 images (1 pass), 4 GB 26 (64 / 4 = 16 per pass), 1.05 GB none.
+  fit = lambda gb: benchmark.accum_steps_to_fit(1e9, 1e8, gb * 1e9, 512, 8)
+  assert (fit(16), fit(4), fit(1.05)) == (1, 4, None)
+
+
 def test_compile_only_counts_scanned_models_unrolled():
   result = benchmark.run_benchmark(
     'ViT-Ti_16',

@@ -415,13 +415,8 @@ def test_pretraining_recipes_follow_table_3():
   assert (i21k.loss, i21k.model.head_bias_init) == ('sigmoid_xent', -10.0)
 
 
-def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
-  """The i21k recipe (Adam, weight decay, pre_logits, sigmoid loss, head bias -10) on mock data."""
-  from configs import pretrain
-
-  config = ml_collections.ConfigDict(pretrain.get_config('testing,imagenet21k').to_dict())
-  config.dataset = 'imagenet2012'  # ImageNet-21k is not in tfds; its mock stands in
-  config.pp.train, config.pp.test = 'train', 'validation'
+def _two_steps_on_mock_imagenet(config: ml_collections.ConfigDict, tmp_path) -> dict:
+  """`config` at 32 px, batch 16, for 2 steps on 20 mock ImageNet examples."""
   config.pp.crop = 32
   config.batch = config.batch_eval = 16
   config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
@@ -429,6 +424,17 @@ def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
   with tfds.testing.mock_data(num_examples=20):
     result = train.train_and_evaluate(config, str(tmp_path))
   assert result['step'] == 2 and result['num_test'] == 20
+  return result
+
+
+def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
+  """The i21k recipe (Adam, weight decay, pre_logits, sigmoid loss, head bias -10) on mock data."""
+  from configs import pretrain
+
+  config = ml_collections.ConfigDict(pretrain.get_config('testing,imagenet21k').to_dict())
+  config.dataset = 'imagenet2012'  # ImageNet-21k is not in tfds; its mock stands in
+  config.pp.train, config.pp.test = 'train', 'validation'
+  result = _two_steps_on_mock_imagenet(config, tmp_path)
   params = result['params']
   assert params['pre_logits']['kernel'].shape == (10, 10)  # representation layer of width D
   head_bias = np.asarray(params['head']['bias'])
@@ -444,13 +450,7 @@ def test_mock_data_s16_imagenet_recipe_runs_end_to_end(tmp_path):
   config = ml_collections.ConfigDict(vit_s16_i1k.get_config().to_dict())
   config.model.hidden_size = config.model.representation_size = 16
   config.model.transformer.update(num_layers=2, mlp_dim=32, num_heads=2, drop_path_rate=0.1)
-  config.pp.crop = 32
-  config.batch = config.batch_eval = 16
-  config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
-  config.warmup_steps = 1
-  with tfds.testing.mock_data(num_examples=20):
-    result = train.train_and_evaluate(config, str(tmp_path))
-  assert result['step'] == 2 and result['num_test'] == 20
+  result = _two_steps_on_mock_imagenet(config, tmp_path)
   assert np.isfinite([m['loss'] for m in _metrics(str(tmp_path), ('loss',)) if 'loss' in m]).all()
   assert result['params']['head']['kernel'].shape == (16, 1000)
   assert 'cls' not in result['params']  # global average pooling

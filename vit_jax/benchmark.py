@@ -379,13 +379,16 @@ def train_memory_bytes(
   variant: Variant,
   resolution: int,
   batch: int,
+  accum_steps: int = 1,
 ) -> int | None:
-  """XLA's memory for one training step at `batch` (compiled, nothing allocated)."""
+  """XLA's memory for one training step at `batch` in `accum_steps` micro-batches (compiled,
+  nothing allocated)."""
   model = _model(config, num_classes, variant)
   images = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
   labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
-  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
-  return _compile_train(model, params['params'], images, labels)[3]['xla_memory_bytes']
+  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x[:1], train=False), images)
+  compiled = _compile_train(model, params['params'], images, labels, accum_steps)
+  return compiled[3]['xla_memory_bytes']
 
 
 def memory_limit_bytes() -> int:
@@ -422,6 +425,43 @@ def largest_batch(
     batch -= multiple
     need = {b1: m1, b2: m2}.get(batch) or mem(batch)
   return batch, need
+
+
+def memory_line(
+  config: ml_collections.ConfigDict,
+  num_classes: int,
+  variant: Variant,
+  resolution: int,
+  accum_steps: int = 1,
+) -> tuple[float, float]:
+  """(fixed bytes, bytes per image of a micro-batch) of one training step on one device:
+  XLA's memory at micro-batches of 1 and 2 images. The fixed part is the state (weights, SGD
+  momentum), the gradient, and with `accum_steps` > 1 the gradients' running sum."""
+  m1, m2 = (
+    train_memory_bytes(config, num_classes, variant, resolution, b * accum_steps, accum_steps)
+    for b in (1, 2)
+  )
+  if m1 is None or m2 is None:
+    raise ValueError('this backend reports no memory analysis')
+  return 2.0 * m1 - m2, float(m2 - m1)
+
+
+def accum_steps_to_fit(
+  fixed: float,
+  per_image: float,
+  device_bytes: float,
+  batch: int,
+  devices: int,
+  fraction: float = 0.9,
+) -> int | None:
+  """The fewest micro-batches (`accum_steps`) of a global `batch` on `devices` whose
+  per-device pass fits in `fraction` of `device_bytes`; None when one image does not."""
+  rows = batch // devices
+  for accum_steps in range(1, rows + 1):
+    images = rows // accum_steps
+    if rows % accum_steps == 0 and fixed + per_image * images <= fraction * device_bytes:
+      return accum_steps
+  return None
 
 
 # ----------------------------------------------------------------------------- Hugging Face
