@@ -12,6 +12,14 @@ is the checkpoint interface:
   Transformer/encoder_norm
   pre_logits                             optional Dense + tanh (the representation layer)
   head                                   zero-initialised classifier
+
+Options beyond the original, with the names of the checkpoints that use them:
+
+  dist_token, head_dist                  DeiT's distillation token and its head
+                                         (`distilled=True`; Touvron et al., arXiv:2012.12877)
+  MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}
+                                         big_vision's attention pooling (`classifier='map'`)
+  (no position-embedding parameter)      big_vision's fixed 2-D sin-cos (`posemb='sincos2d'`)
 """
 
 import functools
@@ -27,7 +35,8 @@ from vit_jax.models import resnet
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('xla', 'fused')
 # Which activations a rematerialised encoder block keeps for the backward pass.
 REMAT_POLICIES = {
@@ -181,6 +190,25 @@ def _elementwise_dtype(dtype: Dtype) -> Dtype:
   return jnp.float32 if _is_mixed(dtype) else dtype
 
 
+def posemb_sincos_2d(
+  h: int, w: int, width: int, temperature: float = 10_000.0, dtype: Dtype = jnp.float32
+) -> jnp.ndarray:
+  """big_vision's fixed 2-D position embedding (1, h*w, width) for a row-major token grid.
+
+  Per token at (row y, column x): [sin(x w), cos(x w), sin(y w), cos(y w)] with frequencies
+  w_i = temperature^(-i / (width/4 - 1)), i < width/4 (MoCo v3's layout); computed in float32.
+  """
+  if width % 4 or width < 8:
+    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, >= 8: {width}')
+  y, x = jnp.mgrid[:h, :w]
+  quarter = width // 4
+  omega = 1.0 / temperature ** (jnp.arange(quarter, dtype=jnp.float32) / (quarter - 1))
+  y = jnp.einsum('m,d->md', y.reshape(-1).astype(jnp.float32), omega)
+  x = jnp.einsum('m,d->md', x.reshape(-1).astype(jnp.float32), omega)
+  pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
+  return pe[None].astype(dtype)
+
+
 class AddPositionEmbs(nn.Module):
   """Adds a learned position embedding of shape (1, tokens, D) to the inputs."""
 
@@ -232,7 +260,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
+  def __call__(
+    self, x: jnp.ndarray, deterministic: bool, kv: jnp.ndarray | None = None
+  ) -> jnp.ndarray:
+    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`)."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
@@ -242,8 +273,10 @@ class MultiHeadDotProductAttention(nn.Module):
       **_matmul_kwargs(self.dtype, self.param_dtype),
       kernel_init=nn.initializers.xavier_uniform(),
     )
+    kv = x if kv is None else kv
     q, k, v = (
-      dense(features=(self.num_heads, head_dim), name=n)(x) for n in ('query', 'key', 'value')
+      dense(features=(self.num_heads, head_dim), name=n)(y)
+      for n, y in (('query', x), ('key', kv), ('value', kv))
     )  # each (batch, tokens, heads, head_dim)
 
     use_dropout = not deterministic and self.dropout_rate > 0
@@ -338,6 +371,7 @@ class Encoder(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -357,7 +391,8 @@ class Encoder(nn.Module):
       'param_dtype': self.param_dtype,
     }
     policy = REMAT_POLICIES[self.remat_policy]
-    x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
+    if self.learned_posemb:
+      x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     if self.scan_layers:
       body = _ScanBlock
@@ -384,6 +419,39 @@ class Encoder(nn.Module):
     )(x)
 
 
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision `MAPHead`): a learned probe token attends over
+  the encoder's tokens (no LayerNorm first), then y + MLP(LN(y)); returns the probe (batch, D).
+  """
+
+  num_heads: int
+  mlp_dim: int
+  attention_impl: str = 'xla'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    n, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
+    probe = jnp.tile(probe.astype(x.dtype), (n, 1, 1))
+    y = MultiHeadDotProductAttention(
+      num_heads=self.num_heads,
+      attention_impl=self.attention_impl,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='MultiHeadDotProductAttention_0',
+    )(probe, True, kv=x)
+    z = nn.LayerNorm(
+      epsilon=1e-6,
+      dtype=_elementwise_dtype(self.dtype),
+      param_dtype=self.param_dtype,
+      name='LayerNorm_0',
+    )(y)
+    mlp = MlpBlock(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')
+    return (y + mlp(z, deterministic=True))[:, 0]
+
+
 class VisionTransformer(nn.Module):
   """ViT and the ResNet+ViT hybrids; the fields are the registry's config fields.
 
@@ -395,8 +463,17 @@ class VisionTransformer(nn.Module):
     hidden_size: D, the token width.
     resnet: {'num_layers': units per stage, 'width_factor'} for hybrids, else None.
     representation_size: width of the `pre_logits` Dense + tanh layer, or None.
-    classifier: 'token' (class token), 'gap' (mean of tokens), 'unpooled' or
-      'token_unpooled' (return every token, with or without a class token).
+    classifier: 'token' (class token), 'gap' (mean of tokens), 'map' (big_vision's
+      attention pooling, `MAPHead_0`), 'unpooled' or 'token_unpooled' (return every token,
+      with or without a class token). Only 'token' and 'token_unpooled' add a class token.
+    posemb: 'learn' (the learned `Transformer/posembed_input`) or 'sincos2d' (big_vision's
+      fixed 2-D sin-cos embedding, no parameter, added to the patch tokens before any class
+      token is prepended, as big_vision does).
+    distilled: DeiT's distillation token `dist_token` after `cls` (the position embedding
+      covers both) and a second head `head_dist` on it; needs classifier='token'. The output
+      is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
+      returns the pair (class head, distillation head) for a distillation loss
+      (`vit_jax.losses`). Without a head: the mean of the two tokens' features.
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `mixed_einsum`); norms, softmax, GELU, residuals
@@ -422,12 +499,59 @@ class VisionTransformer(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  posemb: str = 'learn'
+  distilled: bool = False
 
-  @nn.compact
-  def __call__(self, inputs: jnp.ndarray, *, train: bool) -> jnp.ndarray:
-    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head."""
+  def _check_options(self, both_heads: bool) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'posemb={self.posemb!r}; expected one of {POSEMBS}')
+    if self.distilled and (self.classifier != 'token' or self.representation_size is not None):
+      raise ValueError(
+        f"distilled=True needs classifier='token' and no representation_size; got"
+        f' classifier={self.classifier!r}, representation_size={self.representation_size}'
+      )
+    if self.transformer is None and (self.distilled or self.classifier == 'map'):
+      raise ValueError(f'distilled and classifier={self.classifier!r} need a transformer')
+    if both_heads and not (self.distilled and self.num_classes):
+      raise ValueError('both_heads=True needs a distilled model (distilled=True) with a head')
+
+  def _prepend_tokens(self, x: jnp.ndarray) -> jnp.ndarray:
+    """[cls, dist_token, patches], as many of the first two as the options ask for."""
+    n, _, c = x.shape
+    inits = {'cls': nn.initializers.zeros} if self.classifier in ('token', 'token_unpooled') else {}
+    if self.distilled:
+      inits['dist_token'] = nn.initializers.normal(stddev=0.02)  # DeiT: truncated normal 0.02
+    tokens = [self.param(k, init, (1, 1, c), self.param_dtype) for k, init in inits.items()]
+    tokens = [jnp.tile(t.astype(x.dtype), (n, 1, 1)) for t in tokens]
+    return jnp.concatenate([*tokens, x], axis=1)
+
+  def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
+    return nn.Dense(
+      self.num_classes,
+      **_matmul_kwargs(self.dtype, self.param_dtype),
+      kernel_init=nn.initializers.zeros,
+      bias_init=nn.initializers.constant(self.head_bias_init),
+      name=name,
+    )(x)
+
+  def _distilled_output(self, x: jnp.ndarray, both_heads: bool) -> Any:
+    """DeiT: the class token's head and the distillation token's head (or their mean)."""
+    x_cls, x_dist = x[:, 0], x[:, 1]
+    if not self.num_classes:
+      return ((x_cls + x_dist) / 2).astype(jnp.float32)
+    logits = self._head(x_cls).astype(jnp.float32)
+    logits_dist = self._head(x_dist, 'head_dist').astype(jnp.float32)
+    return (logits, logits_dist) if both_heads else (logits + logits_dist) / 2
+
+  @nn.compact
+  def __call__(self, inputs: jnp.ndarray, *, train: bool, both_heads: bool = False) -> Any:
+    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
+
+    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits.
+    """
+    self._check_options(both_heads)
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
     x = inputs.astype(self.dtype if self.resnet is not None else _elementwise_dtype(self.dtype))
     if self.resnet is not None:
@@ -449,23 +573,35 @@ class VisionTransformer(nn.Module):
     if self.transformer is not None:
       n, h, w, c = x.shape
       x = jnp.reshape(x, (n, h * w, c))
-      if self.classifier in ('token', 'token_unpooled'):
-        cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
-        x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
+      if self.posemb == 'sincos2d':
+        x = x + posemb_sincos_2d(h, w, c, dtype=x.dtype)
+      x = self._prepend_tokens(x)
       x = Encoder(
         **self.transformer,
         attention_impl=self.attention_impl,
         remat_policy=self.remat_policy,
         scan_layers=self.scan_layers,
+        learned_posemb=self.posemb == 'learn',
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name='Transformer',
       )(x, train=train)
 
+    if self.distilled:
+      return self._distilled_output(x, both_heads)
     if self.classifier == 'token':
       x = x[:, 0]
     elif self.classifier == 'gap':
       x = jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
+    elif self.classifier == 'map':
+      x = MAPHead(
+        num_heads=self.transformer['num_heads'],
+        mlp_dim=self.transformer['mlp_dim'],
+        attention_impl=self.attention_impl,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='MAPHead_0',
+      )(x)
 
     if self.representation_size is not None:
       x = nn.Dense(
@@ -476,13 +612,7 @@ class VisionTransformer(nn.Module):
       x = jnp.tanh(x)
 
     if self.num_classes:
-      x = nn.Dense(
-        self.num_classes,
-        **_matmul_kwargs(self.dtype, self.param_dtype),
-        kernel_init=nn.initializers.zeros,
-        bias_init=nn.initializers.constant(self.head_bias_init),
-        name='head',
-      )(x)
+      x = self._head(x)
     return x.astype(jnp.float32)
 
 
