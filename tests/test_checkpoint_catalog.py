@@ -15,21 +15,24 @@ UNITS = {'MiB': 2**20, 'GiB': 2**30, 'MB': 1e6, 'GB': 1e9}
 
 @functools.cache
 def _param_count(model: str, resolution: int, num_classes: int, pre_logits: bool) -> int:
-  hidden = MODEL_CONFIGS[model].hidden_size
-  net = get_model(
-    model, num_classes=num_classes or None, representation_size=hidden if pre_logits else None
-  )
+  representation = {'representation_size': MODEL_CONFIGS[model].hidden_size} if pre_logits else {}
+  net = get_model(model, num_classes=num_classes or None, **representation)
   return stats.count_params(stats.param_shapes(net, resolution))
 
 
 def test_entries_are_unique_and_name_registered_models():
   names = [e.name for e in catalog.CATALOG]
-  assert len(names) == len(set(names)) == 9 + 8 + 18 + 11
+  # original in21k + in1k, AugReg, Mixer (imagenet1k 2, imagenet21k 2, sam 2, gsam 5), hub.
+  assert len(names) == len(set(names)) == 9 + 8 + 18 + 11 + 11
   for entry in catalog.CATALOG:
     assert entry.model in MODEL_CONFIGS, entry.name
     assert entry.url.endswith(entry.file), entry.name
     assert entry.url.startswith(
-      ('https://storage.googleapis.com/vit_models/', 'https://huggingface.co/')
+      (
+        'https://storage.googleapis.com/vit_models/',
+        'https://storage.googleapis.com/mixer_models/',
+        'https://huggingface.co/',
+      )
     )
 
 

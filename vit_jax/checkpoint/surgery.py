@@ -24,15 +24,18 @@ from absl import logging
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  describe,
   flatten,
   infer_config,
+  num_prefix_tokens,
   shape_str,
   square_side,
   token_grid,
   unflatten,
 )
 
-HEAD = ('head/kernel', 'head/bias')
+# The classifier, and DeiT's second one on the distillation token: fresh unless kept.
+HEAD = ('head/kernel', 'head/bias', 'head_dist/kernel', 'head_dist/bias')
 PRE_LOGITS = ('pre_logits/kernel', 'pre_logits/bias')
 PATCH_KERNEL = 'embedding/kernel'
 
@@ -168,10 +171,7 @@ class _Hints:
       elif config.model_name and config.model_name != self._model:
         self._text = f'; the checkpoint is a {config.model_name}: choose that model (--model)'
       else:
-        t = config.transformer
-        layers = f', {t.num_layers} layers, {t.num_heads} heads' if t else ''
-        patch = 'x'.join(map(str, config.patches.size))
-        self._text = f'; the checkpoint has hidden_size {config.hidden_size}{layers}, patch {patch}'
+        self._text = f'; the checkpoint has {describe(config)}'
     return self._text
 
 
@@ -223,9 +223,9 @@ def merge_pretrained(
     spec = init[key]
     if not _is_abstract(spec):
       return spec
-    if key == 'head/kernel':
+    if key in HEAD and key.endswith('/kernel'):
       return np.zeros(spec.shape, spec.dtype)
-    if key == 'head/bias':
+    if key in HEAD:
       return np.full(spec.shape, _get(model_config, 'head_bias_init', 0.0), spec.dtype)
     raise CheckpointError(
       f'{key} must keep its initial value but init_params holds only its shape'
@@ -242,9 +242,13 @@ def merge_pretrained(
       key == PATCH_KERNEL and len(old) == len(new) == 4 and old[2:] == new[2:]
     )
     if old != new and not resizable:
+      why = hints
+      if '/token_mixing/Dense_0/' in key:  # Mixer: S patches in, S patches out
+        why = f"; a Mixer's token-mixing MLP is sized for the {old[0]} patches it was trained on"
+        why += ': use the resolution of the checkpoint'
       raise CheckpointError(
         f'{source}: {key} has shape {shape_str(old)} in the checkpoint but {shape_str(new)} in'
-        f' the model{hints}'
+        f' the model{why}'
       )
 
   # The head: fresh unless asked to keep it; a headless model drops the checkpoint's.
@@ -289,7 +293,7 @@ def merge_pretrained(
   # Position embeddings on another grid.
   if POSEMB in ckpt and POSEMB in init:
     old, new = ckpt[POSEMB], init[POSEMB]
-    old_prefix, new_prefix = int('cls' in ckpt), int('cls' in init)
+    old_prefix, new_prefix = num_prefix_tokens(ckpt), num_prefix_tokens(init)
     if tuple(old.shape) != tuple(new.shape) or old_prefix != new_prefix:
       if image_size is not None:
         grid = token_grid(model_config, image_size)
@@ -308,12 +312,12 @@ def merge_pretrained(
           ' initialised at'
         )
       resized = resize_posemb(old, grid, pretrained_grid, old_prefix)
-      if new_prefix and not old_prefix:
-        tok = np.asarray(init_value(POSEMB))[:, :1] if not _is_abstract(new) else None
-        tok = np.zeros((1, 1, new.shape[2]), resized.dtype) if tok is None else tok
-        resized = np.concatenate([tok, resized], axis=1)
-      elif old_prefix and not new_prefix:
-        resized = resized[:, 1:]
+      if new_prefix != old_prefix:  # prefix rows the checkpoint lacks keep their init (or 0)
+        keep = min(old_prefix, new_prefix)
+        extra = np.zeros((1, new_prefix - keep, new.shape[2]), resized.dtype)
+        if not _is_abstract(new):
+          extra = np.asarray(init_value(POSEMB))[:, keep:new_prefix]
+        resized = np.concatenate([resized[:, :keep], extra, resized[:, old_prefix:]], axis=1)
       if tuple(old.shape) != tuple(resized.shape):
         report.resized.append((POSEMB, tuple(old.shape), tuple(resized.shape)))
       ckpt[POSEMB] = resized

@@ -14,7 +14,10 @@ import ml_collections
 
 SEP = '/'
 POSEMB = 'Transformer/posembed_input/pos_embedding'
+MIXER_STEM = 'stem/kernel'
+MIXER_TOKENS = 'MixerBlock_0/token_mixing/Dense_0/kernel'
 _BLOCK_RE = re.compile(r'encoderblock_(\d+)$')
+_MIXER_BLOCK_RE = re.compile(r'MixerBlock_(\d+)$')
 _UNIT_RE = re.compile(r'unit(\d+)$')
 _STAGE_RE = re.compile(r'block(\d+)$')
 
@@ -80,14 +83,56 @@ def _get(flat: Mapping[str, Any], key: str) -> Any:
   return flat[key]
 
 
-def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `VisionTransformer` fields a parameter tree implies, read off its shapes.
+def num_prefix_tokens(flat: Mapping[str, Any]) -> int:
+  """Tokens before the patches, each with a position-embedding row: `cls`, DeiT's `dist_token`."""
+  return int('cls' in flat) + int('dist_token' in flat)
 
+
+def _numbered(flat: Mapping[str, Any], pattern: re.Pattern, where: str) -> list[int]:
+  """The indices `i` of the `name_{i}` groups matching `pattern` in `where`, checked 0..N-1."""
+  prefix = where + SEP if where else ''
+  depth = prefix.count(SEP)
+  names = {k.split(SEP)[depth] for k in flat if k.startswith(prefix) and k.count(SEP) > depth}
+  found = sorted(int(m.group(1)) for name in names if (m := pattern.match(name)))
+  if found != list(range(len(found))):
+    raise CheckpointError(f'{where or "Mixer"} blocks {found} are not numbered 0..{len(found) - 1}')
+  return found
+
+
+def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `MlpMixer` fields of a Mixer tree (`stem`, `MixerBlock_{i}`, `head`)."""
+  kernel = flat[MIXER_STEM]
+  if len(kernel.shape) != 4:
+    raise CheckpointError(
+      f'{MIXER_STEM} has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
+    )
+  blocks = _numbered(flat, _MIXER_BLOCK_RE, '')
+  config = ml_collections.ConfigDict()
+  config.model_name = None
+  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
+  config.hidden_dim = int(kernel.shape[-1])
+  config.num_blocks = len(blocks)
+  config.tokens_mlp_dim = int(_get(flat, MIXER_TOKENS).shape[-1])
+  channels = _get(flat, 'MixerBlock_0/channel_mixing/Dense_0/kernel')
+  config.channels_mlp_dim = int(channels.shape[-1])
+  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  config.model_name = match_registry(config)
+  return config
+
+
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The model fields a parameter tree implies, read off its shapes.
+
+  A Mixer tree (`stem/kernel`) gives `MlpMixer`'s fields, any other `VisionTransformer`'s.
   Dropout rates are not stored in weights and come back as 0; a tree without `cls` is taken
-  as `classifier='gap'` ('unpooled' has the same parameters). `model_name` is the matching
+  as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with a `MAPHead_0`;
+  `dist_token` gives `distilled=True`, and an encoder without a position embedding
+  `posemb='sincos2d'` (these two fields only appear when set). `model_name` is the matching
   registry entry, or None when no registered model has this architecture.
   """
   flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
+  if MIXER_STEM in flat:
+    return _infer_mixer(flat)
   kernel = _get(flat, 'embedding/kernel')
   if len(kernel.shape) != 4:
     raise CheckpointError(
@@ -99,13 +144,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
   config.hidden_size = hidden
 
-  blocks = sorted(
-    int(m.group(1))
-    for name in {k.split(SEP)[1] for k in flat if k.startswith('Transformer/')}
-    if (m := _BLOCK_RE.match(name))
-  )
-  if blocks != list(range(len(blocks))):
-    raise CheckpointError(f'encoder blocks {blocks} are not numbered 0..{len(blocks) - 1}')
+  blocks = _numbered(flat, _BLOCK_RE, 'Transformer')
   if blocks:
     block = 'Transformer/encoderblock_0'
     query = _get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
@@ -141,7 +180,11 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   else:
     config.resnet = None
 
-  config.classifier = 'token' if 'cls' in flat else 'gap'
+  config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
+  if 'dist_token' in flat:
+    config.distilled = True
+  if config.transformer is not None and POSEMB not in flat:
+    config.posemb = 'sincos2d'
   config.representation_size = (
     int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
   )
@@ -152,6 +195,9 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
 def _arch(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
   """The fields that decide the parameter shapes (not dropout, not the head)."""
+  if 'num_blocks' in config:  # MLP-Mixer
+    fields = ('hidden_dim', 'num_blocks', 'tokens_mlp_dim', 'channels_mlp_dim')
+    return ('mixer', tuple(config['patches']['size']), *(config[f] for f in fields))
   t = config['transformer']
   r = config['resnet']
   return (
@@ -160,6 +206,9 @@ def _arch(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
     None if t is None else (t['num_layers'], t['mlp_dim'], t['num_heads']),
     None if r is None else (tuple(r['num_layers']), r['width_factor']),
     config['classifier'] in ('token', 'token_unpooled'),
+    config['classifier'] == 'map',
+    bool(config.get('distilled', False)),
+    config.get('posemb', 'learn'),
   )
 
 
@@ -172,6 +221,34 @@ def match_registry(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str
     if _arch(registered) == arch:
       return name
   return None
+
+
+def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
+  """The architecture in a few words, for messages: widths, depth, patch."""
+  patch = 'x'.join(str(p) for p in config['patches']['size'])
+  if 'num_blocks' in config:
+    return (
+      f'Mixer with hidden_dim {config["hidden_dim"]}, {config["num_blocks"]} blocks,'
+      f' tokens MLP {config["tokens_mlp_dim"]}, patch {patch}'
+    )
+  t = config['transformer']
+  layers = f', {t["num_layers"]} layers, {t["num_heads"]} heads' if t else ''
+  return f'hidden_size {config["hidden_size"]}{layers}, patch {patch}'
+
+
+def trained_resolution(
+  flat: Mapping[str, Any], config: Mapping[str, Any] | ml_collections.ConfigDict
+) -> int | None:
+  """The square image size a checkpoint was trained at, when its shapes tell: a square grid of
+  learned position embeddings, or a Mixer's token-mixing width (its number of patches)."""
+  if MIXER_TOKENS in flat:
+    patches = flat[MIXER_TOKENS].shape[0]
+  elif POSEMB in flat:
+    patches = flat[POSEMB].shape[1] - num_prefix_tokens(flat)
+  else:
+    return None  # sincos2d: any resolution
+  side = square_side(patches)
+  return None if side is None else side * config['patches']['size'][0] * feature_stride(config)
 
 
 def feature_stride(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
