@@ -64,7 +64,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import files, hugepages
-from vit_jax.models import get_config, model_from_config, stats, vit
+from vit_jax.models import get_config, is_mixer, model_from_config, stats, vit
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION = ('xla', 'fused')
@@ -228,14 +228,15 @@ def model_config(name: str, overrides: dict[str, Any] | None = None) -> ml_colle
 
 
 def _model(config: ml_collections.ConfigDict, num_classes: int, variant: Variant):
-  return model_from_config(
-    config,
-    num_classes=num_classes,
-    dtype=DTYPES[variant.dtype],
-    attention_impl=variant.attention,
-    remat_policy=variant.remat,
-    scan_layers=variant.layers == 'scan',
-  )
+  """The model of `variant`; fields at their defaults are left out, so that a model without
+  them (MLP-Mixer: no attention, remat or scan) runs the default variant of each."""
+  fields = {
+    'attention_impl': (variant.attention, 'xla'),
+    'remat_policy': (variant.remat, 'none'),
+    'scan_layers': (variant.layers == 'scan', False),
+  }
+  chosen = {k: value for k, (value, default) in fields.items() if value != default}
+  return model_from_config(config, num_classes=num_classes, dtype=DTYPES[variant.dtype], **chosen)
 
 
 def init_params(
@@ -407,11 +408,17 @@ def largest_batch(
 
 
 def _check_comparable(config: Any) -> None:
-  if config.resnet is not None or config.classifier != 'token' or config.representation_size:
+  what = 'an MLP-Mixer' if is_mixer(config) else None
+  if what is None and config.get('distilled'):
+    what = 'distilled (DeiT)'
+  elif what is None and (config.resnet is not None or config.classifier != 'token'):
+    what = f'resnet={config.resnet is not None}, classifier={config.classifier!r}'
+  elif what is None and config.representation_size:
+    what = f'representation_size={config.representation_size}'
+  if what:
     raise ValueError(
       f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
-      f' ViTForImageClassification); {config.model_name} has resnet={config.resnet is not None},'
-      f' classifier={config.classifier!r}, representation_size={config.representation_size}'
+      f' ViTForImageClassification); {config.model_name} is {what}'
     )
 
 

@@ -26,6 +26,8 @@ from vit_jax.checkpoint import catalog, tree
 
 
 def _describe(config: Any) -> str:
+  if 'num_blocks' in config:  # MLP-Mixer
+    return tree.describe(config)
   t = config.transformer
   parts = [f'hidden {config.hidden_size}']
   if t is not None:
@@ -35,17 +37,6 @@ def _describe(config: Any) -> str:
     parts.append(f'resnet {tuple(config.resnet.num_layers)}')
   parts.append(f'classifier {config.classifier}')
   return ', '.join(parts)
-
-
-def _native_resolution(flat: dict, config: Any) -> int | None:
-  """The square image size the checkpoint's position embeddings are laid out for."""
-  posemb = flat.get(tree.POSEMB)
-  if posemb is None:
-    return None
-  side = tree.square_side(posemb.shape[1] - int('cls' in flat))
-  if side is None:
-    return None
-  return side * config.patches.size[0] * tree.feature_stride(config)
 
 
 def convert(
@@ -73,22 +64,24 @@ def convert(
   except KeyError as e:
     raise checkpoint.CheckpointError(f'--model: {e.args[0]}') from None
 
-  heads = base.transformer.num_heads if base is not None and base.transformer else None
+  transformer = base.get('transformer') if base is not None else None
+  heads = transformer.num_heads if transformer else None
   params, description = checkpoint.read(src, num_heads=heads)
   flat = tree.flatten(params)
   found = tree.infer_config(flat)
-  native = _native_resolution(flat, found)
+  native = tree.trained_resolution(flat, found)
   head = f'head {found.num_classes} classes' if found.num_classes else 'no head'
   out(
     f'read {src}: {description}; {len(flat)} arrays, {tree.count_params(flat):,} parameters;'
     f' model {found.model_name or "(unregistered)"} ({_describe(found)}); {head},'
-    f' pre_logits {"yes" if found.representation_size else "no"}'
+    f' pre_logits {"yes" if found.get("representation_size") else "no"}'
     + (f', {native} px' if native else '')
   )
 
   config = base if base is not None else ml_collections.ConfigDict(found.to_dict())
   config.num_classes = found.num_classes if num_classes is None else (num_classes or None)
-  config.representation_size = found.representation_size  # a converter keeps pre_logits
+  if 'representation_size' in found:
+    config.representation_size = found.representation_size  # a converter keeps pre_logits
   size = resolution or native
   if size is None:
     raise checkpoint.CheckpointError(

@@ -37,10 +37,10 @@ from PIL import Image
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import files
-from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
+from vit_jax.models import VisionTransformer, get_config, is_mixer, model_from_config, stats
 
 IMAGENET_NUM_CLASSES = 1000
-CLASSIFIERS_WITH_POOLING = ('token', 'gap')
+CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
 
 
 class ImageError(ValueError):
@@ -228,6 +228,21 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
+def _check_pooled(config: Any, inferred: Any, name: str) -> None:
+  """A ViT whose output is one pooled vector and one head (sets the file's pre_logits)."""
+  config.representation_size = inferred.representation_size
+  if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
+    raise ValueError(
+      f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
+      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
+    )
+  if config.get('distilled'):
+    raise ValueError(
+      f'{name} is distilled (DeiT: two heads, whose logits are averaged), which predict does'
+      ' not handle: apply the model itself (vit_jax.models) for its predictions.'
+    )
+
+
 def build(
   params: dict[str, Any],
   model_name: str | None = None,
@@ -244,9 +259,7 @@ def build(
   """
   source = str(checkpoint or 'checkpoint')
   inferred = ckpt.infer_config(params)
-  t = inferred.transformer
-  layers = f'{t.num_layers} layers, {t.num_heads} heads, ' if t else ''
-  found = f'hidden_size {inferred.hidden_size}, {layers}patch {inferred.patches.size}'
+  found = ckpt.tree.describe(inferred)
   if model_name and ckpt.tree.match_registry(get_config(model_name)) != inferred.model_name:
     holds = inferred.model_name or 'an unregistered architecture'
     raise ValueError(
@@ -258,24 +271,19 @@ def build(
     config = get_config(name)
   else:  # an architecture outside the registry: the inferred fields are the model
     config = inferred
-    name = f'ViT ({found})'
-  config.representation_size = inferred.representation_size
-  if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
-    raise ValueError(
-      f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
-      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
-    )
+    name = found if is_mixer(config) else f'ViT ({found})'
+  if not is_mixer(config):
+    _check_pooled(config, inferred, name)
 
   stride = config.patches.size[0] * ckpt.tree.feature_stride(config)
   if resolution is None:
-    posemb = ckpt.flatten(params).get(ckpt.tree.POSEMB)
-    side = None if posemb is None else ckpt.tree.square_side(posemb.shape[1] - ('cls' in params))
-    if side is None:
+    resolution = ckpt.tree.trained_resolution(ckpt.flatten(params), config)
+    if resolution is None:
+      posemb = ckpt.flatten(params).get(ckpt.tree.POSEMB)
       raise ValueError(
         f'{source}: cannot tell the trained resolution from {ckpt.tree.POSEMB} '
         f'{None if posemb is None else posemb.shape}; pass --resolution.'
       )
-    resolution = side * stride
   if resolution % stride:
     raise ValueError(f"--resolution {resolution} is not a multiple of {name}'s stride {stride}.")
 
@@ -307,7 +315,8 @@ def load(
   checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
 ) -> LoadedModel:
   """Reads any checkpoint `vit_jax.checkpoint` knows (format detected) and builds it."""
-  num_heads = get_config(model_name).transformer.num_heads if model_name else None
+  transformer = get_config(model_name).get('transformer') if model_name else None
+  num_heads = transformer.num_heads if transformer else None
   params, _ = ckpt.read(checkpoint, num_heads=num_heads)
   return build(params, model_name, resolution, checkpoint)
 

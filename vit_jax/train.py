@@ -236,7 +236,7 @@ def prepare(
 
 
 def _uses_dropout(model) -> bool:
-  t = model.transformer or {}
+  t = getattr(model, 'transformer', None) or {}  # MLP-Mixer has neither dropout nor transformer
   return bool(t.get('dropout_rate', 0.0) or t.get('attention_dropout_rate', 0.0))
 
 
