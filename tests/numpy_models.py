@@ -98,3 +98,46 @@ def mixer(p, images):
     i += 1
   x = layer_norm(x, p, 'pre_head_layer_norm').mean(axis=1)
   return x @ p['head/kernel'] + p['head/bias']
+
+
+def _blocks(p, prefix='Transformer/encoderblock_'):
+  depth = len({k.split('/')[1] for k in p if k.startswith(prefix)})
+  return [f'{prefix}{i}' for i in range(depth)]
+
+
+def deit(p, images):
+  """DeiT (Touvron et al.): [cls, dist_token, patches] + position embedding, the ViT encoder
+  (our Linen names), `head` on token 0 and `head_dist` on token 1: returns both logits."""
+  x, _ = patchify(images, p['embedding/kernel'], p['embedding/bias'])
+  n = x.shape[0]
+  prefix = [np.repeat(p[name], n, axis=0) for name in ('cls', 'dist_token')]
+  x = np.concatenate([*prefix, x], axis=1) + p['Transformer/posembed_input/pos_embedding']
+  x = encoder(x, p, _blocks(p))
+  return (
+    x[:, 0] @ p['head/kernel'] + p['head/bias'],
+    x[:, 1] @ p['head_dist/kernel'] + p['head_dist/bias'],
+  )
+
+
+def big_vision_vit(p, images, pool):
+  """big_vision's ViT (`models/vit.py`) on a flat dict in its own layout (no `params/`
+  prefix, unscanned): position embedding (`pos_embedding`, or sincos2d when the dict has none)
+  added to the patches, then the class token for pool 'tok'; encoder; pooling 'gap', 'tok' or
+  'map' (MAPHead_0: the probe attends over the tokens, then + MLP(LN)); optional pre_logits
+  (Dense + tanh); head."""
+  x, (h, w) = patchify(images, p['embedding/kernel'], p['embedding/bias'])
+  n, _, d = x.shape
+  x = x + (p['pos_embedding'] if 'pos_embedding' in p else sincos2d(h, w, d))
+  if pool == 'tok':
+    x = np.concatenate([np.repeat(p['cls'], n, axis=0), x], axis=1)
+  x = encoder(x, p, _blocks(p))
+  if pool == 'map':
+    probe = np.repeat(p['MAPHead_0/probe'], n, axis=0)
+    y = attention(probe, x, p, 'MAPHead_0/MultiHeadDotProductAttention_0')
+    y = y + mlp(layer_norm(y, p, 'MAPHead_0/LayerNorm_0'), p, 'MAPHead_0/MlpBlock_0')
+    x = y[:, 0]
+  else:
+    x = x.mean(axis=1) if pool == 'gap' else x[:, 0]
+  if 'pre_logits/kernel' in p:
+    x = np.tanh(x @ p['pre_logits/kernel'] + p['pre_logits/bias'])
+  return x @ p['head/kernel'] + p['head/bias']

@@ -114,7 +114,7 @@ def test_load_pretrained_gives_a_fresh_head_and_every_other_weight(tmp_path):
   np.savez(tmp_path / 'Mixer.npz', **flat)
   model = _small_model(10)
   init = stats.param_shapes(model, SIZE)
-  params = checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, model)
+  params = checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, {})
   out = tree.flatten(params)
   np.testing.assert_array_equal(out['head/kernel'], np.zeros((32, 10)))
   for key in flat.keys() - {'head/kernel', 'head/bias'}:
