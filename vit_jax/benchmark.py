@@ -408,18 +408,19 @@ def largest_batch(
 
 
 def _check_comparable(config: Any) -> None:
-  what = 'an MLP-Mixer' if is_mixer(config) else None
-  if what is None and config.get('distilled'):
-    what = 'distilled (DeiT)'
-  elif what is None and (config.resnet is not None or config.classifier != 'token'):
-    what = f'resnet={config.resnet is not None}, classifier={config.classifier!r}'
-  elif what is None and config.representation_size:
-    what = f'representation_size={config.representation_size}'
-  if what:
-    raise ValueError(
-      f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
-      f' ViTForImageClassification); {config.model_name} is {what}'
+  if is_mixer(config) or config.get('distilled'):
+    what = 'is an MLP-Mixer' if is_mixer(config) else 'is distilled (DeiT: two heads)'
+  elif config.resnet is not None or config.classifier != 'token' or config.representation_size:
+    what = (
+      f'has resnet={config.resnet is not None}, classifier={config.classifier!r},'
+      f' representation_size={config.representation_size}'
     )
+  else:
+    return
+  raise ValueError(
+    f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
+    f' ViTForImageClassification); {config.model_name} {what}'
+  )
 
 
 def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
