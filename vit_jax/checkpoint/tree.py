@@ -120,6 +120,21 @@ def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
+def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A hybrid's `resnet` field: units per stage (`block{s}/unit{u}`) and the width factor."""
+  stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
+  if stages != list(range(1, len(stages) + 1)):
+    raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
+  units = []
+  for s in stages:
+    names = {k.split(SEP)[1] for k in flat if k.startswith(f'block{s}/')}
+    units.append(sum(bool(_UNIT_RE.match(n)) for n in names))
+  width = int(flat['conv_root/kernel'].shape[-1])
+  return ml_collections.ConfigDict(
+    {'num_layers': tuple(units), 'width_factor': width // 64 if width % 64 == 0 else width / 64}
+  )
+
+
 def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """The model fields a parameter tree implies, read off its shapes.
 
@@ -165,20 +180,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   else:
     config.transformer = None
 
-  if 'conv_root/kernel' in flat:
-    stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
-    if stages != list(range(1, len(stages) + 1)):
-      raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
-    units = []
-    for s in stages:
-      names = {k.split(SEP)[1] for k in flat if k.startswith(f'block{s}/')}
-      units.append(sum(bool(_UNIT_RE.match(n)) for n in names))
-    width = int(flat['conv_root/kernel'].shape[-1])
-    config.resnet = ml_collections.ConfigDict(
-      {'num_layers': tuple(units), 'width_factor': width // 64 if width % 64 == 0 else width / 64}
-    )
-  else:
-    config.resnet = None
+  config.resnet = _infer_resnet(flat) if 'conv_root/kernel' in flat else None
 
   config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
   if 'dist_token' in flat:

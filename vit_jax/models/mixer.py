@@ -21,10 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models.vit import Dtype, _elementwise_dtype, _matmul_kwargs
-
-# The constructor fields that tell a Mixer config from a ViT one.
-MIXER_FIELDS = ('num_blocks', 'tokens_mlp_dim', 'channels_mlp_dim')
+from vit_jax.models.vit import Dtype, _elementwise_dtype, _matmul_kwargs, layer_norm
 
 
 def is_mixer(config: Mapping[str, Any]) -> bool:
@@ -56,9 +53,7 @@ class MixerBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    norm = lambda name: nn.LayerNorm(
-      epsilon=1e-6, dtype=_elementwise_dtype(self.dtype), param_dtype=self.param_dtype, name=name
-    )
+    norm = lambda name: layer_norm(name, self.dtype, self.param_dtype)
     mlp = lambda dim, name: MlpBlock(dim, self.dtype, self.param_dtype, name=name)
     y = jnp.swapaxes(norm('LayerNorm_0')(x), 1, 2)  # (batch, channels, patches)
     x = x + jnp.swapaxes(mlp(self.tokens_mlp_dim, 'token_mixing')(y), 1, 2)
@@ -112,12 +107,7 @@ class MlpMixer(nn.Module):
         self.param_dtype,
         name=f'MixerBlock_{i}',
       )(x)
-    x = nn.LayerNorm(
-      epsilon=1e-6,
-      dtype=_elementwise_dtype(self.dtype),
-      param_dtype=self.param_dtype,
-      name='pre_head_layer_norm',
-    )(x)
+    x = layer_norm('pre_head_layer_norm', self.dtype, self.param_dtype)(x)
     x = jnp.mean(x, axis=1)
     if self.num_classes:
       x = nn.Dense(

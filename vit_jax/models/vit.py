@@ -190,6 +190,13 @@ def _elementwise_dtype(dtype: Dtype) -> Dtype:
   return jnp.float32 if _is_mixed(dtype) else dtype
 
 
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
+  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained)."""
+  return nn.LayerNorm(
+    epsilon=1e-6, dtype=_elementwise_dtype(dtype), param_dtype=param_dtype, name=name
+  )
+
+
 def posemb_sincos_2d(
   h: int, w: int, width: int, temperature: float = 10_000.0, dtype: Dtype = jnp.float32
 ) -> jnp.ndarray:
@@ -442,12 +449,7 @@ class MAPHead(nn.Module):
       param_dtype=self.param_dtype,
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x)
-    z = nn.LayerNorm(
-      epsilon=1e-6,
-      dtype=_elementwise_dtype(self.dtype),
-      param_dtype=self.param_dtype,
-      name='LayerNorm_0',
-    )(y)
+    z = layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
     mlp = MlpBlock(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')
     return (y + mlp(z, deterministic=True))[:, 0]
 
@@ -527,6 +529,23 @@ class VisionTransformer(nn.Module):
     tokens = [jnp.tile(t.astype(x.dtype), (n, 1, 1)) for t in tokens]
     return jnp.concatenate([*tokens, x], axis=1)
 
+  def _pool(self, x: jnp.ndarray) -> jnp.ndarray:
+    """The encoder's tokens -> the head's input, per `classifier` ('unpooled': unchanged)."""
+    if self.classifier == 'token':
+      return x[:, 0]
+    if self.classifier == 'gap':
+      return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
+    if self.classifier == 'map':
+      return MAPHead(
+        num_heads=self.transformer['num_heads'],
+        mlp_dim=self.transformer['mlp_dim'],
+        attention_impl=self.attention_impl,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='MAPHead_0',
+      )(x)
+    return x
+
   def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
     return nn.Dense(
       self.num_classes,
@@ -589,20 +608,7 @@ class VisionTransformer(nn.Module):
 
     if self.distilled:
       return self._distilled_output(x, both_heads)
-    if self.classifier == 'token':
-      x = x[:, 0]
-    elif self.classifier == 'gap':
-      x = jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
-    elif self.classifier == 'map':
-      x = MAPHead(
-        num_heads=self.transformer['num_heads'],
-        mlp_dim=self.transformer['mlp_dim'],
-        attention_impl=self.attention_impl,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='MAPHead_0',
-      )(x)
-
+    x = self._pool(x)
     if self.representation_size is not None:
       x = nn.Dense(
         self.representation_size,
