@@ -100,7 +100,9 @@ def convert(
 
   if to == 'npz':
     checkpoint.save_npz(params, dst)
-    written = 'npz (vit_jax layout, pre-Linen names)'
+    written = (
+      'npz (Mixer layout)' if 'num_blocks' in config else 'npz (vit_jax layout, pre-Linen names)'
+    )
   else:
     checkpoint.export_hf(params, config, dst, image_size=size)
     arch = 'ViTForImageClassification' if config.num_classes else 'ViTModel'
