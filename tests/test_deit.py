@@ -99,7 +99,7 @@ def test_distillation_gradients_reach_both_heads_and_tokens(random_params):
     cls, dist = model.apply({'params': p}, images, train=True, both_heads=True)
     return losses.hard_distillation_loss(cls, dist, targets, teacher).mean()
 
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   for name in ('cls', 'dist_token', 'head', 'head_dist'):
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[name])) > 1e-4, name
 

@@ -188,11 +188,11 @@ def test_fine_tunes_through_the_trainer_from_a_released_file(tmp_path):
 
 
 def test_digits_mixer_learns_from_scratch(tmp_path):
-  """configs/digits.py:mixer, shortened to 400 steps (the full 3,000 reach 97-98%)."""
+  """configs/digits.py:mixer, shortened to 250 steps (the full 3,000 reach 97-98%)."""
   config = ml_collections.ConfigDict(digits_config.get_config('mixer').to_dict())
-  config.update({'total_steps': 400, 'eval_every': 400, 'checkpoint_every': 400})
+  config.update({'total_steps': 250, 'eval_every': 250, 'checkpoint_every': 250})
   result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
-  assert result['accuracy_test'] > 0.85, result['accuracy_test']
+  assert result['accuracy_test'] > 0.9, result['accuracy_test']  # measured: 96.7%
 
 
 def test_benchmark_runs_a_mixer_and_counts_its_flops():
