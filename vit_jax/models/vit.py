@@ -515,7 +515,7 @@ class VisionTransformer(nn.Module):
         f' classifier={self.classifier!r}, representation_size={self.representation_size}'
       )
     if self.transformer is None and (self.distilled or self.classifier == 'map'):
-      raise ValueError(f'distilled and classifier={self.classifier!r} need a transformer')
+      raise ValueError("distilled=True and classifier='map' need a transformer (it is None)")
     if both_heads and not (self.distilled and self.num_classes):
       raise ValueError('both_heads=True needs a distilled model (distilled=True) with a head')
 
