@@ -22,7 +22,6 @@ def _mixer() -> ml_collections.ConfigDict:
   16 patches (Mixer-B/16: 384 for 196)."""
   return ml_collections.ConfigDict(
     {
-      'model_name': 'Mixer-digits',
       'patches': {'size': (2, 2)},
       'hidden_dim': 64,
       'num_blocks': 4,
@@ -41,7 +40,6 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   config.model_name = 'ViT-digits'
   config.model = ml_collections.ConfigDict(
     {
-      'model_name': 'ViT-digits',
       'patches': {'size': (2, 2)},
       'hidden_size': 64,
       'transformer': {
@@ -57,8 +55,8 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
     }
   )
   if model == 'mixer':
+    config.model_name = 'Mixer-digits'
     config.model = _mixer()
-    config.model_name = config.model.model_name
   config.pretrained_dir = ''  # from scratch
 
   config.pp.train = 'train'

@@ -32,8 +32,8 @@ def get_config(model_dataset: str = 'b16,cifar10') -> ml_collections.ConfigDict:
     config = common.with_dataset(config, dataset)
   else:
     config.dataset = dataset
+  config.model_name = models.registry_name(model)
   config.model = models.model_config(model)
-  config.model_name = config.model.model_name
   if (config.model_name, dataset) == ('ViT-B_16', 'cifar10'):
     config.base_lr = 0.01  # the original's only per-pair setting
   if is_mixer(config.model):

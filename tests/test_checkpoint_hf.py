@@ -9,14 +9,13 @@ import sys
 import jax
 import numpy as np
 import pytest
+import safetensors.torch as safetensors_torch
+import torch  # the oracles are test requirements (requirements-test.txt): missing, they fail
+import transformers
+from safetensors.numpy import load_file
 
 from vit_jax import checkpoint
 from vit_jax.models import get_config, get_model, stats
-
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
-safetensors_torch = pytest.importorskip('safetensors.torch')
-from safetensors.numpy import load_file  # noqa: E402
 
 SMALL = {
   'hidden_size': 32,

@@ -227,7 +227,8 @@ def test_save_npz_writes_the_released_layout_bit_for_bit(tmp_path, random_params
 
 def test_the_original_vit_jax_loader_reads_save_npz(tmp_path, random_params):
   """vit_jax's own recipe: recover_tree -> flax convert_pre_linen -> _fix_groupnorm squeeze."""
-  checkpoints = pytest.importorskip('flax.training.checkpoints')
+  from flax.training import checkpoints
+
   _, params = _model_and_params(
     random_params,
     'R+ViT-Ti_16',

@@ -13,7 +13,7 @@ from numpy_models import deit as numpy_deit
 from configs import digits as digits_config
 from vit_jax import checkpoint, losses, train
 from vit_jax.checkpoint import tree
-from vit_jax.models import get_model, stats
+from vit_jax.models import get_config, get_model, model_from_config, stats
 
 SMALL = {
   'hidden_size': 32,
@@ -23,8 +23,14 @@ SMALL = {
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
 
+def _config(**overrides):
+  config = get_config('DeiT-B_16-distilled')
+  config.update({**SMALL, **overrides})
+  return config
+
+
 def _small(classes=7, **overrides):
-  return get_model('DeiT-B_16-distilled', num_classes=classes, **{**SMALL, **overrides})
+  return model_from_config(_config(**overrides), num_classes=classes)
 
 
 def _params(random_params, model, size=32, seed=0):
@@ -46,7 +52,7 @@ def test_names_and_shapes_agreed_for_checkpoints():
   assert shapes[POSEMB].shape == (1, 2 + 196, 768)
   assert shapes['head_dist/kernel'].shape == shapes['head/kernel'].shape == (768, 1000)
   assert shapes['head_dist/bias'].shape == (1000,)
-  assert tree.infer_config(shapes).model_name == 'DeiT-B_16-distilled'
+  assert tree.match_registry(tree.infer_config(shapes)) == 'DeiT-B_16-distilled'
 
 
 def test_both_heads_and_their_mean_equal_the_deit_equations(random_params):
@@ -114,7 +120,7 @@ def test_save_and_load_round_trip_exactly(tmp_path, random_params):
     np.testing.assert_array_equal(loaded[key], flat[key], err_msg=key)
   config = tree.infer_config(loaded)
   assert config.distilled and config.classifier == 'token'
-  assert tree.trained_resolution(loaded, config) == 32  # 2 prefix rows + a 4x4 grid
+  assert tree.native_resolution(loaded, config) == 32  # 2 prefix rows + a 4x4 grid
 
 
 def test_fine_tuning_at_another_resolution_keeps_both_prefix_rows(tmp_path, random_params):
@@ -140,8 +146,8 @@ def test_a_vit_checkpoint_lacks_the_distillation_token(tmp_path, random_params):
   model = _small(classes=7)
   init = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)['params']
   with pytest.raises(checkpoint.CheckpointError, match=r'lacks 1 model parameter.*dist_token'):
-    checkpoint.load_pretrained(tmp_path / 'vit.npz', init, {})
-  fitted = checkpoint.load_pretrained(tmp_path / 'vit.npz', init, {}, strict=False)
+    checkpoint.load_pretrained(tmp_path / 'vit.npz', init, _config())
+  fitted = checkpoint.load_pretrained(tmp_path / 'vit.npz', init, _config(), strict=False)
   posemb = fitted['Transformer']['posembed_input']['pos_embedding']
   old = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
   np.testing.assert_array_equal(posemb[:, :1], old[:, :1])  # the class row

@@ -14,7 +14,7 @@ from configs import digits as digits_config
 from configs import vit as vit_config
 from vit_jax import benchmark, checkpoint, convert, predict, train
 from vit_jax.checkpoint import tree
-from vit_jax.models import get_model, stats
+from vit_jax.models import get_config, get_model, model_from_config, stats
 
 # A small Mixer: 64 px images in 16x16 patches, S = 16 patches.
 SMALL = {'hidden_dim': 32, 'num_blocks': 2, 'tokens_mlp_dim': 8, 'channels_mlp_dim': 64}
@@ -49,8 +49,14 @@ def _images(n=2, seed=1):
   return np.random.default_rng(seed).uniform(-1, 1, (n, SIZE, SIZE, 3)).astype(np.float32)
 
 
+def _small_config():
+  config = get_config('Mixer-B_16')
+  config.update(SMALL)
+  return config
+
+
 def _small_model(classes):
-  return get_model('Mixer-B_16', num_classes=classes, **SMALL)
+  return model_from_config(_small_config(), num_classes=classes)
 
 
 def _apply(model, params, images):
@@ -79,7 +85,7 @@ def test_tree_has_the_released_names_and_shapes():
   assert flat['pre_head_layer_norm/scale'] == (768,)
   assert flat['head/kernel'] == (768, 1000)
   config = tree.infer_config(shapes)
-  assert config.model_name == 'Mixer-B_16' and config.num_classes == 1000
+  assert tree.match_registry(config) == 'Mixer-B_16' and config.num_classes == 1000
 
 
 def test_head_is_zero_initialised_and_train_changes_nothing():
@@ -106,8 +112,8 @@ def test_released_npz_loads_exactly(tmp_path, classes):
     np.testing.assert_array_equal(loaded[key], value, err_msg=key)
   config = tree.infer_config(params)
   assert (config.hidden_dim, config.num_blocks, config.tokens_mlp_dim) == (32, 2, 8)
-  assert config.num_classes == classes and config.model_name is None  # not a registered size
-  assert tree.trained_resolution(loaded, config) == SIZE
+  assert config.num_classes == classes and tree.match_registry(config) is None  # unregistered
+  assert tree.native_resolution(loaded, config) == SIZE
 
 
 def test_load_pretrained_gives_a_fresh_head_and_every_other_weight(tmp_path):
@@ -115,7 +121,7 @@ def test_load_pretrained_gives_a_fresh_head_and_every_other_weight(tmp_path):
   np.savez(tmp_path / 'Mixer.npz', **flat)
   model = _small_model(10)
   init = stats.param_shapes(model, SIZE)
-  params = checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, {})
+  params = checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, _small_config())
   out = tree.flatten(params)
   np.testing.assert_array_equal(out['head/kernel'], np.zeros((32, 10)))
   for key in flat.keys() - {'head/kernel', 'head/bias'}:
@@ -126,7 +132,7 @@ def test_another_resolution_names_the_token_mixing_mlp(tmp_path):
   np.savez(tmp_path / 'Mixer.npz', **released_layout(1000))
   init = stats.param_shapes(_small_model(10), 2 * SIZE)
   with pytest.raises(checkpoint.CheckpointError, match=r'token-mixing MLP is sized for the 16 pat'):
-    checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, {})
+    checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, _small_config())
 
 
 def test_save_npz_writes_the_released_layout_bit_for_bit(tmp_path):
@@ -139,18 +145,23 @@ def test_save_npz_writes_the_released_layout_bit_for_bit(tmp_path):
       np.testing.assert_array_equal(written[key], value, err_msg=key)
 
 
-def test_convert_writes_a_mixer_with_a_fresh_head_and_refuses_hugging_face(tmp_path, capsys):
+def test_convert_writes_a_mixer_with_a_fresh_head_and_refuses_hugging_face(tmp_path):
   flat = released_layout(21843)
-  np.savez(tmp_path / 'Mixer.npz', **flat)
-  args = [str(tmp_path / 'Mixer.npz'), str(tmp_path / 'out.npz'), '--to', 'npz']
-  assert convert.main([*args, '--num-classes', '10']) == 0
-  assert 'Mixer with hidden_dim 32, 2 blocks, tokens MLP 8, patch 16x16' in capsys.readouterr().out
+  src = tmp_path / 'Mixer.npz'
+  np.savez(src, **flat)
+  lines = []
+  convert.convert(str(src), str(tmp_path / 'out.npz'), 'npz', num_classes=10, out=lines.append)
+  read, wrote = lines[:2]
+  described = 'Mixer with hidden_dim 32, 2 blocks, tokens MLP 8, channels MLP 64, patch 16x16'
+  assert described in read and 'head 21843 classes, pre_logits no, 64 px' in read
+  assert 'npz (Mixer layout)' in wrote and 'at 64 px' in wrote
   out = tree.flatten(checkpoint.load(tmp_path / 'out.npz'))
   assert out['head/kernel'].shape == (32, 10)
   for key in flat.keys() - {'head/kernel', 'head/bias'}:
     np.testing.assert_array_equal(out[key], flat[key], err_msg=key)
-  assert convert.main([args[0], str(tmp_path / 'hf'), '--to', 'hf']) == 1
-  assert 'MLP-Mixer models have no Hugging Face ViT equivalent' in capsys.readouterr().err
+  with pytest.raises(checkpoint.CheckpointError, match='MLP-Mixer models have no Hugging Face'):
+    convert.convert(str(src), str(tmp_path / 'hf'), 'hf', out=lines.append)
+  assert not (tmp_path / 'hf').exists()
 
 
 def test_predict_infers_the_model_and_resolution(tmp_path):
@@ -158,7 +169,7 @@ def test_predict_infers_the_model_and_resolution(tmp_path):
   np.savez(tmp_path / 'Mixer.npz', **flat)
   loaded = predict.load(tmp_path / 'Mixer.npz')
   assert loaded.resolution == SIZE and loaded.num_classes == 10
-  assert loaded.model_name.startswith('Mixer with hidden_dim 32, 2 blocks')
+  assert loaded.model_name.startswith('Mixer with hidden_dim 32, 2 blocks')  # unregistered
   images = _images(3, seed=4)
   features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 4)
   want = numpy_mixer({k: v.astype(np.float64) for k, v in flat.items()}, images.astype(np.float64))

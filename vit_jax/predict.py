@@ -3,14 +3,15 @@
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
       [--json] [--features OUT.npy] [--batch_size 32] IMAGE...
 
-Images get the evaluation preprocessing of the original input pipeline: decode to RGB,
-resize to the crop size (bilinear, half-pixel centres, no antialiasing, aspect ratio not
-kept: `tf.image.resize`), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every released
-family expects. The model is inferred from the parameter shapes unless `--model` is given.
+Images get the evaluation preprocessing of the input pipeline (`vit_jax.data.preprocess`):
+decode to RGB, resize to the crop size (`tf.image.resize`: bilinear, half-pixel centres, no
+antialiasing, aspect ratio not kept), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every
+released family expects: an image file becomes the tensor a run's evaluation feeds the model.
+The model is inferred from the parameter shapes unless `--model` is given.
 
-Class names: a run directory's `config.json` (its `class_names`, or the label names of the
-tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`; the ImageNet-1k
-names that tensorflow_datasets ships for 1000-class heads; class indices otherwise.
+Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or
+the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
+the ImageNet-1k names that tensorflow_datasets ships for 1000-class heads; indices otherwise.
 
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
@@ -30,14 +31,16 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import files
-from vit_jax.models import VisionTransformer, get_config, is_mixer, model_from_config, stats
+from vit_jax import data, files, rundir
+from vit_jax.data.preprocess import decode_file, eval_image
+from vit_jax.models import is_mixer
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
@@ -52,8 +55,8 @@ class LoadedModel:
   """A checkpoint ready to apply: the headless model, its parameters and what was inferred.
 
   Attributes:
-    model: the model without its head (`num_classes=None`): it maps images to the pre-logits
-      representation; logits are `features @ head_kernel + head_bias`.
+    model: the model without its head (`num_classes=None`): `_features` maps images to the
+      pre-logits representation; logits are `features @ head_kernel + head_bias`.
     params: the parameter tree without `head`.
     head_kernel, head_bias: the classifier, or None if the checkpoint has no head.
     model_name: the registry name.
@@ -65,7 +68,7 @@ class LoadedModel:
     class_names_source: where the names came from, for the report.
   """
 
-  model: VisionTransformer
+  model: nn.Module
   params: dict[str, Any]
   head_kernel: np.ndarray | None
   head_bias: np.ndarray | None
@@ -91,25 +94,23 @@ class LoadedModel:
 # Preprocessing.
 
 
-def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
-  """(H, W, C) -> float32 (height, width, C), as `tf.image.resize(..., 'bilinear')`: half-pixel
-  centres, no antialiasing (within 0.02 of TensorFlow's float32 arithmetic on 0..255)."""
-  h, w = image.shape[:2]
-  rows = ckpt.surgery.linear_resize_matrix(h, height).astype(np.float32)
-  cols = ckpt.surgery.linear_resize_matrix(w, width).astype(np.float32)
-  x = np.einsum('oh,hw...->ow...', rows, image.astype(np.float32))
-  return np.einsum('ow...,pw->op...', x, cols)
-
-
 def preprocess(image: np.ndarray, resolution: int) -> np.ndarray:
-  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1], the eval pipeline's."""
+  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1]: the input pipeline's
+  evaluation preprocessing (`vit_jax.data.preprocess.eval_image`)."""
   if image.ndim != 3 or image.shape[-1] != 3:
     raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
-  return (resize_bilinear(image, resolution, resolution) - 127.5) / 127.5
+  return eval_image(image, resolution).numpy()
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason."""
+  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
+
+  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
+  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
+  """
+  image = decode_file(os.fspath(path))
+  if image is not None:
+    return image
   try:
     with Image.open(path) as im:
       rgb = im.convert('RGB')
@@ -206,9 +207,13 @@ def class_names_for(
 ) -> tuple[list[str] | None, str]:
   """Names for a head of `num_classes`: the run's own, ImageNet-1k's, or none (indices).
 
-  A `config.json` next to the checkpoint or up to three directories above it is searched
-  first: a run directory holds `config.json` and `checkpoints/<step>/<item>/` below it.
+  A training run's own names come first (`vit_jax.rundir`: the run directory the checkpoint
+  is in); then a `config.json` next to the checkpoint or up to three directories above it.
   """
+  run = rundir.find_run(checkpoint)
+  names = rundir.class_names(run) if run is not None else None
+  if names is not None and len(names) == num_classes:
+    return names, str(run / rundir.CONFIG_FILE)
   path = Path(checkpoint).absolute()
   start = path if path.is_dir() else path.parent
   for directory in [start, *list(start.parents)[:3]]:
@@ -228,97 +233,50 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
-def _check_pooled(config: Any, inferred: Any, name: str) -> None:
-  """A ViT whose output is one pooled vector and one head (sets the file's pre_logits)."""
-  config.representation_size = inferred.representation_size
+def _check_pooled(config: Any, name: str) -> None:
+  """A ViT whose output is one pooled vector (a Mixer's always is)."""
+  if is_mixer(config):
+    return
   if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
     raise ValueError(
       f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
       f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
     )
   if config.get('distilled'):
-    raise ValueError(
-      f'{name} is distilled (DeiT: two heads, whose logits are averaged), which predict does'
-      ' not handle: apply the model itself (vit_jax.models) for its predictions.'
-    )
-
-
-def build(
-  params: dict[str, Any],
-  model_name: str | None = None,
-  resolution: int | None = None,
-  checkpoint: str | os.PathLike | None = None,
-) -> LoadedModel:
-  """A LoadedModel from a parameter tree in our names (as `vit_jax.checkpoint.load` gives).
-
-  The architecture is read off the shapes (`checkpoint.infer_config`) unless `model_name`
-  is given; the resolution defaults to the one the position embeddings were trained at
-  (another one resizes them, as fine-tuning does). The tree is fitted and checked by
-  `checkpoint.merge_pretrained`, keeping the checkpoint's head; class names are looked up
-  next to `checkpoint`.
-  """
-  source = str(checkpoint or 'checkpoint')
-  inferred = ckpt.infer_config(params)
-  found = ckpt.tree.describe(inferred)
-  if model_name and ckpt.tree.match_registry(get_config(model_name)) != inferred.model_name:
-    holds = inferred.model_name or 'an unregistered architecture'
-    raise ValueError(
-      f'--model {model_name} does not fit the checkpoint, which holds {holds} ({found}); '
-      'leave --model out to use that.'
-    )
-  name = model_name or inferred.model_name
-  if name:
-    config = get_config(name)
-  else:  # an architecture outside the registry: the inferred fields are the model
-    config = inferred
-    name = found if is_mixer(config) else f'ViT ({found})'
-  if not is_mixer(config):
-    _check_pooled(config, inferred, name)
-
-  stride = config.patches.size[0] * ckpt.tree.feature_stride(config)
-  if resolution is None:
-    resolution = ckpt.tree.trained_resolution(ckpt.flatten(params), config)
-    if resolution is None:
-      posemb = ckpt.flatten(params).get(ckpt.tree.POSEMB)
-      raise ValueError(
-        f'{source}: cannot tell the trained resolution from {ckpt.tree.POSEMB} '
-        f'{None if posemb is None else posemb.shape}; pass --resolution.'
-      )
-  if resolution % stride:
-    raise ValueError(f"--resolution {resolution} is not a multiple of {name}'s stride {stride}.")
-
-  model = model_from_config(config, num_classes=inferred.num_classes)
-  fitted, _ = ckpt.merge_pretrained(
-    params,
-    stats.param_shapes(model, resolution),
-    config,
-    keep_head=inferred.num_classes is not None,
-    source=source,
-  )
-  head = fitted.pop('head', None)
-  loaded = LoadedModel(
-    model=model.clone(num_classes=None),
-    params=fitted,
-    head_kernel=None if head is None else np.asarray(head['kernel'], np.float32),
-    head_bias=None if head is None else np.asarray(head['bias'], np.float32),
-    model_name=name,
-    resolution=resolution,
-    grid=(resolution // stride, resolution // stride),
-    patch_pixels=stride,
-  )
-  if loaded.num_classes and checkpoint is not None:
-    loaded.class_names, loaded.class_names_source = class_names_for(checkpoint, loaded.num_classes)
-  return loaded
+    raise ValueError(f'{name} is distilled (DeiT: two heads), which predict does not handle yet')
 
 
 def load(
   checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
 ) -> LoadedModel:
-  """Reads any checkpoint `vit_jax.checkpoint` knows (format detected) and builds it."""
-  transformer = get_config(model_name).get('transformer') if model_name else None
-  num_heads = transformer.num_heads if transformer else None
-  params, _ = ckpt.read(checkpoint, num_heads=num_heads)
-  return build(params, model_name, resolution, checkpoint)
+  """Any checkpoint `vit_jax.checkpoint` reads, as a LoadedModel (`checkpoint.fit`).
+
+  The architecture is read off the shapes unless `model_name` is given; the resolution
+  defaults to the one the position embeddings were trained at (another one resizes them, as
+  fine-tuning does). The checkpoint's head is kept; class names are looked up next to it.
+  """
+  fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
+  config = fitted.config
+  found = ckpt.tree.describe(config)
+  name = fitted.name or (found if is_mixer(config) else f'ViT ({found})')
+  _check_pooled(config, name)
+  params = dict(fitted.params)
+  head = params.pop('head', None)
+  kernel = None if head is None else np.asarray(head['kernel'], np.float32)
+  bias = None if head is None else np.asarray(head['bias'], np.float32)
+  loaded = LoadedModel(
+    model=fitted.model(num_classes=None),
+    params=params,
+    head_kernel=kernel,
+    head_bias=bias,
+    model_name=name,
+    resolution=fitted.resolution,
+    grid=fitted.grid,
+    patch_pixels=fitted.patch_pixels,
+  )
+  if loaded.num_classes:
+    loaded.class_names, loaded.class_names_source = class_names_for(checkpoint, loaded.num_classes)
+  return loaded
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,7 +295,7 @@ class Prediction:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _features(model: VisionTransformer, params: dict[str, Any], images: jax.Array) -> jax.Array:
+def _features(model: nn.Module, params: dict[str, Any], images: jax.Array) -> jax.Array:
   return model.apply({'params': params}, images, train=False)
 
 
@@ -362,7 +320,7 @@ def batches(
 
 def run_padded(
   fn: Callable[..., Any],
-  model: VisionTransformer,
+  model: nn.Module,
   params: dict[str, Any],
   batch: np.ndarray,
   batch_size: int,
@@ -570,6 +528,9 @@ def define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
+  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
+  data.hide_accelerators_from_tensorflow()
   sys.exit(
     run(f.checkpoint, argv[1:], f.model, f.resolution, f.top_k, f.json, f.features, f.batch_size)
   )

@@ -338,11 +338,6 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
   return tree, 'hf (' + ', '.join(parts) + ')'
 
 
-def load(path: str | Path, *, num_heads: int | None = None) -> dict:
-  """Our parameter tree from a Hugging Face ViT directory or weights file."""
-  return read(path, num_heads=num_heads)[0]
-
-
 # ---------------------------------------------------------------------------------------------
 # Writing.
 
@@ -358,28 +353,28 @@ def _field(config: Any, name: str, default: Any = None) -> Any:
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
   if 'stem/kernel' in flat:
     raise CheckpointError(
-      'MLP-Mixer models have no Hugging Face ViT equivalent; export them with --to npz'
+      'MLP-Mixer models have no Hugging Face ViT equivalent; export them with --to=npz'
     )
   if 'embedding/kernel' in flat and POSEMB not in flat:
     raise CheckpointError(
       "a model without learned position embeddings (posemb='sincos2d') has no Hugging Face"
-      ' ViT equivalent; export it with --to npz'
+      ' ViT equivalent; export it with --to=npz'
     )
   if 'conv_root/kernel' in flat or _field(model_config, 'resnet') is not None:
     raise CheckpointError(
-      'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to npz'
+      'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to=npz'
     )
   classifier = _field(model_config, 'classifier', 'token')
   if classifier != 'token' or 'cls' not in flat:
     what = f'classifier={classifier!r}' if classifier != 'token' else 'a model without cls'
     raise CheckpointError(
       f"{what}: Hugging Face ViT pools the class token only (classifier='token');"
-      ' export this model with --to npz'
+      ' export this model with --to=npz'
     )
   if 'head/kernel' in flat and 'pre_logits/kernel' in flat:
     raise CheckpointError(
       'the model has both pre_logits (representation layer) and a head, which Hugging Face'
-      ' ViTForImageClassification cannot hold: drop the head (--num-classes 0) to export a'
+      ' ViTForImageClassification cannot hold: drop the head (--num_classes=0) to export a'
       ' ViTModel with pooler, or fine-tune without representation_size'
     )
   kh, kw = flat['embedding/kernel'].shape[:2]

@@ -260,11 +260,6 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
   return from_flat(read_flat(path), str(path))
 
 
-def load(path: str | Path) -> dict:
-  """Our parameter tree from a Google .npz checkpoint of any released layout."""
-  return read(path)[0]
-
-
 def to_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:
   """Our tree with the released pre-Linen names inside every encoder block."""
   out = dict(tree)

@@ -106,22 +106,79 @@ def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
     raise CheckpointError(
       f'{MIXER_STEM} has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
     )
-  blocks = _numbered(flat, _MIXER_BLOCK_RE, '')
   config = ml_collections.ConfigDict()
-  config.model_name = None
   config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
   config.hidden_dim = int(kernel.shape[-1])
-  config.num_blocks = len(blocks)
+  config.num_blocks = len(_numbered(flat, _MIXER_BLOCK_RE, ''))
   config.tokens_mlp_dim = int(_get(flat, MIXER_TOKENS).shape[-1])
   channels = _get(flat, 'MixerBlock_0/channel_mixing/Dense_0/kernel')
   config.channels_mlp_dim = int(channels.shape[-1])
   config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-  config.model_name = match_registry(config)
   return config
 
 
-def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """A hybrid's `resnet` field: units per stage (`block{s}/unit{u}`) and the width factor."""
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The model fields a parameter tree implies, read off its shapes.
+
+  A Mixer tree (`stem/kernel`) gives `MlpMixer`'s fields, any other `VisionTransformer`'s.
+  Dropout rates are not stored in weights and come back as 0; a tree without `cls` is taken
+  as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with a `MAPHead_0`;
+  `dist_token` gives `distilled=True`, and an encoder without a position embedding
+  `posemb='sincos2d'` (these two fields only appear when set). `match_registry` names the
+  registered model of this architecture, if there is one.
+  """
+  flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
+  if MIXER_STEM in flat:
+    return _infer_mixer(flat)
+  kernel = _get(flat, 'embedding/kernel')
+  if len(kernel.shape) != 4:
+    raise CheckpointError(
+      f'embedding/kernel has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
+    )
+  config = ml_collections.ConfigDict()
+  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
+  config.hidden_size = int(kernel.shape[-1])
+  config.transformer = _infer_transformer(flat)
+  config.resnet = _infer_resnet(flat)
+  config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
+  if 'dist_token' in flat:
+    config.distilled = True
+  if config.transformer is not None and POSEMB not in flat:
+    config.posemb = 'sincos2d'
+  config.representation_size = (
+    int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
+  )
+  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  return config
+
+
+def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
+  blocks = _numbered(flat, _BLOCK_RE, 'Transformer')
+  if not blocks:
+    return None
+  block = 'Transformer/encoderblock_0'
+  query = _get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
+  if len(query.shape) != 3:
+    raise CheckpointError(
+      f'{block}/MultiHeadDotProductAttention_0/query/kernel has shape {shape_str(query.shape)};'
+      ' expected (hidden, heads, head_dim)'
+    )
+  return ml_collections.ConfigDict(
+    {
+      'num_layers': len(blocks),
+      'mlp_dim': int(_get(flat, f'{block}/MlpBlock_0/Dense_0/kernel').shape[-1]),
+      'num_heads': int(query.shape[1]),
+      'dropout_rate': 0.0,
+      'attention_dropout_rate': 0.0,
+    }
+  )
+
+
+def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The hybrid stem's units per stage and width; None for a plain ViT."""
+  if 'conv_root/kernel' not in flat:
+    return None
   stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
   if stages != list(range(1, len(stages) + 1)):
     raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
@@ -135,71 +192,11 @@ def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
   )
 
 
-def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The model fields a parameter tree implies, read off its shapes.
-
-  A Mixer tree (`stem/kernel`) gives `MlpMixer`'s fields, any other `VisionTransformer`'s.
-  Dropout rates are not stored in weights and come back as 0; a tree without `cls` is taken
-  as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with a `MAPHead_0`;
-  `dist_token` gives `distilled=True`, and an encoder without a position embedding
-  `posemb='sincos2d'` (these two fields only appear when set). `model_name` is the matching
-  registry entry, or None when no registered model has this architecture.
-  """
-  flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
-  if MIXER_STEM in flat:
-    return _infer_mixer(flat)
-  kernel = _get(flat, 'embedding/kernel')
-  if len(kernel.shape) != 4:
-    raise CheckpointError(
-      f'embedding/kernel has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
-    )
-  hidden = int(kernel.shape[-1])
-  config = ml_collections.ConfigDict()
-  config.model_name = None
-  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
-  config.hidden_size = hidden
-
-  blocks = _numbered(flat, _BLOCK_RE, 'Transformer')
-  if blocks:
-    block = 'Transformer/encoderblock_0'
-    query = _get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
-    if len(query.shape) != 3:
-      raise CheckpointError(
-        f'{block}/MultiHeadDotProductAttention_0/query/kernel has shape {shape_str(query.shape)};'
-        ' expected (hidden, heads, head_dim)'
-      )
-    config.transformer = ml_collections.ConfigDict(
-      {
-        'num_layers': len(blocks),
-        'mlp_dim': int(_get(flat, f'{block}/MlpBlock_0/Dense_0/kernel').shape[-1]),
-        'num_heads': int(query.shape[1]),
-        'dropout_rate': 0.0,
-        'attention_dropout_rate': 0.0,
-      }
-    )
-  else:
-    config.transformer = None
-
-  config.resnet = _infer_resnet(flat) if 'conv_root/kernel' in flat else None
-
-  config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
-  if 'dist_token' in flat:
-    config.distilled = True
-  if config.transformer is not None and POSEMB not in flat:
-    config.posemb = 'sincos2d'
-  config.representation_size = (
-    int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
-  )
-  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-  config.model_name = match_registry(config)
-  return config
-
-
-def _arch(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
-  """The fields that decide the parameter shapes (not dropout, not the head)."""
-  if 'num_blocks' in config:  # MLP-Mixer
+def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
+  """The fields that decide the parameter shapes (not dropout, not the head, not pre_logits)."""
+  if 'num_blocks' in config:  # MLP-Mixer; the patch first, as for a ViT
     fields = ('hidden_dim', 'num_blocks', 'tokens_mlp_dim', 'channels_mlp_dim')
-    return ('mixer', tuple(config['patches']['size']), *(config[f] for f in fields))
+    return (tuple(config['patches']['size']), 'mixer', *(config[f] for f in fields))
   t = config['transformer']
   r = config['resnet']
   return (
@@ -218,39 +215,35 @@ def match_registry(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str
   """The registered model with the architecture of `config`, or None."""
   from vit_jax.models import MODEL_CONFIGS
 
-  arch = _arch(config)
+  arch = architecture(config)
   for name, registered in MODEL_CONFIGS.items():
-    if _arch(registered) == arch:
+    if architecture(registered) == arch:
       return name
   return None
 
 
 def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
-  """The architecture in a few words, for messages: widths, depth, patch."""
-  patch = 'x'.join(str(p) for p in config['patches']['size'])
+  """The architecture in one phrase, e.g. 'hidden_size 768, 12 layers, 12 heads, mlp_dim 3072,
+  patch 16x16, classifier token' (a Mixer: 'Mixer with hidden_dim 768, 12 blocks, ...')."""
+  patch = 'patch ' + 'x'.join(map(str, config['patches']['size']))
   if 'num_blocks' in config:
     return (
       f'Mixer with hidden_dim {config["hidden_dim"]}, {config["num_blocks"]} blocks,'
-      f' tokens MLP {config["tokens_mlp_dim"]}, patch {patch}'
+      f' tokens MLP {config["tokens_mlp_dim"]}, channels MLP {config["channels_mlp_dim"]}, {patch}'
     )
-  t = config['transformer']
-  layers = f', {t["num_layers"]} layers, {t["num_heads"]} heads' if t else ''
-  return f'hidden_size {config["hidden_size"]}{layers}, patch {patch}'
-
-
-def trained_resolution(
-  flat: Mapping[str, Any], config: Mapping[str, Any] | ml_collections.ConfigDict
-) -> int | None:
-  """The square image size a checkpoint was trained at, when its shapes tell: a square grid of
-  learned position embeddings, or a Mixer's token-mixing width (its number of patches)."""
-  if MIXER_TOKENS in flat:
-    patches = flat[MIXER_TOKENS].shape[0]
-  elif POSEMB in flat:
-    patches = flat[POSEMB].shape[1] - num_prefix_tokens(flat)
-  else:
-    return None  # sincos2d: any resolution
-  side = square_side(patches)
-  return None if side is None else side * config['patches']['size'][0] * feature_stride(config)
+  t, r = config['transformer'], config['resnet']
+  parts = [f'hidden_size {config["hidden_size"]}']
+  if t is not None:
+    parts.append(f'{t["num_layers"]} layers, {t["num_heads"]} heads, mlp_dim {t["mlp_dim"]}')
+  parts.append(patch)
+  if r is not None:
+    parts.append(f'resnet {tuple(r["num_layers"])}')
+  parts.append(f'classifier {config["classifier"]}')
+  if config.get('distilled'):
+    parts.append('distillation token')
+  if config.get('posemb', 'learn') != 'learn':
+    parts.append(f'posemb {config["posemb"]}')
+  return ', '.join(parts)
 
 
 def feature_stride(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
@@ -258,6 +251,28 @@ def feature_stride(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int
   if config.get('resnet') is None:
     return 1
   return 4 * 2 ** max(0, len(config['resnet']['num_layers']) - 1)
+
+
+def patch_pixels(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
+  """The side in input pixels of the patch one token sees (patch size x the stem's stride)."""
+  return config['patches']['size'][0] * feature_stride(config)
+
+
+def native_resolution(
+  params: Mapping[str, Any], config: Mapping[str, Any] | ml_collections.ConfigDict
+) -> int | None:
+  """The square image size a checkpoint was trained at, when its shapes tell: a square grid of
+  learned position embeddings (after the `cls`/`dist_token` rows), or a Mixer's token-mixing
+  width (its number of patches). None otherwise (sincos2d position embeddings fit any size)."""
+  flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
+  if MIXER_TOKENS in flat:
+    patches = flat[MIXER_TOKENS].shape[0]
+  elif POSEMB in flat:
+    patches = flat[POSEMB].shape[1] - num_prefix_tokens(flat)
+  else:
+    return None
+  side = square_side(patches)
+  return None if side is None else side * patch_pixels(config)
 
 
 def token_grid(

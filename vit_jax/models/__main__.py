@@ -1,13 +1,12 @@
 """Prints the model zoo: the paper's Table 1 reproduced from the code.
 
-python -m vit_jax.models --table [--resolution 224] [--num_classes 1000] [--xla_flops]
+python -m vit_jax.models [--resolution 224] [--num_classes 1000] [--xla_flops]
 """
 
 from absl import app, flags
 
 from vit_jax.models import MODEL_CONFIGS, get_model, is_mixer, stats
 
-_TABLE = flags.DEFINE_bool('table', True, 'Print the table of registered models.')
 _RESOLUTION = flags.DEFINE_integer('resolution', 224, 'Input resolution in pixels.')
 _NUM_CLASSES = flags.DEFINE_integer('num_classes', 1000, 'Head width.')
 _XLA_FLOPS = flags.DEFINE_bool('xla_flops', False, "Add XLA's cost-analysis FLOPs (slower).")
@@ -82,8 +81,6 @@ def format_table(rows) -> str:
 
 def main(argv):
   del argv
-  if not _TABLE.value:
-    return
   rows = table_rows(_RESOLUTION.value, _NUM_CLASSES.value, _XLA_FLOPS.value)
   print(
     f'Registered models at {_RESOLUTION.value} px with {_NUM_CLASSES.value} classes '

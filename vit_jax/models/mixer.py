@@ -79,7 +79,6 @@ class MlpMixer(nn.Module):
   tokens_mlp_dim: int
   channels_mlp_dim: int
   head_bias_init: float = 0.0
-  model_name: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 

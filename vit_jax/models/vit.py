@@ -495,7 +495,6 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   classifier: str = 'token'
   head_bias_init: float = 0.0
-  model_name: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_impl: str = 'xla'
