@@ -1,6 +1,6 @@
 """DeiT's distilled ViT: the names and shapes agreed for checkpoints, logits of both heads
-against the DeiT equations in numpy, the fine-tuning surgery with two prefix tokens, and
-training through the trainer."""
+against the DeiT equations in numpy, the fine-tuning surgery with two prefix tokens,
+training through the trainer, and predict's mean of the two heads."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,7 @@ import scipy.ndimage
 from numpy_models import deit as numpy_deit
 
 from configs import digits as digits_config
-from vit_jax import checkpoint, losses, train
+from vit_jax import checkpoint, losses, predict, train
 from vit_jax.checkpoint import tree
 from vit_jax.models import get_config, get_model, model_from_config, stats
 
@@ -168,3 +168,19 @@ def test_trains_through_the_trainer_with_the_mean_of_both_heads(tmp_path):
   assert result['status'] == 'done' and np.isfinite(result['loss_test'])
   params = jax.device_get(result['params'])
   assert np.abs(params['head_dist']['kernel']).max() > 0  # trained from its zero init
+
+
+def test_predict_gives_the_mean_of_both_heads(tmp_path, random_params):
+  params = _params(random_params, _small(classes=5))
+  checkpoint.save_npz(params, tmp_path / 'deit.npz')
+  loaded = predict.load(tmp_path / 'deit.npz')
+  assert (loaded.resolution, loaded.num_classes) == (32, 5)
+  assert 'distillation token' in loaded.model_name  # unregistered size: described
+  images = _images(3, seed=5)
+  features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 3)
+  assert features.shape == (3, 2 * 32)  # the class and distillation tokens side by side
+  want_cls, want_dist = _numpy(params, images)
+  head = params['head']
+  np.testing.assert_allclose(features[:, :32] @ head['kernel'] + head['bias'], want_cls, atol=1e-5)
+  got = predict._logits(loaded, features)
+  np.testing.assert_allclose(got, (want_cls + want_dist) / 2, atol=1e-5, rtol=0)

@@ -475,7 +475,8 @@ class VisionTransformer(nn.Module):
       covers both) and a second head `head_dist` on it; needs classifier='token'. The output
       is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
       returns the pair (class head, distillation head) for a distillation loss
-      (`vit_jax.losses`). Without a head: the mean of the two tokens' features.
+      (`vit_jax.losses`). Without a head: the mean of the two tokens' features (with
+      `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `mixed_einsum`); norms, softmax, GELU, residuals
@@ -515,8 +516,8 @@ class VisionTransformer(nn.Module):
       )
     if self.transformer is None and (self.distilled or self.classifier == 'map'):
       raise ValueError("distilled=True and classifier='map' need a transformer (it is None)")
-    if both_heads and not (self.distilled and self.num_classes):
-      raise ValueError('both_heads=True needs a distilled model (distilled=True) with a head')
+    if both_heads and not self.distilled:
+      raise ValueError('both_heads=True needs a distilled model (distilled=True)')
 
   def _prepend_tokens(self, x: jnp.ndarray) -> jnp.ndarray:
     """[cls, dist_token, patches], as many of the first two as the options ask for."""
@@ -557,8 +558,9 @@ class VisionTransformer(nn.Module):
   def _distilled_output(self, x: jnp.ndarray, both_heads: bool) -> Any:
     """DeiT: the class token's head and the distillation token's head (or their mean)."""
     x_cls, x_dist = x[:, 0], x[:, 1]
-    if not self.num_classes:
-      return ((x_cls + x_dist) / 2).astype(jnp.float32)
+    if not self.num_classes:  # the features each head reads, or their mean
+      pair = (x_cls.astype(jnp.float32), x_dist.astype(jnp.float32))
+      return pair if both_heads else (pair[0] + pair[1]) / 2
     logits = self._head(x_cls).astype(jnp.float32)
     logits_dist = self._head(x_dist, 'head_dist').astype(jnp.float32)
     return (logits, logits_dist) if both_heads else (logits + logits_dist) / 2
@@ -567,7 +569,8 @@ class VisionTransformer(nn.Module):
   def __call__(self, inputs: jnp.ndarray, *, train: bool, both_heads: bool = False) -> Any:
     """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
 
-    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits.
+    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits,
+    or without a head the pair of features they read.
     """
     self._check_options(both_heads)
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
