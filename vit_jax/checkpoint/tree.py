@@ -99,16 +99,22 @@ def _numbered(flat: Mapping[str, Any], pattern: re.Pattern, where: str) -> list[
   return found
 
 
-def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `MlpMixer` fields of a Mixer tree (`stem`, `MixerBlock_{i}`, `head`)."""
-  kernel = flat[MIXER_STEM]
+def _patch_embedding(flat: Mapping[str, Any], key: str) -> tuple[tuple[int, int], int]:
+  """(patch size, width) of the conv kernel `key` that cuts the image into patches."""
+  kernel = _get(flat, key)
   if len(kernel.shape) != 4:
     raise CheckpointError(
-      f'{MIXER_STEM} has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
+      f'{key} has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
     )
+  return (int(kernel.shape[0]), int(kernel.shape[1])), int(kernel.shape[-1])
+
+
+def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `MlpMixer` fields of a Mixer tree (`stem`, `MixerBlock_{i}`, `head`)."""
+  patch, width = _patch_embedding(flat, MIXER_STEM)
   config = ml_collections.ConfigDict()
-  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
-  config.hidden_dim = int(kernel.shape[-1])
+  config.patches = ml_collections.ConfigDict({'size': patch})
+  config.hidden_dim = width
   config.num_blocks = len(_numbered(flat, _MIXER_BLOCK_RE, ''))
   config.tokens_mlp_dim = int(_get(flat, MIXER_TOKENS).shape[-1])
   channels = _get(flat, 'MixerBlock_0/channel_mixing/Dense_0/kernel')
@@ -130,14 +136,10 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
   if MIXER_STEM in flat:
     return _infer_mixer(flat)
-  kernel = _get(flat, 'embedding/kernel')
-  if len(kernel.shape) != 4:
-    raise CheckpointError(
-      f'embedding/kernel has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
-    )
+  patch, width = _patch_embedding(flat, 'embedding/kernel')
   config = ml_collections.ConfigDict()
-  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
-  config.hidden_size = int(kernel.shape[-1])
+  config.patches = ml_collections.ConfigDict({'size': patch})
+  config.hidden_size = width
   config.transformer = _infer_transformer(flat)
   config.resnet = _infer_resnet(flat)
   config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
