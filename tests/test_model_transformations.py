@@ -67,7 +67,7 @@ def _finite_difference(f, x, v, h=1e-2):
 
 
 def _reference_logits(args):
-  """The model's logits in float64, for finite differences."""
+  """The logits of the model computed in float64 (it rounds them to float32 at the end)."""
   params, images = args
   return np.asarray(_logits(_model(jnp.float64, param_dtype=jnp.float64), params, images))
 
@@ -96,8 +96,9 @@ def test_jvp_and_linearize_agree_with_finite_differences(dtype, point):
 def test_scanned_rematerialised_layers_give_the_same_jvp(dtype, point):
   params, images, _, (direction, _) = point
   scanned = _model(dtype, scan_layers=True, remat_policy='dots')
-  stacked = lambda p: vit.stack_encoder_blocks(p)
-  got = jax.jvp(lambda p: _logits(scanned, stacked(p), images), (params,), (direction,))[1]
+  got = jax.jvp(
+    lambda p: _logits(scanned, vit.stack_encoder_blocks(p), images), (params,), (direction,)
+  )[1]
   want = jax.jvp(lambda p: _logits(_model(dtype), p, images), (params,), (direction,))[1]
   _assert_close(got, want, 1e-5)
 
@@ -113,23 +114,24 @@ def test_jacfwd_equals_jacrev(dtype, point):
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_hessian_vector_product_agrees_with_differences_of_gradients(dtype, point):
-  """Forward over reverse against float64 differences of XLA's own gradients of the plain
-  formula (kept attention weights take it), so no written-out derivative enters the reference."""
+def test_hessian_vector_products_agree_with_differences_of_gradients(dtype, point):
+  """Forward over reverse and reverse over reverse, against float64 differences of XLA's own
+  gradients of the plain formula (kept attention weights take it): no written-out derivative
+  enters the reference."""
   params, images, labels, (direction, _) = point
 
   def plain_gradient(p):
     model = _model(jnp.float64, param_dtype=jnp.float64)
     plain = lambda p: model.apply({'params': p}, images, train=False, mutable=['intermediates'])[0]
-    loss = lambda p: (
-      -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(plain(p)), labels[:, None], -1))
-    )
-    return jax.grad(loss)(p)
+    return jax.grad(lambda p: _cross_entropy(plain(p), labels))(p)
 
-  grad = jax.grad(functools.partial(_loss, _model(dtype)), argnums=0)
-  hvp = jax.jit(lambda p, v: jax.jvp(lambda p: grad(p, images, labels), (p,), (v,))[1])
+  grad = jax.grad(lambda p: _loss(_model(dtype), p, images, labels))
+  inner = lambda a, b: sum(jax.tree.leaves(jax.tree.map(jnp.vdot, a, b)))
+  forward_over_reverse = lambda p, v: jax.jvp(grad, (p,), (v,))[1]
+  reverse_over_reverse = lambda p, v: jax.grad(lambda p: inner(grad(p), v))(p)
   reference = _finite_difference(plain_gradient, params, direction)
-  _assert_close(hvp(params, direction), reference, TOLERANCE[dtype])
+  for hvp in (forward_over_reverse, reverse_over_reverse):
+    _assert_close(jax.jit(hvp)(params, direction), reference, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
