@@ -32,7 +32,8 @@ def _model(dtype, **overrides):
 def point():
   """Random weights, images and labels, and a random direction in weights and images."""
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
-  params = randomize(_model(jnp.float32).init(jax.random.key(0), images, train=False)['params'])
+  init = jax.jit(lambda: _model(jnp.float32).init(jax.random.key(0), images, train=False))
+  params = randomize(init()['params'])
   direction = (
     randomize(params, seed=1),
     np.asarray(jax.random.normal(jax.random.key(2), images.shape)),
@@ -66,10 +67,25 @@ def _finite_difference(f, x, v, h=1e-2):
     return jax.tree.map(stencil, at(2), at(1), at(-1), at(-2))
 
 
-def _reference_logits(args):
-  """The logits of the model computed in float64 (it rounds them to float32 at the end)."""
-  params, images = args
-  return np.asarray(_logits(_model(jnp.float64, param_dtype=jnp.float64), params, images))
+@pytest.fixture(scope='module')
+def reference_tangent(point):
+  """Finite differences of the logits along the direction, the model computed in float64 (it
+  rounds the logits to float32 at the end)."""
+  params, images, _, direction = point
+  logits = lambda x: _logits(_model(jnp.float64, param_dtype=jnp.float64), *x)
+  return _finite_difference(jax.jit(logits), (params, images), direction)
+
+
+@pytest.fixture(scope='module')
+def reference_hvp(point):
+  """Finite differences of float64 gradients along the direction in the weights: XLA's own
+  gradients of the plain formula (kept attention weights take it), so no written-out derivative
+  enters the reference."""
+  params, images, labels, (direction, _) = point
+  model = _model(jnp.float64, param_dtype=jnp.float64)
+  plain = lambda p: model.apply({'params': p}, images, train=False, mutable=['intermediates'])[0]
+  gradient = jax.grad(lambda p: _cross_entropy(plain(p), labels))
+  return _finite_difference(jax.jit(gradient), params, direction)
 
 
 def _assert_close(got, want, tolerance):
@@ -82,13 +98,12 @@ def _assert_close(got, want, tolerance):
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_jvp_and_linearize_agree_with_finite_differences(dtype, point):
+def test_jvp_and_linearize_agree_with_finite_differences(dtype, point, reference_tangent):
   params, images, _, direction = point
   f = functools.partial(_logits, _model(dtype))
-  reference = _finite_difference(_reference_logits, (params, images), direction)
   _, tangent = jax.jit(lambda x, v: jax.jvp(f, x, v))((params, images), direction)
   _, linearized = jax.linearize(f, params, images)
-  _assert_close(tangent, reference, TOLERANCE[dtype])
+  _assert_close(tangent, reference_tangent, TOLERANCE[dtype])
   _assert_close(linearized(*direction), tangent, 1e-6)
 
 
@@ -114,24 +129,15 @@ def test_jacfwd_equals_jacrev(dtype, point):
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
-def test_hessian_vector_products_agree_with_differences_of_gradients(dtype, point):
-  """Forward over reverse and reverse over reverse, against float64 differences of XLA's own
-  gradients of the plain formula (kept attention weights take it): no written-out derivative
-  enters the reference."""
+def test_hessian_vector_products_agree_with_differences_of_gradients(dtype, point, reference_hvp):
+  """Forward over reverse and reverse over reverse."""
   params, images, labels, (direction, _) = point
-
-  def plain_gradient(p):
-    model = _model(jnp.float64, param_dtype=jnp.float64)
-    plain = lambda p: model.apply({'params': p}, images, train=False, mutable=['intermediates'])[0]
-    return jax.grad(lambda p: _cross_entropy(plain(p), labels))(p)
-
   grad = jax.grad(lambda p: _loss(_model(dtype), p, images, labels))
   inner = lambda a, b: sum(jax.tree.leaves(jax.tree.map(jnp.vdot, a, b)))
   forward_over_reverse = lambda p, v: jax.jvp(grad, (p,), (v,))[1]
   reverse_over_reverse = lambda p, v: jax.grad(lambda p: inner(grad(p), v))(p)
-  reference = _finite_difference(plain_gradient, params, direction)
   for hvp in (forward_over_reverse, reverse_over_reverse):
-    _assert_close(jax.jit(hvp)(params, direction), reference, TOLERANCE[dtype])
+    _assert_close(jax.jit(hvp)(params, direction), reference_hvp, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -164,22 +170,24 @@ def test_bfloat16_forward_mode_and_per_example_matmuls_keep_bfloat16_operands(po
 )
 def test_mixed_einsum_jvp_under_vmap_equals_its_definition(axes):
   """jvp: bfloat16-rounded operands, float32 sums; vmapped over either operand of the tangent
-  products or both (axes of x, y, dx, dy), eagerly, matmul by matmul."""
+  products or both (axes of x, y, dx, dy)."""
   spec, shapes = 'bhqk,bhkd->bhqd', ((2, 3, 5, 7), (2, 3, 7, 8)) * 2
-  keys = jax.random.split(jax.random.key(4), 4)
+  rng = np.random.default_rng(4)
   args = [
-    jax.random.normal(key, shape if axis is None else (*shape[:axis], 3, *shape[axis:]))
-    for key, shape, axis in zip(keys, shapes, axes, strict=True)
+    rng.standard_normal(shape if axis is None else (*shape[:axis], 3, *shape[axis:]), np.float32)
+    for shape, axis in zip(shapes, axes, strict=True)
   ]
   mixed = lambda x, y: vit.mixed_einsum(spec, x, y, jnp.bfloat16)
   jvp = lambda x, y, dx, dy: jax.jvp(mixed, (x, y), (dx, dy))[1]
-  got = jax.vmap(jvp, in_axes=axes)(*args)
+  got = jax.jit(jax.vmap(jvp, in_axes=axes))(*args)
   assert got.dtype == jnp.float32
+  rounded = [a.astype(jnp.bfloat16).astype(np.float64) for a in args]  # numpy (ml_dtypes)
   for i in range(3):
-    one = [a if m is None else jnp.take(a, i, axis=m) for a, m in zip(args, axes, strict=True)]
-    x, y, dx, dy = (np.asarray(a.astype(jnp.bfloat16), np.float64) for a in one)
-    want = np.einsum(spec, dx, y) + np.einsum(spec, x, dy)
-    np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5)
+    one = [a if m is None else np.take(a, i, axis=m) for a, m in zip(rounded, axes, strict=True)]
+    x, y, dx, dy = one
+    np.testing.assert_allclose(
+      got[i], np.einsum(spec, dx, y) + np.einsum(spec, x, dy), rtol=1e-5, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize('dtype', DTYPES)
@@ -191,8 +199,10 @@ def test_attend_jvp_equals_autodiff_of_the_plain_formula(dtype):
     weights = jax.nn.softmax(vit._einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
     return vit._einsum('bhqk,bhkd->bhqd', weights, v, dtype)
 
-  got = jax.jvp(lambda *a: vit.attend(*a, dtype), (q, k, v), (dq, dk, dv))
-  want = jax.jvp(plain, (q, k, v), (dq, dk, dv))
+  got = jax.jit(jax.jvp, static_argnums=0)(
+    lambda *a: vit.attend(*a, dtype), (q, k, v), (dq, dk, dv)
+  )
+  want = jax.jit(jax.jvp, static_argnums=0)(plain, (q, k, v), (dq, dk, dv))
   tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
   for g, w in zip(got, want, strict=True):
     assert g.dtype == jnp.float32
