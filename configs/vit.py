@@ -1,13 +1,16 @@
-r"""Fine-tunes a pretrained ViT or hybrid: `--config=configs/vit.py:MODEL,DATASET`.
+r"""Fine-tunes a pretrained ViT, hybrid or MLP-Mixer: `--config=configs/vit.py:MODEL,DATASET`.
 
-MODEL is a short name (ti16, s16, s32, b8, b16, b32, l16, l32, h14, r50_b16, r26_s32, ...)
-or a registry name (ViT-B_16); DATASET a preset (cifar10, cifar100, imagenet2012,
-oxford_iiit_pet, oxford_flowers102) or any tfds name / image folder (then set
---config.total_steps). Paper Table 4 recipe: SGD momentum 0.9, batch 512, cosine decay,
-clip 1, no weight decay, 384 px.
+MODEL is a short name (ti16, s16, s32, b8, b16, b32, l16, l32, h14, r50_b16, r26_s32,
+mixer_b16, mixer_l16, deit_b16_distilled, ...) or a registry name (ViT-B_16, Mixer-B_16);
+DATASET a preset (cifar10, cifar100, imagenet2012, oxford_iiit_pet, oxford_flowers102) or any
+tfds name / image folder (then set --config.total_steps). Paper Table 4 recipe: SGD momentum
+0.9, batch 512, cosine decay, clip 1, no weight decay, 384 px; Mixers at 224 px, as the
+original `mixer_base16_cifar10.py` (their token-mixing MLPs fix the resolution).
 
   python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=runs/b16_cifar10 \
       --config.pretrained_dir=checkpoints   # holds ViT-B_16.npz (gs://vit_models/imagenet21k)
+  python -m vit_jax.main --config=configs/vit.py:mixer_b16,cifar10 --workdir=runs/mixer \
+      --config.pretrained_dir=checkpoints   # Mixer-B_16.npz (gs://mixer_models/imagenet21k)
 
 High-resolution fine-tuning (paper Table 2: ImageNet at 512 px for ViT-L/16, 518 px for
 ViT-H/14): `MODEL,DATASET,RESOLUTION`, e.g. `configs/vit.py:l16,imagenet2012,512` or
@@ -22,6 +25,7 @@ parameters (Polyak, decay 0.9999); this trainer has no such key yet.
 import ml_collections
 
 from configs import common, models
+from vit_jax.models import is_mixer
 
 # Above this resolution, the config turns on bfloat16 compute and full rematerialisation.
 _HIGH_RESOLUTION = 384
@@ -45,9 +49,11 @@ def get_config(model_dataset: str = 'b16,cifar10') -> ml_collections.ConfigDict:
   config.model = models.model_config(model)
   if (config.model_name, dataset) == ('ViT-B_16', 'cifar10'):
     config.base_lr = 0.01  # the original's only per-pair setting
+  if is_mixer(config.model):
+    config.pp.crop = 224  # the resolution of the released Mixer checkpoints
   if len(parts) == 3:
     config.pp.crop = int(parts[2])
-    if config.pp.crop > _HIGH_RESOLUTION:
+    if config.pp.crop > _HIGH_RESOLUTION and not is_mixer(config.model):
       config.dtype = 'bfloat16'
       config.model.remat_policy = 'full'
   return config.lock()

@@ -13,11 +13,11 @@ RandAugment(2, 10); mixup with Beta concentration 0.2; Adam (0.9, 0.999) with th
 in bfloat16, clipping at global norm 1, lr 1e-3 with 10k warmup steps and cosine decay to 0,
 decoupled weight decay on the kernels (big_vision's wd=1e-4, a multiple of the schedule,
 equals 0.1 x lr here, see vit_jax/optim.py); global average pooling and a representation
-layer (pre_logits) of width 384; no dropout, no stochastic depth; train on train[:99%].
+layer (pre_logits) of width 384; big_vision's fixed 2-D sin-cos position embedding; no dropout,
+no stochastic depth; train on train[:99%].
 
-Differences, named: the position embedding is learned (big_vision's is a fixed 2-D sin-cos,
-which this model does not have: 75k more parameters, ~0.2% of S/16); evaluation resizes the
-image to 224 px (big_vision resizes the short side to 256 and crops the central 224).
+One difference, named: evaluation resizes the image to 224 px (big_vision resizes the short
+side to 256 and crops the central 224).
 """
 
 import ml_collections
@@ -38,6 +38,7 @@ def get_config(epochs: str = '90') -> ml_collections.ConfigDict:
   config.model = models.model_config('s16')
   config.model.classifier = 'gap'
   config.model.representation_size = config.model.hidden_size
+  config.model.posemb = 'sincos2d'
   config.model.transformer.dropout_rate = 0.0
   config.model.transformer.drop_path_rate = 0.0
   config.pretrained_dir = ''  # from scratch

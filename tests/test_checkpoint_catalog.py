@@ -15,10 +15,8 @@ UNITS = {'MiB': 2**20, 'GiB': 2**30, 'MB': 1e6, 'GB': 1e9}
 
 @functools.cache
 def _param_count(model: str, resolution: int, num_classes: int, pre_logits: bool) -> int:
-  hidden = MODEL_CONFIGS[model].hidden_size
-  net = get_model(
-    model, num_classes=num_classes or None, representation_size=hidden if pre_logits else None
-  )
+  representation = {'representation_size': MODEL_CONFIGS[model].hidden_size} if pre_logits else {}
+  net = get_model(model, num_classes=num_classes or None, **representation)
   return stats.count_params(stats.param_shapes(net, resolution))
 
 
@@ -35,6 +33,11 @@ HUB = [f'vit-{size}-patch{p}-{res}' for size, p, res in [('base', 16, 224), ('ba
 HUB += ['vit-base-patch32-384', 'vit-large-patch16-224', 'vit-large-patch16-384']
 HUB += ['vit-large-patch32-384', 'vit-base-patch16-224-in21k', 'vit-base-patch32-224-in21k']
 HUB += ['vit-large-patch16-224-in21k', 'vit-large-patch32-224-in21k', 'vit-huge-patch14-224-in21k']
+# The `gsutil ls gs://mixer_models/*` output stored in the original vit_jax.ipynb.
+MIXER = [f'imagenet1k/Mixer-{m}' for m in ('B_16', 'L_16')]
+MIXER += [f'imagenet21k/Mixer-{m}' for m in ('B_16', 'L_16')]
+MIXER += [f'sam/Mixer-{m}' for m in ('B_16', 'B_32')]
+MIXER += [f'gsam/Mixer-{m}' for m in ('B_16', 'B_32', 'S_16', 'S_32', 'S_8')]
 
 
 def test_entries_are_the_published_files_and_name_registered_models():
@@ -45,6 +48,7 @@ def test_entries_are_the_published_files_and_name_registered_models():
     f'augreg/{m}-i21k{tune}' for m in AUGREG_RECOMMENDED for tune in ('', '-imagenet2012-384')
   ]
   expected += [f'hf/{repo}' for repo in HUB]
+  expected += MIXER
   names = [e.name for e in catalog.CATALOG]
   assert len(names) == len(set(names))
   assert sorted(names) == sorted(expected)
@@ -52,7 +56,11 @@ def test_entries_are_the_published_files_and_name_registered_models():
     assert entry.model in MODEL_CONFIGS, entry.name
     assert entry.url.endswith(entry.file), entry.name
     assert entry.url.startswith(
-      ('https://storage.googleapis.com/vit_models/', 'https://huggingface.co/')
+      (
+        'https://storage.googleapis.com/vit_models/',
+        'https://storage.googleapis.com/mixer_models/',
+        'https://huggingface.co/',
+      )
     )
 
 

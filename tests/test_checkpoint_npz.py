@@ -358,14 +358,6 @@ def test_integer_arrays_are_refused(tmp_path, small_npz):
   assert "'cls'" in message and 'int32' in message
 
 
-def test_map_head_checkpoints_are_refused(tmp_path, small_npz):
-  with np.load(small_npz) as f:
-    flat = {f'params/{k}': f[k] for k in f.files}
-  flat['params/MAPHead_0/probe'] = np.zeros((1, 1, 10), np.float32)
-  np.savez(tmp_path / 'map.npz', **flat)
-  assert "pool_type='map'" in _error(tmp_path / 'map.npz')
-
-
 def test_missing_file_and_unknown_format(tmp_path):
   assert 'no such file' in _error(tmp_path / 'absent.npz')
   (tmp_path / 'notes.txt').write_text('hello')

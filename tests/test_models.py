@@ -34,7 +34,49 @@ EXPECTED_PARAMS = {
   'R26+ViT-B_32': 101_383_976,
   'R50+ViT-B_16': 98_659_112,
   'R50+ViT-L_32': 328_994_856,
+  # The original table's Mixers (`models_test.MODEL_SIZES`).
+  'Mixer-B_16': 59_880_472,
+  'Mixer-B_32': 60_293_428,
+  'Mixer-L_16': 208_196_168,
 }
+
+
+def mixer_params(hidden, blocks, tokens_mlp, channels_mlp, patch, resolution=224, classes=1000):
+  """MLP-Mixer's parameters by hand: stem conv, per block two LayerNorms, the token MLP
+  (S -> D_S -> S) and the channel MLP (C -> D_C -> C) with biases, final norm, head."""
+  s = (resolution // patch) ** 2
+  stem = patch * patch * 3 * hidden + hidden
+  token_mlp = s * tokens_mlp + tokens_mlp + tokens_mlp * s + s
+  channel_mlp = hidden * channels_mlp + channels_mlp + channels_mlp * hidden + hidden
+  block = 2 * 2 * hidden + token_mlp + channel_mlp
+  return stem + blocks * block + 2 * hidden + hidden * classes + classes
+
+
+def deit_params(vit_params, hidden, classes=1000):
+  """DeiT with distillation token over the ViT of the same size: `dist_token` (D), its
+  position-embedding row (D) and `head_dist` (D x classes + classes)."""
+  return vit_params + hidden + hidden + hidden * classes + classes
+
+
+# Mixer-S (paper Table 1: C 512, 8 blocks, D_S 256, D_C 2048), the sizes of the GSAM files.
+EXPECTED_PARAMS |= {f'Mixer-S_{p}': mixer_params(512, 8, 256, 2048, p) for p in (8, 16, 32)}
+EXPECTED_PARAMS |= {
+  f'DeiT-{size}-distilled': deit_params(EXPECTED_PARAMS[f'ViT-{size}'], hidden)
+  for size, hidden in (('Ti_16', 192), ('S_16', 384), ('B_16', 768))
+}
+
+
+def test_mixer_arithmetic_reproduces_the_original_table():
+  assert mixer_params(768, 12, 384, 3072, 16) == EXPECTED_PARAMS['Mixer-B_16']
+  assert mixer_params(768, 12, 384, 3072, 32) == EXPECTED_PARAMS['Mixer-B_32']
+  assert mixer_params(1024, 24, 512, 4096, 16) == EXPECTED_PARAMS['Mixer-L_16']
+
+
+def test_deit_counts_round_to_the_published_ones():
+  # timm `results-imagenet.csv` param_count (millions) of deit_*_distilled_patch16_224.
+  published = {'Ti_16': 5.91, 'S_16': 22.44, 'B_16': 87.34}
+  for size, millions in published.items():
+    assert round(EXPECTED_PARAMS[f'DeiT-{size}-distilled'] / 1e6, 2) == millions, size
 
 
 def test_every_registered_model_has_an_expected_count():

@@ -454,6 +454,7 @@ def test_mock_data_s16_imagenet_recipe_runs_end_to_end(tmp_path):
   assert np.isfinite([m['loss'] for m in _metrics(str(tmp_path), ('loss',)) if 'loss' in m]).all()
   assert result['params']['head']['kernel'].shape == (16, 1000)
   assert 'cls' not in result['params']  # global average pooling
+  assert 'posembed_input' not in result['params']['Transformer']  # fixed sin-cos
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state(tmp_path):

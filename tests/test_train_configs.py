@@ -6,7 +6,7 @@ import ml_collections
 import pytest
 
 from configs import augreg, common, digits, models, vit, vit_s16_i1k
-from vit_jax.models import MODEL_CONFIGS
+from vit_jax.models import MODEL_CONFIGS, is_mixer
 from vit_jax.train import setup, spec
 
 
@@ -126,6 +126,7 @@ def test_s16_imagenet_recipe_is_big_visions():
   )  # fmt: skip
   assert (config.pp.randaug_layers, config.pp.randaug_magnitude, config.mixup) == (2, 10, 0.2)
   assert (config.model.classifier, config.model.representation_size) == ('gap', 384)
+  assert config.model.posemb == 'sincos2d'
   assert (config.optimizer, config.optim_dtype, config.base_lr, config.warmup_steps) == (
     'adam', 'bfloat16', 1e-3, 10_000,
   )  # fmt: skip
@@ -154,6 +155,7 @@ def _every_config():
   from vit_jax.reproduce import vtab
 
   yield 'digits', digits.get_config()
+  yield 'digits.py:mixer', digits.get_config('mixer')
   for model in sorted(models.SHORT_NAMES):
     for dataset in common.DATASET_PRESETS:
       yield f'vit.py:{model},{dataset}', vit.get_config(f'{model},{dataset}')
@@ -189,11 +191,12 @@ def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
       config.to_dict(), sort_keys=True
     ), name
     model = setup.build_model(run.model, num_classes=10)  # the model accepts its fields
-    assert model.hidden_size == config.model.hidden_size, name
+    width = 'hidden_dim' if is_mixer(config.model) else 'hidden_size'
+    assert getattr(model, width) == config.model[width], name
     names.append(name)
-  # 1 + 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2 pretrain;
-  # digits regularised, 2 high-resolution, 3 S/16 ImageNet-1k.
-  assert len(names) == 1 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4 + 1 + 2 + 3
+  # 2 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
+  # pretrain; digits regularised, 2 high-resolution, 3 S/16 ImageNet-1k.
+  assert len(names) == 2 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4 + 1 + 2 + 3
 
 
 def test_the_spec_is_typed_and_frozen():

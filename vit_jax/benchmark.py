@@ -71,7 +71,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import files, hugepages, optim, parallel
-from vit_jax.models import get_config, model_from_config, stats, vit
+from vit_jax.models import get_config, is_mixer, model_from_config, stats, vit
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -237,14 +237,15 @@ def model_config(name: str, overrides: dict[str, Any] | None = None) -> ml_colle
 
 
 def _model(config: ml_collections.ConfigDict, num_classes: int, variant: Variant):
-  return model_from_config(
-    config,
-    num_classes=num_classes,
-    dtype=DTYPES[variant.dtype],
-    attention_impl=variant.attention,
-    remat_policy=variant.remat,
-    scan_layers=variant.layers == 'scan',
-  )
+  """The model of `variant`; fields at their defaults are left out, so that a model without
+  them (MLP-Mixer: no attention, remat or scan) runs the default variant of each."""
+  fields = {
+    'attention_impl': (variant.attention, 'xla'),
+    'remat_policy': (variant.remat, 'none'),
+    'scan_layers': (variant.layers == 'scan', False),
+  }
+  chosen = {k: value for k, (value, default) in fields.items() if value != default}
+  return model_from_config(config, num_classes=num_classes, dtype=DTYPES[variant.dtype], **chosen)
 
 
 def init_params(
@@ -468,12 +469,19 @@ def accum_steps_to_fit(
 
 
 def _check_comparable(name: str, config: Any) -> None:
-  if config.resnet is not None or config.classifier != 'token' or config.representation_size:
-    raise ValueError(
-      f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
-      f' ViTForImageClassification); {name} has resnet={config.resnet is not None},'
-      f' classifier={config.classifier!r}, representation_size={config.representation_size}'
+  if is_mixer(config) or config.get('distilled'):
+    what = 'is an MLP-Mixer' if is_mixer(config) else 'is distilled (DeiT: two heads)'
+  elif config.resnet is not None or config.classifier != 'token' or config.representation_size:
+    what = (
+      f'has resnet={config.resnet is not None}, classifier={config.classifier!r},'
+      f' representation_size={config.representation_size}'
     )
+  else:
+    return
+  raise ValueError(
+    f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
+    f' ViTForImageClassification); {name} {what}'
+  )
 
 
 def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):

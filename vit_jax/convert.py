@@ -1,4 +1,4 @@
-r"""Converts ViT checkpoints between the Google .npz layout and Hugging Face.
+r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout and Hugging Face.
 
   python -m vit_jax.convert SRC DST --to={npz,hf} [--model=NAME] [--num_classes=K] \
       [--resolution=R]
@@ -22,13 +22,16 @@ from absl import app, flags, logging
 
 from vit_jax import checkpoint
 from vit_jax.checkpoint import catalog, tree
+from vit_jax.models import is_mixer
 
 USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf} (or --list [QUERY])'
 
 
 def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
   checkpoint.save_npz(fitted.params, dst)
-  return 'npz (vit_jax layout, pre-Linen names)'
+  return (
+    'npz (Mixer layout)' if is_mixer(fitted.config) else 'npz (vit_jax layout, pre-Linen names)'
+  )
 
 
 def _write_hf(fitted: checkpoint.Fitted, dst: str) -> str:
@@ -49,7 +52,7 @@ def _read_line(src: str, found: checkpoint.Found) -> str:
   return (
     f'read {src}: {found.description}; {found.arrays} arrays, {found.parameters:,} parameters;'
     f' model {found.name or "(unregistered)"} ({tree.describe(found.config)}); {head},'
-    f' pre_logits {"yes" if found.config.representation_size else "no"}'
+    f' pre_logits {"yes" if found.config.get("representation_size") else "no"}'
     + (f', {found.resolution} px' if found.resolution else '')
   )
 

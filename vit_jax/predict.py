@@ -13,6 +13,10 @@ Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_n
 the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
 the ImageNet-1k names that tensorflow_datasets ships for 1000-class heads; indices otherwise.
 
+A distilled model (DeiT) predicts with the mean of its two heads, as DeiT does; its features
+are the class and distillation tokens side by side (2 x hidden), of which that mean is one
+linear map.
+
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
 Unreadable images are named in a one-line error, the others are still predicted, and the
@@ -31,7 +35,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 from PIL import Image
@@ -39,10 +45,10 @@ from PIL import Image
 from vit_jax import checkpoint as ckpt
 from vit_jax import data, files, rundir
 from vit_jax.data.preprocess import decode_file, eval_image
-from vit_jax.models import VisionTransformer
+from vit_jax.models import is_mixer
 
 IMAGENET_NUM_CLASSES = 1000
-CLASSIFIERS_WITH_POOLING = ('token', 'gap')
+CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
 
 
 class ImageError(ValueError):
@@ -54,10 +60,12 @@ class LoadedModel:
   """A checkpoint ready to apply: the headless model, its parameters and what was inferred.
 
   Attributes:
-    model: the model without its head (`num_classes=None`): it maps images to the pre-logits
-      representation; logits are `features @ head_kernel + head_bias`.
+    model: the model without its head (`num_classes=None`): `_features` maps images to the
+      pre-logits representation; logits are `features @ head_kernel + head_bias`.
     params: the parameter tree without `head`.
-    head_kernel, head_bias: the classifier, or None if the checkpoint has no head.
+    head_kernel, head_bias: the classifier, or None if the checkpoint has no head. A
+      distilled model's features are its two tokens side by side, and its classifier the
+      mean of its two heads on them: `[head; head_dist] / 2`, bias `(b + b_dist) / 2`.
     model_name: the registry name.
     resolution: input size in pixels (square).
     grid: the patch grid (rows, cols) at `resolution`.
@@ -67,7 +75,7 @@ class LoadedModel:
     class_names_source: where the names came from, for the report.
   """
 
-  model: VisionTransformer
+  model: nn.Module
   params: dict[str, Any]
   head_kernel: np.ndarray | None
   head_bias: np.ndarray | None
@@ -232,6 +240,29 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
+def _check_pooled(config: Any, name: str) -> None:
+  """A ViT whose output is one pooled vector (a Mixer's always is)."""
+  if is_mixer(config):
+    return
+  if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
+    raise ValueError(
+      f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
+      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
+    )
+
+
+def _classifier(head: Any, head_dist: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+  """(kernel, bias) of the linear map from the features to the logits: the head, or for a
+  distilled model the mean of its two heads on the two tokens side by side."""
+  if head is None:
+    return None, None
+  as_array = lambda x: np.asarray(x, np.float32)
+  if head_dist is None:
+    return as_array(head['kernel']), as_array(head['bias'])
+  kernel = np.concatenate([as_array(head['kernel']), as_array(head_dist['kernel'])]) / 2
+  return kernel, (as_array(head['bias']) + as_array(head_dist['bias'])) / 2
+
+
 def load(
   checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
 ) -> LoadedModel:
@@ -243,19 +274,16 @@ def load(
   """
   fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
   config = fitted.config
-  name = fitted.name or f'ViT ({ckpt.tree.describe(config)})'
-  if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
-    raise ValueError(
-      f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
-      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
-    )
+  found = ckpt.tree.describe(config)
+  name = fitted.name or (found if is_mixer(config) else f'ViT ({found})')
+  _check_pooled(config, name)
   params = dict(fitted.params)
-  head = params.pop('head', None)
+  kernel, bias = _classifier(params.pop('head', None), params.pop('head_dist', None))
   loaded = LoadedModel(
     model=fitted.model(num_classes=None),
     params=params,
-    head_kernel=None if head is None else np.asarray(head['kernel'], np.float32),
-    head_bias=None if head is None else np.asarray(head['bias'], np.float32),
+    head_kernel=kernel,
+    head_bias=bias,
     model_name=name,
     resolution=fitted.resolution,
     grid=fitted.grid,
@@ -282,7 +310,11 @@ class Prediction:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _features(model: VisionTransformer, params: dict[str, Any], images: jax.Array) -> jax.Array:
+def _features(model: nn.Module, params: dict[str, Any], images: jax.Array) -> jax.Array:
+  """The headless model's output; a distilled model's two tokens side by side."""
+  if getattr(model, 'distilled', False):
+    both = model.apply({'params': params}, images, train=False, both_heads=True)
+    return jnp.concatenate(both, axis=-1)
   return model.apply({'params': params}, images, train=False)
 
 
@@ -307,7 +339,7 @@ def batches(
 
 def run_padded(
   fn: Callable[..., Any],
-  model: VisionTransformer,
+  model: nn.Module,
   params: dict[str, Any],
   batch: np.ndarray,
   batch_size: int,

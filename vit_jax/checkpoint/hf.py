@@ -351,6 +351,15 @@ def _field(config: Any, name: str, default: Any = None) -> Any:
 
 
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
+  if 'stem/kernel' in flat:
+    raise CheckpointError(
+      'MLP-Mixer models have no Hugging Face ViT equivalent; export them with --to=npz'
+    )
+  if 'embedding/kernel' in flat and POSEMB not in flat:
+    raise CheckpointError(
+      "a model without learned position embeddings (posemb='sincos2d') has no Hugging Face"
+      ' ViT equivalent; export it with --to=npz'
+    )
   if 'conv_root/kernel' in flat or _field(model_config, 'resnet') is not None:
     raise CheckpointError(
       'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to=npz'

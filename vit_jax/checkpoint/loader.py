@@ -16,13 +16,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
 import ml_collections
 from absl import logging
 
 from vit_jax.checkpoint import formats, tree
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
-from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
+from vit_jax.models import get_config, is_mixer, model_from_config, stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Fitted:
   found: Found
   report: LoadReport
 
-  def model(self, **overrides: Any) -> VisionTransformer:
+  def model(self, **overrides: Any) -> nn.Module:
     """The module, e.g. `model(num_classes=None)` for the pre-logits features."""
     return model_from_config(self.config, **overrides)
 
@@ -129,7 +130,8 @@ def _resolution(
   if resolution is None:
     if native is None:
       raise CheckpointError(
-        f'{source}: the position embeddings are not a square grid: pass --resolution'
+        f'{source}: cannot tell the trained resolution (the position embeddings are sincos2d'
+        ' or not a square grid): pass --resolution'
       )
     resolution = native
   stride = tree.patch_pixels(config)
@@ -185,7 +187,7 @@ def fit(
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
   elif isinstance(model, str):
     _check_fits(name, config, found, surgery.get('resize_patch_embedding', False))
-  if not isinstance(model, Mapping | ml_collections.ConfigDict):
+  if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
     config.representation_size = found.config.representation_size
   image_size = resolution
   if init_params is None:

@@ -27,13 +27,15 @@ from vit_jax.checkpoint.tree import (
   flatten,
   infer_config,
   match_registry,
+  num_prefix_tokens,
   shape_str,
   square_side,
   token_grid,
   unflatten,
 )
 
-HEAD = ('head/kernel', 'head/bias')
+# The classifier, and DeiT's second one on the distillation token: fresh unless kept.
+HEAD = ('head/kernel', 'head/bias', 'head_dist/kernel', 'head_dist/bias')
 PRE_LOGITS = ('pre_logits/kernel', 'pre_logits/bias')
 PATCH_KERNEL = 'embedding/kernel'
 
@@ -198,9 +200,9 @@ class _Merge:
     spec = self.init[key]
     if not _is_abstract(spec):
       return spec
-    if key == 'head/kernel':
+    if key in HEAD and key.endswith('/kernel'):
       return np.zeros(spec.shape, spec.dtype)
-    if key == 'head/bias':
+    if key in HEAD:
       return np.full(spec.shape, _get(self.config, 'head_bias_init', 0.0), spec.dtype)
     raise CheckpointError(
       f'{key} must keep its initial value but init_params holds only its shape'
@@ -229,9 +231,13 @@ class _Merge:
         key == PATCH_KERNEL and len(old) == len(new) == 4 and old[2:] == new[2:]
       )
       if old != new and not resizable:
+        why = str(self.hints)
+        if '/token_mixing/Dense_0/' in key:  # Mixer: S patches in, S patches out
+          why = f"; a Mixer's token-mixing MLP is sized for the {old[0]} patches it was trained on"
+          why += ': use the resolution of the checkpoint'
         raise CheckpointError(
           f'{self.source}: {key} has shape {shape_str(old)} in the checkpoint but'
-          f' {shape_str(new)} in the model{self.hints}'
+          f' {shape_str(new)} in the model{why}'
         )
 
   def place_head(self, keep_head: bool) -> None:
@@ -261,21 +267,21 @@ class _Merge:
         self.fresh(key)
 
   def resize_posemb(self, image_size, pretrained_grid) -> None:
-    """Position embeddings of another grid, or with or without a class row, fitted."""
+    """Position embeddings of another grid, or with other prefix rows (`cls`, `dist_token`)."""
     if POSEMB not in self.ckpt or POSEMB not in self.init:
       return
     old, new = self.ckpt[POSEMB], self.init[POSEMB]
-    old_prefix, new_prefix = int('cls' in self.ckpt), int('cls' in self.init)
+    old_prefix, new_prefix = num_prefix_tokens(self.ckpt), num_prefix_tokens(self.init)
     if tuple(old.shape) == tuple(new.shape) and old_prefix == new_prefix:
       return
     grid = self._grid(new, new_prefix, image_size)
     resized = resize_posemb(old, grid, pretrained_grid, old_prefix)
-    if new_prefix and not old_prefix:
-      tok = None if _is_abstract(new) else np.asarray(self.init_value(POSEMB))[:, :1]
-      tok = np.zeros((1, 1, new.shape[2]), resized.dtype) if tok is None else tok
-      resized = np.concatenate([tok, resized], axis=1)
-    elif old_prefix and not new_prefix:
-      resized = resized[:, 1:]
+    if new_prefix != old_prefix:  # prefix rows the checkpoint lacks keep their init (or 0)
+      keep = min(old_prefix, new_prefix)
+      extra = np.zeros((1, new_prefix - keep, new.shape[2]), resized.dtype)
+      if not _is_abstract(new):
+        extra = np.asarray(self.init_value(POSEMB))[:, keep:new_prefix]
+      resized = np.concatenate([resized[:, :keep], extra, resized[:, old_prefix:]], axis=1)
     if tuple(old.shape) != tuple(resized.shape):
       self.report.resized.append((POSEMB, tuple(old.shape), tuple(resized.shape)))
     self.ckpt[POSEMB] = resized

@@ -14,7 +14,10 @@ import ml_collections
 
 SEP = '/'
 POSEMB = 'Transformer/posembed_input/pos_embedding'
+MIXER_STEM = 'stem/kernel'
+MIXER_TOKENS = 'MixerBlock_0/token_mixing/Dense_0/kernel'
 _BLOCK_RE = re.compile(r'encoderblock_(\d+)$')
+_MIXER_BLOCK_RE = re.compile(r'MixerBlock_(\d+)$')
 _UNIT_RE = re.compile(r'unit(\d+)$')
 _STAGE_RE = re.compile(r'block(\d+)$')
 
@@ -80,25 +83,70 @@ def _get(flat: Mapping[str, Any], key: str) -> Any:
   return flat[key]
 
 
-def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `VisionTransformer` fields a parameter tree implies, read off its shapes.
+def num_prefix_tokens(flat: Mapping[str, Any]) -> int:
+  """Tokens before the patches, each with a position-embedding row: `cls`, DeiT's `dist_token`."""
+  return int('cls' in flat) + int('dist_token' in flat)
 
+
+def _numbered(flat: Mapping[str, Any], pattern: re.Pattern, where: str) -> list[int]:
+  """The indices `i` of the `name_{i}` groups matching `pattern` in `where`, checked 0..N-1."""
+  prefix = where + SEP if where else ''
+  depth = prefix.count(SEP)
+  names = {k.split(SEP)[depth] for k in flat if k.startswith(prefix) and k.count(SEP) > depth}
+  found = sorted(int(m.group(1)) for name in names if (m := pattern.match(name)))
+  if found != list(range(len(found))):
+    raise CheckpointError(f'{where or "Mixer"} blocks {found} are not numbered 0..{len(found) - 1}')
+  return found
+
+
+def _patch_embedding(flat: Mapping[str, Any], key: str) -> tuple[tuple[int, int], int]:
+  """(patch size, width) of the conv kernel `key` that cuts the image into patches."""
+  kernel = _get(flat, key)
+  if len(kernel.shape) != 4:
+    raise CheckpointError(
+      f'{key} has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
+    )
+  return (int(kernel.shape[0]), int(kernel.shape[1])), int(kernel.shape[-1])
+
+
+def _infer_mixer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `MlpMixer` fields of a Mixer tree (`stem`, `MixerBlock_{i}`, `head`)."""
+  patch, width = _patch_embedding(flat, MIXER_STEM)
+  config = ml_collections.ConfigDict()
+  config.patches = ml_collections.ConfigDict({'size': patch})
+  config.hidden_dim = width
+  config.num_blocks = len(_numbered(flat, _MIXER_BLOCK_RE, ''))
+  config.tokens_mlp_dim = int(_get(flat, MIXER_TOKENS).shape[-1])
+  channels = _get(flat, 'MixerBlock_0/channel_mixing/Dense_0/kernel')
+  config.channels_mlp_dim = int(channels.shape[-1])
+  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  return config
+
+
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The model fields a parameter tree implies, read off its shapes.
+
+  A Mixer tree (`stem/kernel`) gives `MlpMixer`'s fields, any other `VisionTransformer`'s.
   Dropout rates are not stored in weights and come back as 0; a tree without `cls` is taken
-  as `classifier='gap'` ('unpooled' has the same parameters). `match_registry` names the
+  as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with a `MAPHead_0`;
+  `dist_token` gives `distilled=True`, and an encoder without a position embedding
+  `posemb='sincos2d'` (these two fields only appear when set). `match_registry` names the
   registered model of this architecture, if there is one.
   """
   flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
-  kernel = _get(flat, 'embedding/kernel')
-  if len(kernel.shape) != 4:
-    raise CheckpointError(
-      f'embedding/kernel has shape {shape_str(kernel.shape)}; expected a 4-D HWIO conv kernel'
-    )
+  if MIXER_STEM in flat:
+    return _infer_mixer(flat)
+  patch, width = _patch_embedding(flat, 'embedding/kernel')
   config = ml_collections.ConfigDict()
-  config.patches = ml_collections.ConfigDict({'size': tuple(int(d) for d in kernel.shape[:2])})
-  config.hidden_size = int(kernel.shape[-1])
+  config.patches = ml_collections.ConfigDict({'size': patch})
+  config.hidden_size = width
   config.transformer = _infer_transformer(flat)
   config.resnet = _infer_resnet(flat)
-  config.classifier = 'token' if 'cls' in flat else 'gap'
+  config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
+  if 'dist_token' in flat:
+    config.distilled = True
+  if config.transformer is not None and POSEMB not in flat:
+    config.posemb = 'sincos2d'
   config.representation_size = (
     int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
   )
@@ -108,13 +156,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
 def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
   """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
-  blocks = sorted(
-    int(m.group(1))
-    for name in {k.split(SEP)[1] for k in flat if k.startswith('Transformer/')}
-    if (m := _BLOCK_RE.match(name))
-  )
-  if blocks != list(range(len(blocks))):
-    raise CheckpointError(f'encoder blocks {blocks} are not numbered 0..{len(blocks) - 1}')
+  blocks = _numbered(flat, _BLOCK_RE, 'Transformer')
   if not blocks:
     return None
   block = 'Transformer/encoderblock_0'
@@ -155,6 +197,9 @@ def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
 
 def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
   """The fields that decide the parameter shapes (not dropout, not the head, not pre_logits)."""
+  if 'num_blocks' in config:  # MLP-Mixer; the patch first, as for a ViT
+    fields = ('hidden_dim', 'num_blocks', 'tokens_mlp_dim', 'channels_mlp_dim')
+    return (tuple(config['patches']['size']), 'mixer', *(config[f] for f in fields))
   t = config['transformer']
   r = config['resnet']
   return (
@@ -163,6 +208,9 @@ def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple
     None if t is None else (t['num_layers'], t['mlp_dim'], t['num_heads']),
     None if r is None else (tuple(r['num_layers']), r['width_factor']),
     config['classifier'] in ('token', 'token_unpooled'),
+    config['classifier'] == 'map',
+    bool(config.get('distilled', False)),
+    config.get('posemb', 'learn'),
   )
 
 
@@ -179,15 +227,25 @@ def match_registry(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str
 
 def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
   """The architecture in one phrase, e.g. 'hidden_size 768, 12 layers, 12 heads, mlp_dim 3072,
-  patch 16x16, classifier token'."""
+  patch 16x16, classifier token' (a Mixer: 'Mixer with hidden_dim 768, 12 blocks, ...')."""
+  patch = 'patch ' + 'x'.join(map(str, config['patches']['size']))
+  if 'num_blocks' in config:
+    return (
+      f'Mixer with hidden_dim {config["hidden_dim"]}, {config["num_blocks"]} blocks,'
+      f' tokens MLP {config["tokens_mlp_dim"]}, channels MLP {config["channels_mlp_dim"]}, {patch}'
+    )
   t, r = config['transformer'], config['resnet']
   parts = [f'hidden_size {config["hidden_size"]}']
   if t is not None:
     parts.append(f'{t["num_layers"]} layers, {t["num_heads"]} heads, mlp_dim {t["mlp_dim"]}')
-  parts.append('patch ' + 'x'.join(map(str, config['patches']['size'])))
+  parts.append(patch)
   if r is not None:
     parts.append(f'resnet {tuple(r["num_layers"])}')
   parts.append(f'classifier {config["classifier"]}')
+  if config.get('distilled'):
+    parts.append('distillation token')
+  if config.get('posemb', 'learn') != 'learn':
+    parts.append(f'posemb {config["posemb"]}')
   return ', '.join(parts)
 
 
@@ -206,12 +264,17 @@ def patch_pixels(config: Mapping[str, Any] | ml_collections.ConfigDict) -> int:
 def native_resolution(
   params: Mapping[str, Any], config: Mapping[str, Any] | ml_collections.ConfigDict
 ) -> int | None:
-  """The square image size the position embeddings of `params` are laid out for, or None."""
+  """The square image size a checkpoint was trained at, when its shapes tell: a square grid of
+  learned position embeddings (after the `cls`/`dist_token` rows), or a Mixer's token-mixing
+  width (its number of patches). None otherwise (sincos2d position embeddings fit any size)."""
   flat = flatten(params) if any(isinstance(v, Mapping) for v in params.values()) else params
-  posemb = flat.get(POSEMB)
-  if posemb is None:
+  if MIXER_TOKENS in flat:
+    patches = flat[MIXER_TOKENS].shape[0]
+  elif POSEMB in flat:
+    patches = flat[POSEMB].shape[1] - num_prefix_tokens(flat)
+  else:
     return None
-  side = square_side(posemb.shape[1] - int('cls' in flat))
+  side = square_side(patches)
   return None if side is None else side * patch_pixels(config)
 
 

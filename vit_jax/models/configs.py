@@ -1,8 +1,10 @@
-"""Model hyperparameters of the original vit_jax registry (`configs/models.py`).
+"""Model hyperparameters of the original vit_jax registry (`configs/models.py`), and relatives.
 
-Each entry is an `ml_collections.ConfigDict` whose fields are `VisionTransformer`'s
-constructor arguments. Values follow the original code exactly, including its quirks
-(R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths from S/16).
+Each entry is an `ml_collections.ConfigDict` whose fields are the constructor arguments of
+`VisionTransformer` (or of `MlpMixer` for the Mixer-* entries). Values follow the original
+code exactly, including its quirks (R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths
+from S/16). Beyond the original registry: Mixer-S (for the released GSAM files) and the
+distilled DeiT models.
 """
 
 import ml_collections
@@ -78,3 +80,34 @@ _register('R26+ViT-S_32', _hybrid('S_16', 1, (2, 2, 2, 2), 0.0))
 _register('R26+ViT-B_32', _hybrid('B_32', 1, (2, 2, 2, 2), 0.0))
 _register('R50+ViT-B_16', _hybrid('B_16', 1, (3, 4, 9), 0.1))
 _register('R50+ViT-L_32', _hybrid('L_16', 1, (3, 4, 6, 3), 0.1))
+
+
+def _mixer(
+  patch: int, hidden: int, blocks: int, tokens_mlp: int, channels_mlp: int
+) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.patches = ml_collections.ConfigDict({'size': (patch, patch)})
+  config.hidden_dim = hidden
+  config.num_blocks = blocks
+  config.tokens_mlp_dim = tokens_mlp
+  config.channels_mlp_dim = channels_mlp
+  return config
+
+
+# MLP-Mixer paper Table 1: (hidden C, blocks, tokens MLP D_S, channels MLP D_C). The original
+# registry has B_16, B_32 and L_16; the S sizes are the released GSAM files'.
+_MIXER_SIZES = {'S': (512, 8, 256, 2048), 'B': (768, 12, 384, 3072), 'L': (1024, 24, 512, 4096)}
+for _size, _patch in (('B', 16), ('B', 32), ('L', 16), ('S', 8), ('S', 16), ('S', 32)):
+  _register(f'Mixer-{_size}_{_patch}', _mixer(_patch, *_MIXER_SIZES[_size]))
+
+
+def _deit(size: str) -> ml_collections.ConfigDict:
+  """DeiT with the distillation token (Touvron et al.): the ViT of `size` plus `dist_token`
+  and `head_dist`, as timm's `deit_*_distilled_patch16_224`. (DeiT without it is ViT-*_16.)"""
+  config = _vit(*_SIZES[size])
+  config.distilled = True
+  return config
+
+
+for _size in ('Ti_16', 'S_16', 'B_16'):
+  _register(f'DeiT-{_size}-distilled', _deit(_size))

@@ -12,22 +12,35 @@ is the checkpoint interface:
   Transformer/encoder_norm
   pre_logits                             optional Dense + tanh (the representation layer)
   head                                   zero-initialised classifier
+
+Options beyond the original, with the names of the checkpoints that use them:
+
+  dist_token, head_dist                  DeiT's distillation token and its head
+                                         (`distilled=True`; Touvron et al., arXiv:2012.12877)
+  MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}
+                                         big_vision's attention pooling (`classifier='map'`)
+  (no position-embedding parameter)      big_vision's fixed 2-D sin-cos (`posemb='sincos2d'`)
 """
 
 import functools
 import re
+import string
 from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
+from jax import lax
+from jax.interpreters import ad, batching, mlir
 
 from vit_jax.models import resnet
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('xla', 'fused')
 # Which activations a rematerialised encoder block keeps for the backward pass.
 REMAT_POLICIES = {
@@ -49,36 +62,103 @@ def _einsum_operands(spec: str) -> tuple[str, str, str]:
   return lhs, rhs, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """Two-operand einsum with operands cast to `dtype`, float32 accumulation and output.
-
-  The backward pass is written out so that its matmuls also take `dtype` operands (the
-  float32 cotangent is cast down) and accumulate in float32; gradients come back in the
-  operands' own dtypes without a detour through `dtype`. Only the cast operands are kept
-  for the backward pass. On CPUs with bfloat16 dot products (avx512_bf16) this runs ~2x
-  faster than float32; a bfloat16 *output* would not (the kernels then round every sum).
-  """
+def _mixed_einsum_impl(x, y, *, spec: str, dtype: Dtype) -> jnp.ndarray:
   return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _mixed_einsum_fwd(spec, x, y, dtype):
+# The product of `mixed_einsum` as a bilinear primitive, for its tangents. JAX transposes it by
+# the rules below, so the backward matmuls too take `dtype` operands and return float32; JAX
+# transposing the casts and the einsum would multiply the float32 cotangent in float32 and
+# round the gradient to `dtype`.
+_mixed_einsum_p = jax.extend.core.Primitive('mixed_einsum')
+_mixed_einsum_p.def_impl(_mixed_einsum_impl)
+mlir.register_lowering(_mixed_einsum_p, mlir.lower_fun(_mixed_einsum_impl, multiple_results=False))
+
+
+@_mixed_einsum_p.def_abstract_eval
+def _mixed_einsum_abstract_eval(x, y, *, spec, dtype):
+  # The einsum's own result type: shape, and under shard_map the axes it varies over.
+  out = jax.eval_shape(functools.partial(_mixed_einsum_impl, spec=spec, dtype=dtype), x, y)
+  return x.update(shape=out.shape, dtype=out.dtype, weak_type=False, sharding=out.sharding)
+
+
+def _mixed_einsum_transpose_lhs(ct, x, y, *, spec, dtype):
+  lhs, rhs, out = _einsum_operands(spec)
+  dx = _mixed_einsum_p.bind(ct, y, spec=f'{out},{rhs}->{lhs}', dtype=dtype)
+  return dx.astype(x.aval.dtype)
+
+
+def _mixed_einsum_transpose_rhs(ct, x, y, *, spec, dtype):
+  lhs, rhs, out = _einsum_operands(spec)
+  dy = _mixed_einsum_p.bind(x, ct, spec=f'{lhs},{out}->{rhs}', dtype=dtype)
+  return dy.astype(y.aval.dtype)
+
+
+ad.defbilinear(_mixed_einsum_p, _mixed_einsum_transpose_lhs, _mixed_einsum_transpose_rhs)
+
+
+def _mixed_einsum_batch(args, dims, *, spec, dtype):
+  """vmap: the mapped axis becomes one more letter of the spec, placed after an operand's
+  leading batch letters (XLA's CPU backend fails on bfloat16 x bfloat16 = float32 batched
+  matmuls with a free axis ahead of the batch axes)."""
+  lhs, rhs, out = _einsum_operands(spec)
+  axis = next(c for c in string.ascii_letters if c not in spec)
+  if None not in dims:  # both mapped (None: not mapped): one more batch axis, in front
+    x, y = (jnp.moveaxis(arg, dim, 0) for arg, dim in zip(args, dims, strict=True))
+    spec = f'{axis}{lhs},{axis}{rhs}->{axis}{out}'
+    return _mixed_einsum_p.bind(x, y, spec=spec, dtype=dtype), 0
+
+  def insert(letters: str) -> tuple[str, int]:
+    at = len(letters) - len(letters.lstrip(''.join(set(lhs) & set(rhs) & set(out))))
+    return letters[:at] + axis + letters[at:], at
+
+  (x, y), (bx, by) = args, dims
+  if bx is not None:
+    lhs, at = insert(lhs)
+    x = jnp.moveaxis(x, bx, at)
+  else:
+    rhs, at = insert(rhs)
+    y = jnp.moveaxis(y, by, at)
+  out, at = insert(out)
+  return _mixed_einsum_p.bind(x, y, spec=f'{lhs},{rhs}->{out}', dtype=dtype), at
+
+
+batching.primitive_batchers[_mixed_einsum_p] = _mixed_einsum_batch
+
+
+def _mixed_product(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """`mixed_einsum` where an operand is a tangent. JAX would transpose a custom-JVP function
+  there through its plain definition (float32 matmuls, rounded gradients); the primitive is
+  transposed by its own rules."""
+  # Under shard_map, an operand that is the same on every device is marked as varying where
+  # the other one varies, as JAX marks the operands of its own ops (its gradient is then
+  # summed over the devices); elsewhere adding a zero scalar is a no-op that XLA removes.
+  x = x + lax.full_like(y, 0, x.dtype, shape=())
+  y = y + lax.full_like(x, 0, y.dtype, shape=())
+  return _mixed_einsum_p.bind(x, y, spec=spec, dtype=jnp.dtype(dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """Two-operand einsum with operands cast to `dtype`, float32 accumulation and output.
+
+  Differentiable by every JAX transformation (jvp, vjp, vmap, higher orders). The matmuls of
+  the backward pass also take `dtype` operands (the float32 cotangent is cast down) and
+  accumulate in float32, and gradients come back in the operands' own dtypes without a detour
+  through `dtype`; only the cast operands are kept for the backward pass. The forward matmul
+  is a plain `dot_general`, which rematerialisation policies recognise. On CPUs with bfloat16
+  dot products (avx512_bf16) this runs ~2x faster than float32; a bfloat16 *output* would not
+  (the kernels then round every sum).
+  """
+  return _mixed_einsum_impl(x, y, spec=spec, dtype=dtype)
+
+
+@mixed_einsum.defjvp
+def _mixed_einsum_jvp(spec, dtype, primals, tangents):
+  (x, y), (dx, dy) = primals, tangents
   xc, yc = x.astype(dtype), y.astype(dtype)
   out = jnp.einsum(spec, xc, yc, preferred_element_type=jnp.float32)
-  # Zero-size stand-ins carry the operand dtypes into the backward pass.
-  return out, (xc, yc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), y.dtype))
-
-
-def _mixed_einsum_bwd(spec, dtype, residuals, g):
-  xc, yc, x_like, y_like = residuals
-  lhs, rhs, out = _einsum_operands(spec)
-  gc = g.astype(dtype)
-  dx = jnp.einsum(f'{out},{rhs}->{lhs}', gc, yc, preferred_element_type=jnp.float32)
-  dy = jnp.einsum(f'{lhs},{out}->{rhs}', xc, gc, preferred_element_type=jnp.float32)
-  return dx.astype(x_like.dtype), dy.astype(y_like.dtype)
-
-
-mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+  return out, _mixed_product(spec, dx, yc, dtype) + _mixed_product(spec, xc, dy, dtype)
 
 
 def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
@@ -88,17 +168,27 @@ def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndar
   return jnp.einsum(spec, x, y)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tangent_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """`_einsum` inside a JVP rule, where one operand is a tangent."""
+  if _is_mixed(dtype):
+    return _mixed_product(spec, x, y, dtype)
+  return jnp.einsum(spec, x, y)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
   """softmax(q k^T) v on heads-major (batch, heads, tokens, head_dim) arrays; q is pre-scaled.
 
-  The backward pass is written out as in FlashAttention (Dao et al., 2022, without the
-  tiling): the softmax gradient W * (dW - D) takes D = rowsum(dY * Y), head_dim wide, instead
-  of rowsum(dW * W), tokens wide. XLA differentiating the forward pass itself would reduce the
-  (batch, heads, tokens, tokens) product instead; on a CPU this makes the ViT-B/16 training
-  step ~4% faster. Reverse mode only (no jax.jvp).
+  Its JVP is written so that JAX, transposing it, derives the backward pass of
+  FlashAttention (Dao et al., 2022, without the tiling): with W the weights, Y the output
+  and dL = dq k^T + q dk^T the tangent of the logits, dY = (W * dL) v - Y rowsum(W * dL) + W dv,
+  whose transpose takes the softmax gradient's row sums of dY_bar * Y, head_dim wide, instead
+  of dW_bar * W, tokens wide, and keeps no logits. XLA differentiating the forward pass itself
+  would reduce the (batch, heads, tokens, tokens) product; on a CPU this makes the ViT-B/16
+  training step ~4% faster. Every JAX transformation applies (jvp, vjp, vmap, higher orders).
   """
-  return _attend_fwd(q, k, v, dtype)[0]
+  weights = _attention_weights(q, k, dtype).astype(v.dtype)
+  return _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
 
 
 def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
@@ -106,24 +196,18 @@ def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndar
   return jax.nn.softmax(_einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
 
 
-def _attend_fwd(q, k, v, dtype):
-  weights = _attention_weights(q, k, dtype).astype(v.dtype)
-  y = _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
-  return y, (q, k, v, weights, y)
-
-
-def _attend_bwd(dtype, residuals, dy):
-  q, k, v, weights, y = residuals
-  dweights = _einsum('bhqd,bhkd->bhqk', dy, v, dtype)
-  dv = _einsum('bhqk,bhqd->bhkd', weights, dy, dtype)
-  rowsum = jnp.sum(dy.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
-  dlogits = weights.astype(jnp.float32) * (dweights.astype(jnp.float32) - rowsum)
-  dq = _einsum('bhqk,bhkd->bhqd', dlogits, k, dtype)
-  dk = _einsum('bhqk,bhqd->bhkd', dlogits, q, dtype)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-
-
-attend.defvjp(_attend_fwd, _attend_bwd)
+@attend.defjvp
+def _attend_jvp(dtype, primals, tangents):
+  (q, k, v), (dq, dk, dv) = primals, tangents
+  weights = _attention_weights(q, k, dtype)
+  y = _einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), v, dtype)
+  dlogits = _tangent_einsum('bhqd,bhkd->bhqk', dq, k, dtype)
+  dlogits += _tangent_einsum('bhqd,bhkd->bhqk', q, dk, dtype)
+  scaled = weights * dlogits.astype(jnp.float32)  # W * dL, the tangent of W before the centring
+  dy = _tangent_einsum('bhqk,bhkd->bhqd', scaled.astype(v.dtype), v, dtype)
+  dy -= y * jnp.sum(scaled, axis=-1, keepdims=True).astype(y.dtype)
+  dy += _tangent_einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), dv, dtype)
+  return y, dy.astype(y.dtype)
 
 
 def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
@@ -181,6 +265,32 @@ def _elementwise_dtype(dtype: Dtype) -> Dtype:
   return jnp.float32 if _is_mixed(dtype) else dtype
 
 
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
+  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained)."""
+  return nn.LayerNorm(
+    epsilon=1e-6, dtype=_elementwise_dtype(dtype), param_dtype=param_dtype, name=name
+  )
+
+
+def posemb_sincos_2d(
+  h: int, w: int, width: int, temperature: float = 10_000.0, dtype: Dtype = jnp.float32
+) -> jnp.ndarray:
+  """big_vision's fixed 2-D position embedding (1, h*w, width) for a row-major token grid.
+
+  Per token at (row y, column x): [sin(x w), cos(x w), sin(y w), cos(y w)] with frequencies
+  w_i = temperature^(-i / (width/4 - 1)), i < width/4 (MoCo v3's layout); computed in float32.
+  """
+  if width % 4 or width < 8:
+    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, >= 8: {width}')
+  y, x = jnp.mgrid[:h, :w]
+  quarter = width // 4
+  omega = 1.0 / temperature ** (jnp.arange(quarter, dtype=jnp.float32) / (quarter - 1))
+  y = jnp.einsum('m,d->md', y.reshape(-1).astype(jnp.float32), omega)
+  x = jnp.einsum('m,d->md', x.reshape(-1).astype(jnp.float32), omega)
+  pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
+  return pe[None].astype(dtype)
+
+
 class AddPositionEmbs(nn.Module):
   """Adds a learned position embedding of shape (1, tokens, D) to the inputs."""
 
@@ -232,7 +342,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
+  def __call__(
+    self, x: jnp.ndarray, deterministic: bool, kv: jnp.ndarray | None = None
+  ) -> jnp.ndarray:
+    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`)."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
@@ -242,8 +355,10 @@ class MultiHeadDotProductAttention(nn.Module):
       **_matmul_kwargs(self.dtype, self.param_dtype),
       kernel_init=nn.initializers.xavier_uniform(),
     )
+    kv = x if kv is None else kv
     q, k, v = (
-      dense(features=(self.num_heads, head_dim), name=n)(x) for n in ('query', 'key', 'value')
+      dense(features=(self.num_heads, head_dim), name=n)(y)
+      for n, y in (('query', x), ('key', kv), ('value', kv))
     )  # each (batch, tokens, heads, head_dim)
 
     use_dropout = not deterministic and self.dropout_rate > 0
@@ -374,6 +489,7 @@ class Encoder(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -394,7 +510,8 @@ class Encoder(nn.Module):
     }
     policy = REMAT_POLICIES[self.remat_policy]
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
-    x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
+    if self.learned_posemb:
+      x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     if self.scan_layers:
       body = _ScanBlock
@@ -423,6 +540,34 @@ class Encoder(nn.Module):
     )(x)
 
 
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision `MAPHead`): a learned probe token attends over
+  the encoder's tokens (no LayerNorm first), then y + MLP(LN(y)); returns the probe (batch, D).
+  """
+
+  num_heads: int
+  mlp_dim: int
+  attention_impl: str = 'xla'
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    n, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
+    probe = jnp.tile(probe.astype(x.dtype), (n, 1, 1))
+    y = MultiHeadDotProductAttention(
+      num_heads=self.num_heads,
+      attention_impl=self.attention_impl,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='MultiHeadDotProductAttention_0',
+    )(probe, True, kv=x)
+    z = layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
+    mlp = MlpBlock(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')
+    return (y + mlp(z, deterministic=True))[:, 0]
+
+
 class VisionTransformer(nn.Module):
   """ViT and the ResNet+ViT hybrids; the fields are the registry's config fields.
 
@@ -435,8 +580,18 @@ class VisionTransformer(nn.Module):
     hidden_size: D, the token width.
     resnet: {'num_layers': units per stage, 'width_factor'} for hybrids, else None.
     representation_size: width of the `pre_logits` Dense + tanh layer, or None.
-    classifier: 'token' (class token), 'gap' (mean of tokens), 'unpooled' or
-      'token_unpooled' (return every token, with or without a class token).
+    classifier: 'token' (class token), 'gap' (mean of tokens), 'map' (big_vision's
+      attention pooling, `MAPHead_0`), 'unpooled' or 'token_unpooled' (return every token,
+      with or without a class token). Only 'token' and 'token_unpooled' add a class token.
+    posemb: 'learn' (the learned `Transformer/posembed_input`) or 'sincos2d' (big_vision's
+      fixed 2-D sin-cos embedding, no parameter, added to the patch tokens before any class
+      token is prepended, as big_vision does).
+    distilled: DeiT's distillation token `dist_token` after `cls` (the position embedding
+      covers both) and a second head `head_dist` on it; needs classifier='token'. The output
+      is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
+      returns the pair (class head, distillation head) for a distillation loss
+      (`vit_jax.losses`). Without a head: the mean of the two tokens' features (with
+      `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `mixed_einsum`); norms, softmax, GELU, residuals
@@ -461,12 +616,78 @@ class VisionTransformer(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  posemb: str = 'learn'
+  distilled: bool = False
 
-  @nn.compact
-  def __call__(self, inputs: jnp.ndarray, *, train: bool) -> jnp.ndarray:
-    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head."""
+  def _check_options(self, both_heads: bool) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'posemb={self.posemb!r}; expected one of {POSEMBS}')
+    if self.distilled and (self.classifier != 'token' or self.representation_size is not None):
+      raise ValueError(
+        f"distilled=True needs classifier='token' and no representation_size; got"
+        f' classifier={self.classifier!r}, representation_size={self.representation_size}'
+      )
+    if self.transformer is None and (self.distilled or self.classifier == 'map'):
+      raise ValueError("distilled=True and classifier='map' need a transformer (it is None)")
+    if both_heads and not self.distilled:
+      raise ValueError('both_heads=True needs a distilled model (distilled=True)')
+
+  def _prepend_tokens(self, x: jnp.ndarray) -> jnp.ndarray:
+    """[cls, dist_token, patches], as many of the first two as the options ask for."""
+    n, _, c = x.shape
+    inits = {'cls': nn.initializers.zeros} if self.classifier in ('token', 'token_unpooled') else {}
+    if self.distilled:
+      inits['dist_token'] = nn.initializers.normal(stddev=0.02)  # DeiT: truncated normal 0.02
+    tokens = [self.param(k, init, (1, 1, c), self.param_dtype) for k, init in inits.items()]
+    tokens = [jnp.tile(t.astype(x.dtype), (n, 1, 1)) for t in tokens]
+    return jnp.concatenate([*tokens, x], axis=1)
+
+  def _pool(self, x: jnp.ndarray) -> jnp.ndarray:
+    """The encoder's tokens -> the head's input, per `classifier` ('unpooled': unchanged)."""
+    if self.classifier == 'token':
+      return x[:, 0]
+    if self.classifier == 'gap':
+      return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
+    if self.classifier == 'map':
+      return MAPHead(
+        num_heads=self.transformer['num_heads'],
+        mlp_dim=self.transformer['mlp_dim'],
+        attention_impl=self.attention_impl,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='MAPHead_0',
+      )(x)
+    return x
+
+  def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
+    return nn.Dense(
+      self.num_classes,
+      **_matmul_kwargs(self.dtype, self.param_dtype),
+      kernel_init=nn.initializers.zeros,
+      bias_init=nn.initializers.constant(self.head_bias_init),
+      name=name,
+    )(x)
+
+  def _distilled_output(self, x: jnp.ndarray, both_heads: bool) -> Any:
+    """DeiT: the class token's head and the distillation token's head (or their mean)."""
+    x_cls, x_dist = x[:, 0], x[:, 1]
+    if not self.num_classes:  # the features each head reads, or their mean
+      pair = (x_cls.astype(jnp.float32), x_dist.astype(jnp.float32))
+      return pair if both_heads else (pair[0] + pair[1]) / 2
+    logits = self._head(x_cls).astype(jnp.float32)
+    logits_dist = self._head(x_dist, 'head_dist').astype(jnp.float32)
+    return (logits, logits_dist) if both_heads else (logits + logits_dist) / 2
+
+  @nn.compact
+  def __call__(self, inputs: jnp.ndarray, *, train: bool, both_heads: bool = False) -> Any:
+    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
+
+    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits,
+    or without a head the pair of features they read.
+    """
+    self._check_options(both_heads)
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
     x = inputs.astype(self.dtype if self.resnet is not None else _elementwise_dtype(self.dtype))
     if self.resnet is not None:
@@ -488,24 +709,23 @@ class VisionTransformer(nn.Module):
     if self.transformer is not None:
       n, h, w, c = x.shape
       x = jnp.reshape(x, (n, h * w, c))
-      if self.classifier in ('token', 'token_unpooled'):
-        cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
-        x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
+      if self.posemb == 'sincos2d':
+        x = x + posemb_sincos_2d(h, w, c, dtype=x.dtype)
+      x = self._prepend_tokens(x)
       x = Encoder(
         **self.transformer,
         attention_impl=self.attention_impl,
         remat_policy=self.remat_policy,
         scan_layers=self.scan_layers,
+        learned_posemb=self.posemb == 'learn',
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name='Transformer',
       )(x, train=train)
 
-    if self.classifier == 'token':
-      x = x[:, 0]
-    elif self.classifier == 'gap':
-      x = jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
-
+    if self.distilled:
+      return self._distilled_output(x, both_heads)
+    x = self._pool(x)
     if self.representation_size is not None:
       x = nn.Dense(
         self.representation_size,
@@ -515,13 +735,7 @@ class VisionTransformer(nn.Module):
       x = jnp.tanh(x)
 
     if self.num_classes:
-      x = nn.Dense(
-        self.num_classes,
-        **_matmul_kwargs(self.dtype, self.param_dtype),
-        kernel_init=nn.initializers.zeros,
-        bias_init=nn.initializers.constant(self.head_bias_init),
-        name='head',
-      )(x)
+      x = self._head(x)
     return x.astype(jnp.float32)
 
 

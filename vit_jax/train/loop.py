@@ -147,25 +147,26 @@ class _Parts:
   checkpoints: state_lib.Checkpoints
 
 
-def _loop(parts: _Parts, state: dict, start: int, stop_after: int | None):
+def _loop(
+  parts: _Parts, state: dict, start: int, stop_after: int | None, preemption: actions.Preemption
+):
   """Steps from `start` to the end; returns (state, last step, 'done' | 'preempted')."""
   step, total = start, parts.total_steps
-  with actions.Preemption() as preemption:
-    for step in range(start + 1, total + 1):
-      state, metrics = parts.train_step(state, next(parts.batches))
-      parts.guard.add(step, metrics)
-      if step == start + 1:
-        jax.block_until_ready(metrics)  # compilation stays out of img/s
-      parts.progress(step)
-      for callback in parts.callbacks:
-        callback(step, state=state)
-      if parts.profile is not None:
-        parts.profile(step)
-      if preemption.requested or (stop_after is not None and step >= stop_after):
-        if parts.checkpoints.last_saved != step:
-          parts.saver(step=step, t=None, state=state)
-        parts.progress.message(f'Stopping at step {step}: checkpoint saved, rerun to resume.')
-        return state, step, 'preempted'
+  for step in range(start + 1, total + 1):
+    state, metrics = parts.train_step(state, next(parts.batches))
+    parts.guard.add(step, metrics)
+    if step == start + 1:
+      jax.block_until_ready(metrics)  # compilation stays out of img/s
+    parts.progress(step)
+    for callback in parts.callbacks:
+      callback(step, state=state)
+    if parts.profile is not None:
+      parts.profile(step)
+    if preemption.requested or (stop_after is not None and step >= stop_after):
+      if parts.checkpoints.last_saved != step:
+        parts.saver(step=step, t=None, state=state)
+      parts.progress.message(f'Stopping at step {step}: checkpoint saved, rerun to resume.')
+      return state, step, 'preempted'
   if start < total:
     parts.progress.message(f'Done: {total} steps.')
   return state, step, 'done'
@@ -217,7 +218,7 @@ def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
   return {k: v for k, v in last.items() if k in actions.EVAL_KEYS}
 
 
-def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str, Any]:
+def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
   """Restores or initialises the state, then trains with the actions; the result."""
   tx, schedule = optim.for_training(setup.spec.optim, setup.total_steps)
   lay = state_lib.layout(setup, tx, jax.random.key(setup.spec.init.seed))
@@ -232,7 +233,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str,
   if start >= setup.total_steps:
     _say(f'Already trained for {setup.total_steps} steps.')
   try:
-    state, step, status = _loop(parts, state, start, stop_after)
+    state, step, status = _loop(parts, state, start, stop_after, preemption)
   finally:
     if parts.profile is not None:
       parts.profile.close()
@@ -269,8 +270,11 @@ def train_and_evaluate(
   setup = prepare(spec, workdir, devices)
   os.makedirs(workdir, exist_ok=True)
   checkpoints = state_lib.Checkpoints(workdir, spec.loop.keep_checkpoints)
+  # A SIGTERM while restoring, compiling or building the input pipeline stops the run after
+  # its first step, with a checkpoint, as one during training does.
   try:
-    result = _run(spec, setup, workdir, checkpoints, stop_after)
+    with actions.Preemption() as preemption:
+      result = _run(spec, setup, workdir, checkpoints, stop_after, preemption)
   finally:
     checkpoints.close()
   if result['status'] == 'done' and jax.process_index() == 0:
