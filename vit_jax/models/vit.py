@@ -16,12 +16,13 @@ is the checkpoint interface:
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax.models import resnet
 
@@ -181,15 +182,66 @@ def _elementwise_dtype(dtype: Dtype) -> Dtype:
   return jnp.float32 if _is_mixed(dtype) else dtype
 
 
+def corner_aligned_resize_matrix(size_in: int, size_out: int) -> np.ndarray:
+  """(size_out, size_in) matrix of 1-D linear resizing with the end points aligned.
+
+  Output `i` samples input position `i * (size_in - 1) / (size_out - 1)`: the resize of
+  `scipy.ndimage.zoom(order=1)` (`grid_mode=False`), with which the original vit_jax resizes
+  position embeddings when it loads a checkpoint at another resolution.
+  """
+  matrix = np.zeros((size_out, size_in))
+  steps = np.arange(size_out, dtype=np.float64)
+  src = steps * (size_in - 1) / (size_out - 1) if size_out > 1 else steps
+  lo = np.minimum(np.floor(src).astype(int), size_in - 1)
+  hi = np.minimum(lo + 1, size_in - 1)
+  np.add.at(matrix, (np.arange(size_out), lo), 1.0 - (src - lo))
+  np.add.at(matrix, (np.arange(size_out), hi), src - lo)
+  return matrix
+
+
+def resize_posemb_grid(
+  posemb: jnp.ndarray, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix: int
+) -> jnp.ndarray:
+  """(1, prefix + old rows*cols, D) -> (1, prefix + new rows*cols, D), prefix rows kept.
+
+  The grid is resized as `checkpoint.resize_posemb` (`scipy.ndimage.zoom(order=1)`) does, but
+  as two small matmuls in float32 at full precision, so it runs under `jax.jit` on any backend.
+  """
+  (gh, gw), (nh, nw) = old_grid, new_grid
+  prefix, grid = posemb[:, :num_prefix], posemb[:, num_prefix:].astype(jnp.float32)
+  grid = grid.reshape(1, gh, gw, grid.shape[-1])
+  rows = jnp.asarray(corner_aligned_resize_matrix(gh, nh), jnp.float32)
+  cols = jnp.asarray(corner_aligned_resize_matrix(gw, nw), jnp.float32)
+  grid = jnp.einsum('oh,bhwd,pw->bopd', rows, grid, cols, precision=jax.lax.Precision.HIGHEST)
+  grid = grid.reshape(1, nh * nw, grid.shape[-1]).astype(posemb.dtype)
+  return jnp.concatenate([prefix, grid], axis=1)
+
+
 class AddPositionEmbs(nn.Module):
-  """Adds a learned position embedding of shape (1, tokens, D) to the inputs."""
+  """Adds a learned position embedding of shape (1, tokens, D) to the inputs.
+
+  By default the embedding has one row per input token (another input size is an error).
+  With `posemb_grid=(rows, cols)` it is stored for that patch grid and resized on the fly to
+  the input's `grid` (`resize_posemb_grid`); the leading prefix (class) rows are kept.
+  """
 
   param_dtype: Dtype = jnp.float32
+  posemb_grid: tuple[int, int] | None = None
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    shape = (1, x.shape[1], x.shape[2])
-    pe = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, self.param_dtype)
+  def __call__(self, x: jnp.ndarray, grid: tuple[int, int] | None = None) -> jnp.ndarray:
+    init = nn.initializers.normal(stddev=0.02)
+    if self.posemb_grid is None:
+      pe = self.param('pos_embedding', init, (1, x.shape[1], x.shape[2]), self.param_dtype)
+      return x + pe.astype(x.dtype)
+    if grid is None:
+      raise ValueError('posemb_grid is set: pass the input token grid (rows, cols)')
+    stored, grid = tuple(self.posemb_grid), tuple(grid)
+    num_prefix = x.shape[1] - grid[0] * grid[1]
+    shape = (1, num_prefix + stored[0] * stored[1], x.shape[2])
+    pe = self.param('pos_embedding', init, shape, self.param_dtype)
+    if grid != stored:
+      pe = resize_posemb_grid(pe, stored, grid, num_prefix)
     return x + pe.astype(x.dtype)
 
 
@@ -311,12 +363,15 @@ class Encoder1DBlock(nn.Module):
 
 
 class _ScanBlock(Encoder1DBlock):
-  """An encoder block as the body of `nn.scan`: (x, None) -> (block(x), None)."""
+  """An encoder block as the body of `nn.scan`: (x, None) -> (block(x), None), or with
+  `emit=True` (block(x), block(x)), so that the scan stacks every block's output."""
 
   deterministic: bool = True
+  emit: bool = False
 
-  def __call__(self, x: jnp.ndarray, _: Any) -> tuple[jnp.ndarray, None]:
-    return super().__call__(x, self.deterministic), None
+  def __call__(self, x: jnp.ndarray, _: Any) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    x = super().__call__(x, self.deterministic)
+    return x, (x if self.emit else None)
 
 
 class Encoder(nn.Module):
@@ -328,6 +383,10 @@ class Encoder(nn.Module):
   scan frees each block's activations on every backend. Unrolled, XLA on CPU schedules the
   recomputation so that it saves no memory (ViT-L/16: the same compiled memory with and
   without remat).
+
+  Called with `capture` (block indices), it returns `(encoded, {i: output of block i})`, the
+  raw block outputs before the final LayerNorm; unrolled blocks stop after the last index
+  captured, and `encoded` is then None.
   """
 
   num_layers: int
@@ -338,11 +397,19 @@ class Encoder(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  posemb_grid: tuple[int, int] | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+  def __call__(
+    self,
+    x: jnp.ndarray,
+    *,
+    train: bool,
+    grid: tuple[int, int] | None = None,
+    capture: tuple[int, ...] = (),
+  ) -> Any:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
         f'remat_policy={self.remat_policy!r}; expected one of {list(REMAT_POLICIES)}'
@@ -357,31 +424,41 @@ class Encoder(nn.Module):
       'param_dtype': self.param_dtype,
     }
     policy = REMAT_POLICIES[self.remat_policy]
-    x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
+    x = AddPositionEmbs(
+      param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
+    )(x, grid)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    captured = {}
     if self.scan_layers:
       body = _ScanBlock
       if self.remat_policy != 'none':
         body = nn.remat(_ScanBlock, policy=policy, prevent_cse=False)
-      x, _ = nn.scan(
+      x, outputs = nn.scan(
         body,
         variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
         length=self.num_layers,
-      )(**block_args, deterministic=not train, name='encoderblock')(x, None)
+      )(**block_args, deterministic=not train, emit=bool(capture), name='encoderblock')(x, None)
+      captured = {i: outputs[i] for i in capture}
     else:
       block = Encoder1DBlock
       if self.remat_policy != 'none':
         # Argument 2 (counting self) is `deterministic`, a Python bool.
         block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
-      for i in range(self.num_layers):
+      # With `capture`, the blocks after the last one captured are not run.
+      for i in range(max(capture, default=self.num_layers - 1) + 1):
         x = block(**block_args, name=f'encoderblock_{i}')(x, not train)
-    return nn.LayerNorm(
+        if i in capture:
+          captured[i] = x
+    if capture and max(capture) < self.num_layers - 1:
+      return None, captured
+    x = nn.LayerNorm(
       epsilon=1e-6,
       dtype=_elementwise_dtype(self.dtype),
       param_dtype=self.param_dtype,
       name='encoder_norm',
     )(x)
+    return (x, captured) if capture else x
 
 
 class VisionTransformer(nn.Module):
@@ -406,6 +483,21 @@ class VisionTransformer(nn.Module):
     scan_layers: run the encoder blocks as one `nn.scan` over stacked parameters
       (`Transformer/encoderblock/...`, leading axis = layer). Convert the released layout
       with `stack_encoder_blocks` (and back with `unstack_encoder_blocks`).
+    posemb_grid: None (default): the position embeddings have one row per input token, so
+      the model runs at the size it was initialised at. (rows, cols): they are stored for
+      that patch grid and resized on the fly (`resize_posemb_grid`, the resize that
+      `checkpoint.load_pretrained` applies) to the grid of each input, whose sides must be
+      multiples of the patch: a model trained at 224 px with 16-px patches, built with
+      `posemb_grid=(14, 14)`, applies to 384x384 or 224x320 images unchanged.
+
+  Called with `intermediate_blocks=(i, j, ...)` (block indices, negative from the end), the
+  model returns a dict of features instead of logits, from one forward pass that stops after
+  the last block asked for and never runs the head: `embedding` (B, h, w, D), the patch
+  embedding; `encoderblock_{i}` (B, h, w, D), the patch tokens after block i, before the final
+  LayerNorm (timm's `forward_intermediates`, big_vision's `out['block{i}']`), with
+  `encoderblock_{i}/prefix` (B, P, D) holding the class token where the model has one; and,
+  when the last block is asked for, `encoded` (B, h, w, D) (and `encoded/prefix`), the
+  normalised encoder output the classifier pools.
   """
 
   num_classes: int | None
@@ -422,10 +514,18 @@ class VisionTransformer(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  posemb_grid: tuple[int, int] | None = None
 
   @nn.compact
-  def __call__(self, inputs: jnp.ndarray, *, train: bool) -> jnp.ndarray:
-    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head."""
+  def __call__(
+    self,
+    inputs: jnp.ndarray,
+    *,
+    train: bool,
+    intermediate_blocks: Sequence[int] | None = None,
+  ) -> Any:
+    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head; with
+    `intermediate_blocks`, to the dict of intermediate features (see the class docstring)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
@@ -446,7 +546,11 @@ class VisionTransformer(nn.Module):
       name='embedding',
     )(x)
 
+    capture = None
+    if intermediate_blocks is not None:
+      capture = block_indices(intermediate_blocks, (self.transformer or {}).get('num_layers', 0))
     if self.transformer is not None:
+      embedding = x
       n, h, w, c = x.shape
       x = jnp.reshape(x, (n, h * w, c))
       if self.classifier in ('token', 'token_unpooled'):
@@ -457,10 +561,13 @@ class VisionTransformer(nn.Module):
         attention_impl=self.attention_impl,
         remat_policy=self.remat_policy,
         scan_layers=self.scan_layers,
+        posemb_grid=self.posemb_grid,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name='Transformer',
-      )(x, train=train)
+      )(x, train=train, grid=(h, w), capture=capture or ())
+      if capture is not None:
+        return _feature_dict(embedding, *x)
 
     if self.classifier == 'token':
       x = x[:, 0]
@@ -484,6 +591,44 @@ class VisionTransformer(nn.Module):
         name='head',
       )(x)
     return x.astype(jnp.float32)
+
+
+def block_indices(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:
+  """Block indices (negative ones count from the end) as sorted, distinct, non-negative ones."""
+  if not num_layers:
+    raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
+  if isinstance(blocks, (int, str)) or not blocks:
+    raise ValueError(f'intermediate_blocks={blocks!r}: give a non-empty sequence of block indices')
+  out = set()
+  for i in blocks:
+    if (
+      isinstance(i, bool)
+      or not isinstance(i, (int, np.integer))
+      or not -num_layers <= i < num_layers
+    ):
+      raise ValueError(
+        f'intermediate_blocks: {i!r} is not a block index of a model with {num_layers} blocks'
+        f' (0..{num_layers - 1}, or negative from the end)'
+      )
+    out.add(int(i) % num_layers)
+  return tuple(sorted(out))
+
+
+def _feature_dict(
+  embedding: jnp.ndarray, encoded: jnp.ndarray | None, blocks: Mapping[int, jnp.ndarray]
+) -> dict[str, jnp.ndarray]:
+  """The features of `intermediate_blocks`: token sequences split into prefix and (B, h, w, D)."""
+  n, h, w, d = embedding.shape
+  outputs = {f'encoderblock_{i}': tokens for i, tokens in blocks.items()}
+  if encoded is not None:
+    outputs['encoded'] = encoded
+  features = {'embedding': embedding.astype(jnp.float32)}
+  for name, tokens in outputs.items():
+    num_prefix = tokens.shape[1] - h * w
+    features[name] = tokens[:, num_prefix:].reshape(n, h, w, d).astype(jnp.float32)
+    if num_prefix:
+      features[f'{name}/prefix'] = tokens[:, :num_prefix].astype(jnp.float32)
+  return features
 
 
 def _blocks_of(transformer: Mapping[str, Any]) -> list[str]:
