@@ -15,6 +15,11 @@ import jax
 import numpy as np
 import pytest
 
+from vit_jax import torch_compat
+
+# transformers and timm import torchvision, whose PyPI build needs this beside the CPU torch.
+torch_compat.allow_torchvision_import()
+
 
 def randomize(params, seed: int = 0, scale: float = 0.2):
   """Every leaf replaced by N(0, scale) noise (float32), so no weight is left at a zero init."""

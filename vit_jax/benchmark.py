@@ -420,10 +420,12 @@ def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
   # Idle OpenMP threads of PyTorch spin by default; on a machine shared with other work
   # that spinning takes the cores from the threads with work (measured: 50x slower).
   os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
+  from vit_jax.checkpoint import export_hf
+  from vit_jax.torch_compat import allow_torchvision_import
+
+  allow_torchvision_import()  # transformers imports torchvision when it is installed
   import torch
   import transformers
-
-  from vit_jax.checkpoint import export_hf
 
   path = export_hf(params, config, os.path.join(tmp, 'hf'), image_size=resolution)
   return torch, transformers.ViTForImageClassification.from_pretrained(path).eval()

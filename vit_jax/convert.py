@@ -1,12 +1,12 @@
-r"""Converts ViT checkpoints between the Google .npz layout and Hugging Face.
+r"""Converts ViT checkpoints between the Google .npz layout, Hugging Face and timm.
 
-  python -m vit_jax.convert SRC DST --to {npz,hf} [--model NAME] [--num-classes K] \
+  python -m vit_jax.convert SRC DST --to {npz,hf,timm} [--model NAME] [--num-classes K] \
       [--resolution R]
   python -m vit_jax.convert --list [QUERY]     # the released checkpoints and their --model
 
 SRC is any format `vit_jax.checkpoint.load` reads (original/AugReg/big_vision .npz, a Hugging
-Face directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits layer
-is kept when the checkpoint has one. The checkpoint is checked against the model: `--model`
+Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits
+layer is kept when the checkpoint has one. The checkpoint is checked against the model: `--model`
 (default: the architecture read off the weights), with `--num-classes` classes (default: the
 checkpoint's; a different count gives a fresh zero head, 0 drops the head) at `--resolution`
 pixels (default: the checkpoint's; another resizes the position embeddings as the original
@@ -23,6 +23,8 @@ import ml_collections
 
 from vit_jax import checkpoint
 from vit_jax.checkpoint import catalog, tree
+
+FORMATS_OUT = ('npz', 'hf', 'timm')
 
 
 def _describe(config: Any) -> str:
@@ -57,11 +59,11 @@ def convert(
   resolution: int | None = None,
   out: Callable[[str], None] = print,
 ) -> checkpoint.LoadReport:
-  """Reads `src`, fits it to the model, writes `dst` as `to` ('npz' or 'hf'); returns the report."""
+  """Reads `src`, fits it to the model, writes `dst` as `to` (FORMATS_OUT); returns the report."""
   from vit_jax.models import get_config, model_from_config, stats
 
-  if to not in ('npz', 'hf'):
-    raise checkpoint.CheckpointError(f"--to {to!r}: choose 'npz' or 'hf'")
+  if to not in FORMATS_OUT:
+    raise checkpoint.CheckpointError(f'--to {to!r}: choose one of {", ".join(FORMATS_OUT)}')
   if num_classes is not None and num_classes < 0:
     raise checkpoint.CheckpointError(
       f'--num-classes {num_classes}: must be >= 0 (0 drops the head)'
@@ -108,6 +110,10 @@ def convert(
   if to == 'npz':
     checkpoint.save_npz(params, dst)
     written = 'npz (vit_jax layout, pre-Linen names)'
+  elif to == 'timm':
+    checkpoint.export_timm(params, config, dst, image_size=size)
+    written = 'timm (model.safetensors + config.json with the create_model arguments,'
+    written += " act_layer='gelu_tanh', norm_layer='layernorm')"
   else:
     checkpoint.export_hf(params, config, dst, image_size=size)
     arch = 'ViTForImageClassification' if config.num_classes else 'ViTModel'
@@ -132,15 +138,15 @@ def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog='python -m vit_jax.convert',
     description='Convert ViT checkpoints: Google .npz (original, AugReg, big_vision) <-> Hugging'
-    ' Face. Prints what it read and wrote; exits 1 with a one-line reason on failure.',
+    ' Face <-> timm. Prints what it read and wrote; exits 1 with a one-line reason on failure.',
   )
   parser.add_argument(
     'src',
     nargs='?',
     help='checkpoint to read: .npz, .safetensors/.bin, Hugging Face or orbax directory',
   )
-  parser.add_argument('dst', nargs='?', help='.npz file or Hugging Face directory to write')
-  parser.add_argument('--to', choices=('npz', 'hf'), help='output format')
+  parser.add_argument('dst', nargs='?', help='.npz file, Hugging Face or timm directory to write')
+  parser.add_argument('--to', choices=FORMATS_OUT, help='output format')
   parser.add_argument('--model', help='registered model name, e.g. ViT-B_16 (see --list)')
   parser.add_argument('--num-classes', type=int, help='head classes; 0 drops the head')
   parser.add_argument('--resolution', type=int, help='image size in pixels (resizes posemb)')

@@ -4,6 +4,7 @@
   params = load_pretrained(path, init_params, model_config)   # fine-tuning surgery
   save_npz(params, 'out.npz')                # the released Google layout
   export_hf(params, model_config, 'out_dir') # model.safetensors + config.json for transformers
+  export_timm(params, model_config, 'out_dir')  # model.safetensors + config.json for timm
 
 Formats are detected by `FORMATS`, a list of (name, detect, read) tried in order; another
 format plugs in with `register_format`.
@@ -14,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vit_jax.checkpoint import catalog, hf, npz, orbax, surgery, tree
+from vit_jax.checkpoint import catalog, hf, npz, orbax, surgery, timm, tree
 from vit_jax.checkpoint.hf import export_hf, from_hf_state_dict, to_hf_state_dict
 from vit_jax.checkpoint.npz import save_npz
 from vit_jax.checkpoint.surgery import (
@@ -24,6 +25,7 @@ from vit_jax.checkpoint.surgery import (
   resample_patch_embedding,
   resize_posemb,
 )
+from vit_jax.checkpoint.timm import export_timm, from_timm_state_dict, to_timm_state_dict
 from vit_jax.checkpoint.tree import CheckpointError, flatten, infer_config, unflatten
 
 __all__ = [
@@ -34,8 +36,10 @@ __all__ = [
   'catalog',
   'detect_format',
   'export_hf',
+  'export_timm',
   'flatten',
   'from_hf_state_dict',
+  'from_timm_state_dict',
   'hf',
   'infer_config',
   'load',
@@ -49,7 +53,9 @@ __all__ = [
   'resize_posemb',
   'save_npz',
   'surgery',
+  'timm',
   'to_hf_state_dict',
+  'to_timm_state_dict',
   'tree',
   'unflatten',
 ]
@@ -69,6 +75,7 @@ class Format:
 
 
 FORMATS: list[Format] = [
+  Format('timm', timm.detect, timm.read),  # before hf: both are .safetensors/.bin folders
   Format('hf', hf.detect, hf.read),
   Format('npz', npz.detect, npz.read),
   Format('orbax', orbax.detect, orbax.read),
@@ -90,7 +97,8 @@ def detect_format(path: str | Path) -> Format:
       return fmt
   raise CheckpointError(
     f'{path}: unknown checkpoint layout; expected a Google .npz (original, AugReg, big_vision),'
-    ' a .safetensors/.bin file or a Hugging Face directory (config.json + model.safetensors)'
+    ' a .safetensors/.bin file, or a Hugging Face or timm directory (config.json +'
+    ' model.safetensors)'
   )
 
 
@@ -105,7 +113,9 @@ def load(path: str | Path, **kwargs: Any) -> dict:
   Formats: Google .npz (original and AugReg with pre-Linen names and (1,1,1,C) GroupNorm;
   big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`),
   Hugging Face directories and .safetensors files (4.x and 5.x key names; `num_heads=` is
-  needed when there is no config.json), PyTorch .bin via `torch.load(weights_only=True)`, and
+  needed when there is no config.json), timm VisionTransformer and DeiT state dicts (fused
+  qkv; `num_heads=` is needed without timm's config.json), PyTorch .bin/.pth via
+  `torch.load(weights_only=True)`, and
   orbax training checkpoints (a run, `checkpoints/`, step or item directory; params only).
   """
   return read(path, **kwargs)[0]

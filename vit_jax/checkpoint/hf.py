@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -35,6 +34,7 @@ from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  config_field,
   flatten,
   infer_config,
   natural_key,
@@ -175,7 +175,7 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
   return {k: _torch_to_numpy(v, k, path) for k, v in state.items()}
 
 
-def _read_weights(path: Path) -> dict[str, np.ndarray]:
+def read_state_dict(path: Path) -> dict[str, np.ndarray]:
   """The tensors of one file or of a sharded checkpoint (its *.index.json)."""
   if path.name.endswith('.index.json'):
     try:
@@ -184,7 +184,7 @@ def _read_weights(path: Path) -> dict[str, np.ndarray]:
       raise CheckpointError(f'{path}: not a valid shard index ({e})') from None
     state: dict[str, np.ndarray] = {}
     for shard in shards:
-      state.update(_read_weights(path.parent / shard))
+      state.update(read_state_dict(path.parent / shard))
     return state
   if not path.is_file():
     raise CheckpointError(f'{path}: missing weights file')
@@ -217,7 +217,10 @@ def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, 
   return num_heads
 
 
-def _to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
+def torch_to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
+  """A PyTorch weight in our layout: `kind` is 'copy', 'linear' ((out, in) -> (in, out)),
+  'conv' (OIHW -> HWIO), or an attention kernel split into `heads`: 'qkv_kernel', 'qkv_bias',
+  'out_kernel'."""
   if kind == 'copy':
     return w
   if kind == 'linear':
@@ -271,7 +274,7 @@ def from_hf_state_dict(
       )
     if ours in flat:
       raise CheckpointError(f'{source}: {key!r} maps to {ours!r}, which another key already set')
-    flat[ours] = _to_ours(kind, value, num_heads, key, source)
+    flat[ours] = torch_to_ours(kind, value, num_heads, key, source)
   check_arrays(flat, source)
   _check_complete(flat, source)
   return unflatten(flat)
@@ -315,7 +318,7 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
     )
   if num_heads is None and config is not None:
     num_heads = config.get('num_attention_heads')
-  state = _read_weights(weights)
+  state = read_state_dict(weights)
   tree = from_hf_state_dict(state, num_heads, str(path))
 
   parts = [weights.name, f'{len(state)} tensors']
@@ -347,20 +350,12 @@ def load(path: str | Path, *, num_heads: int | None = None) -> dict:
 # Writing.
 
 
-def _field(config: Any, name: str, default: Any = None) -> Any:
-  if config is None:
-    return default
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.get(name, default)
-  return config.get(name, default) if isinstance(config, Mapping) else default
-
-
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
-  if 'conv_root/kernel' in flat or _field(model_config, 'resnet') is not None:
+  if 'conv_root/kernel' in flat or config_field(model_config, 'resnet') is not None:
     raise CheckpointError(
       'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to npz'
     )
-  classifier = _field(model_config, 'classifier', 'token')
+  classifier = config_field(model_config, 'classifier', 'token')
   if classifier != 'token' or 'cls' not in flat:
     what = f'classifier={classifier!r}' if classifier != 'token' else 'a model without cls'
     raise CheckpointError(
@@ -407,18 +402,23 @@ def to_hf_state_dict(params: Mapping[str, Any], model_config: Any = None) -> dic
     if key not in inverse:
       raise CheckpointError(f'{key!r} {shape_str(value.shape)} has no Hugging Face ViT equivalent')
     hf_key, kind = inverse[key]
-    if kind == 'linear':
-      value = value.T
-    elif kind == 'conv':
-      value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
-    elif kind == 'qkv_kernel':
-      value = value.reshape(value.shape[0], -1).T
-    elif kind == 'qkv_bias':
-      value = value.reshape(-1)
-    elif kind == 'out_kernel':
-      value = value.reshape(-1, value.shape[-1]).T
-    state[hf_key] = np.ascontiguousarray(value)
+    state[hf_key] = ours_to_torch(kind, value)
   return state
+
+
+def ours_to_torch(kind: str, value: np.ndarray) -> np.ndarray:
+  """The inverse of `torch_to_ours`: our weight in PyTorch's layout (contiguous)."""
+  if kind == 'linear':
+    value = value.T
+  elif kind == 'conv':
+    value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
+  elif kind == 'qkv_kernel':
+    value = value.reshape(value.shape[0], -1).T
+  elif kind == 'qkv_bias':
+    value = value.reshape(-1)
+  elif kind == 'out_kernel':
+    value = value.reshape(-1, value.shape[-1]).T
+  return np.ascontiguousarray(value)
 
 
 def hf_config(
@@ -440,7 +440,7 @@ def hf_config(
         ' image_size=(height, width)'
       )
     image_size = side * patch
-  transformer = _field(model_config, 'transformer') or {}
+  transformer = config_field(model_config, 'transformer') or {}
   config: dict[str, Any] = {
     'architectures': ['ViTForImageClassification' if 'head/kernel' in flat else 'ViTModel'],
     'model_type': 'vit',
@@ -481,20 +481,29 @@ def export_hf(
 ) -> Path:
   """Writes `model.safetensors` + `config.json` that `from_pretrained` loads with our logits.
 
-  Nothing partial is left: both files are written to a temporary folder first, then moved
-  into `out_dir` (a new folder, or one holding at most these two files).
+  Nothing partial is left (`write_model_dir`).
+  """
+  state = to_hf_state_dict(params, model_config)
+  config = hf_config(params, model_config, image_size, labels)
+  return write_model_dir(out_dir, state, config)
+
+
+def write_model_dir(
+  out_dir: str | os.PathLike, state: Mapping[str, np.ndarray], config: Mapping[str, Any]
+) -> Path:
+  """Writes `model.safetensors` (PyTorch metadata) and `config.json` into `out_dir`.
+
+  Both files are written to a temporary folder first, then moved into `out_dir` (a new
+  folder, or one holding at most these two files), so nothing partial is ever left.
   """
   from safetensors.numpy import save_file
 
   out_dir = Path(out_dir)
-  state = to_hf_state_dict(params, model_config)
-  config = hf_config(params, model_config, image_size, labels)
+  names = ('model.safetensors', 'config.json')
   if out_dir.exists():
     if not out_dir.is_dir():
       raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
-    others = sorted(
-      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
-    )
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in names)
     if others:
       raise CheckpointError(
         f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
@@ -502,10 +511,10 @@ def export_hf(
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f'.{out_dir.name}.', suffix='.tmp'))
   try:
-    save_file(state, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
+    save_file(dict(state), str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
     (tmp / 'config.json').write_text(json.dumps(config, indent=2, sort_keys=True) + '\n')
     if out_dir.exists():
-      for name in ('model.safetensors', 'config.json'):
+      for name in names:
         os.replace(tmp / name, out_dir / name)
       tmp.rmdir()
     else:

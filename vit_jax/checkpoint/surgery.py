@@ -35,6 +35,8 @@ from vit_jax.checkpoint.tree import (
 HEAD = ('head/kernel', 'head/bias')
 PRE_LOGITS = ('pre_logits/kernel', 'pre_logits/bias')
 PATCH_KERNEL = 'embedding/kernel'
+# The tokens prepended to the patches, in the model's order (DeiT adds `dist_token` after `cls`).
+PREFIX_TOKENS = ('cls', 'dist_token')
 
 
 @dataclasses.dataclass
@@ -143,6 +145,31 @@ def resample_patch_embedding(kernel: np.ndarray, new_hw: tuple[int, int]) -> np.
   flat = kernel.reshape(h * w, -1).astype(np.float64)
   new = np.linalg.pinv(resize.T) @ flat
   return new.reshape(nh, nw, *kernel.shape[2:]).astype(kernel.dtype)
+
+
+def _prefix_tokens(flat: Mapping[str, Any]) -> tuple[str, ...]:
+  """The tokens a tree prepends to the patches, in order; each has a position-embedding row."""
+  return tuple(token for token in PREFIX_TOKENS if token in flat)
+
+
+def _match_prefix_rows(
+  posemb: np.ndarray,
+  old_tokens: tuple[str, ...],
+  new_tokens: tuple[str, ...],
+  init_posemb: np.ndarray | None,
+) -> np.ndarray:
+  """A (1, old prefix + grid, D) embedding with the prefix rows of `new_tokens`: the
+  checkpoint's row of each token it has, else the initial row (zeros when init is abstract)."""
+  rows = []
+  for i, token in enumerate(new_tokens):
+    if token in old_tokens:
+      j = old_tokens.index(token)
+      rows.append(posemb[:, j : j + 1])
+    elif init_posemb is not None:
+      rows.append(init_posemb[:, i : i + 1].astype(posemb.dtype))
+    else:
+      rows.append(np.zeros((1, 1, posemb.shape[2]), posemb.dtype))
+  return np.concatenate([*rows, posemb[:, len(old_tokens) :]], axis=1)
 
 
 def _is_abstract(x: Any) -> bool:
@@ -286,11 +313,19 @@ def merge_pretrained(
         report.dropped.append(key)
         del ckpt[key]
 
+  if strict and 'dist_token' in ckpt and 'dist_token' not in init:
+    raise CheckpointError(
+      f'{source}: a distilled (DeiT) checkpoint: its dist_token'
+      f' {shape_str(ckpt["dist_token"].shape)} and head_dist have no place in this model, which'
+      ' has no distillation token; or pass strict=False to drop them'
+    )
+
   # Position embeddings on another grid.
   if POSEMB in ckpt and POSEMB in init:
     old, new = ckpt[POSEMB], init[POSEMB]
-    old_prefix, new_prefix = int('cls' in ckpt), int('cls' in init)
-    if tuple(old.shape) != tuple(new.shape) or old_prefix != new_prefix:
+    old_tokens, new_tokens = _prefix_tokens(ckpt), _prefix_tokens(init)
+    old_prefix, new_prefix = len(old_tokens), len(new_tokens)
+    if tuple(old.shape) != tuple(new.shape) or old_tokens != new_tokens:
       if image_size is not None:
         grid = token_grid(model_config, image_size)
       else:
@@ -308,12 +343,8 @@ def merge_pretrained(
           ' initialised at'
         )
       resized = resize_posemb(old, grid, pretrained_grid, old_prefix)
-      if new_prefix and not old_prefix:
-        tok = np.asarray(init_value(POSEMB))[:, :1] if not _is_abstract(new) else None
-        tok = np.zeros((1, 1, new.shape[2]), resized.dtype) if tok is None else tok
-        resized = np.concatenate([tok, resized], axis=1)
-      elif old_prefix and not new_prefix:
-        resized = resized[:, 1:]
+      init_rows = None if _is_abstract(new) else np.asarray(init_value(POSEMB))
+      resized = _match_prefix_rows(resized, old_tokens, new_tokens, init_rows)
       if tuple(old.shape) != tuple(resized.shape):
         report.resized.append((POSEMB, tuple(old.shape), tuple(resized.shape)))
       ckpt[POSEMB] = resized

@@ -74,6 +74,13 @@ def square_side(n: int) -> int | None:
   return s if s * s == n else None
 
 
+def config_field(config: Any, name: str, default: Any = None) -> Any:
+  """`config[name]` of a model config (ConfigDict, dict or None), else `default`."""
+  if isinstance(config, (Mapping, ml_collections.ConfigDict)):
+    return config.get(name, default)
+  return default
+
+
 def _get(flat: Mapping[str, Any], key: str) -> Any:
   if key not in flat:
     raise CheckpointError(f'the parameters lack {key!r}; this is not a ViT parameter tree')

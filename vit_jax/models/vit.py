@@ -384,9 +384,10 @@ class Encoder(nn.Module):
   recomputation so that it saves no memory (ViT-L/16: the same compiled memory with and
   without remat).
 
-  Called with `capture` (block indices), it returns `(encoded, {i: output of block i})`, the
-  raw block outputs before the final LayerNorm; unrolled blocks stop after the last index
-  captured, and `encoded` is then None.
+  Called with `capture` (block indices, see `block_indices`), it returns
+  `(encoded, {i: output of block i})`, the raw block outputs before the final LayerNorm;
+  unrolled blocks stop after the last one captured, and `encoded` is None unless the last
+  block is captured.
   """
 
   num_layers: int
@@ -408,7 +409,7 @@ class Encoder(nn.Module):
     *,
     train: bool,
     grid: tuple[int, int] | None = None,
-    capture: tuple[int, ...] = (),
+    capture: Sequence[int] | None = None,
   ) -> Any:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
@@ -428,6 +429,7 @@ class Encoder(nn.Module):
       param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
     )(x, grid)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    capture = () if capture is None else block_indices(capture, self.num_layers)
     captured = {}
     if self.scan_layers:
       body = _ScanBlock
@@ -524,8 +526,8 @@ class VisionTransformer(nn.Module):
     train: bool,
     intermediate_blocks: Sequence[int] | None = None,
   ) -> Any:
-    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head; with
-    `intermediate_blocks`, to the dict of intermediate features (see the class docstring)."""
+    """NHWC images in [-1, 1] -> logits (float32), features without a head, or the dict of
+    `intermediate_blocks` (see the class docstring)."""
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
@@ -546,9 +548,6 @@ class VisionTransformer(nn.Module):
       name='embedding',
     )(x)
 
-    capture = None
-    if intermediate_blocks is not None:
-      capture = block_indices(intermediate_blocks, (self.transformer or {}).get('num_layers', 0))
     if self.transformer is not None:
       embedding = x
       n, h, w, c = x.shape
@@ -565,9 +564,11 @@ class VisionTransformer(nn.Module):
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name='Transformer',
-      )(x, train=train, grid=(h, w), capture=capture or ())
-      if capture is not None:
+      )(x, train=train, grid=(h, w), capture=intermediate_blocks)
+      if intermediate_blocks is not None:
         return _feature_dict(embedding, *x)
+    elif intermediate_blocks is not None:
+      raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
 
     if self.classifier == 'token':
       x = x[:, 0]
@@ -595,8 +596,6 @@ class VisionTransformer(nn.Module):
 
 def block_indices(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:
   """Block indices (negative ones count from the end) as sorted, distinct, non-negative ones."""
-  if not num_layers:
-    raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
   if isinstance(blocks, (int, str)) or not blocks:
     raise ValueError(f'intermediate_blocks={blocks!r}: give a non-empty sequence of block indices')
   out = set()
