@@ -1,7 +1,7 @@
 """Top-k predictions with class names, and pre-logits embeddings, for image files.
 
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
-      [--json] [--features OUT.npy] [--batch_size 32] IMAGE...
+      [--json] [--features OUT.npy [--features_block K]] [--batch_size 32] IMAGE...
 
 Images get the evaluation preprocessing of the original input pipeline: decode to RGB,
 resize to the crop size (bilinear, half-pixel centres, no antialiasing, aspect ratio not
@@ -37,7 +37,7 @@ from PIL import Image
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import files
-from vit_jax.models import VisionTransformer, get_config, model_from_config, stats
+from vit_jax.models import VisionTransformer, get_config, model_from_config, stats, vit
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap')
@@ -318,18 +318,34 @@ def load(
 
 @dataclasses.dataclass
 class Prediction:
-  """The top-k of one image; `features` is its pre-logits representation."""
+  """The top-k of one image; `features` is its pre-logits representation, `block_features`
+  the (h, w, D) patch tokens after the block asked for, if any."""
 
   image: str
   indices: np.ndarray
   probabilities: np.ndarray
   features: np.ndarray
   names: list[str] | None = None
+  block_features: np.ndarray | None = None
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _features(model: VisionTransformer, params: dict[str, Any], images: jax.Array) -> jax.Array:
   return model.apply({'params': params}, images, train=False)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _block_features(
+  model: VisionTransformer, params: dict[str, Any], images: jax.Array, block: int
+) -> jax.Array:
+  """The patch tokens (B, h, w, D) after block `block` (>= 0), in a pass that stops there."""
+  features = model.apply({'params': params}, images, train=False, intermediate_blocks=(block,))
+  return features[f'encoderblock_{block}']
+
+
+def feature_block(loaded: LoadedModel, block: int) -> int:
+  """`block` (negative from the end) as the index of one of the model's encoder blocks."""
+  return vit.block_indices((block,), loaded.model.transformer['num_layers'])[0]
 
 
 def batches(
@@ -388,14 +404,27 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def predict_files(
-  loaded: LoadedModel, paths: Sequence[str], k: int = 5, batch_size: int = 32
+  loaded: LoadedModel,
+  paths: Sequence[str],
+  k: int = 5,
+  batch_size: int = 32,
+  block: int | None = None,
 ) -> tuple[list[Prediction], list[str]]:
-  """Predicts every readable image; returns the predictions and one error line per bad file."""
+  """Predicts every readable image; returns the predictions and one error line per bad file.
+
+  With `block` (see `feature_block`), each prediction also holds that block's patch tokens.
+  """
   errors: list[str] = []
   batch_size = max(1, min(batch_size, len(paths)))
   predictions = []
+  block_fn = None
+  if block is not None:
+    block_fn = functools.partial(_block_features, block=feature_block(loaded, block))
   for names, images in batches(paths, loaded.resolution, batch_size, errors):
     features = run_padded(_features, loaded.model, loaded.params, images, batch_size)
+    grids = None
+    if block_fn is not None:
+      grids = run_padded(block_fn, loaded.model, loaded.params, images, batch_size)
     logits = _logits(loaded, features)
     if logits is None:
       indices, probs = np.zeros((len(names), 0), np.int64), np.zeros((len(names), 0))
@@ -405,7 +434,8 @@ def predict_files(
       labels = None
       if loaded.class_names is not None:
         labels = [loaded.class_names[j] for j in indices[i]]
-      predictions.append(Prediction(name, indices[i], probs[i], features[i], labels))
+      grid = None if grids is None else grids[i]
+      predictions.append(Prediction(name, indices[i], probs[i], features[i], labels, grid))
   return predictions, errors
 
 
@@ -423,9 +453,12 @@ def _features_path(out: str | os.PathLike) -> Path:
 def save_features(
   out: str | os.PathLike, predictions: Sequence[Prediction], metadata: dict[str, Any]
 ) -> tuple[Path, Path]:
-  """Writes the features (N, D) float32 to `out` (.npy) and the file list to `out` .json."""
+  """Writes the features to `out` (.npy, float32) and the file list to `out` .json: the
+  pre-logits (N, D), or the block's patch tokens (N, h, w, D) where predictions hold them."""
   out = _features_path(out)
-  array = np.stack([p.features for p in predictions]).astype(np.float32)
+  grids = [p.block_features for p in predictions]
+  stack = grids if all(g is not None for g in grids) else [p.features for p in predictions]
+  array = np.stack(stack).astype(np.float32)
   sidecar = out.with_suffix('.json')
   meta = {**metadata, 'shape': list(array.shape), 'files': [p.image for p in predictions]}
   files.atomic_write(out, lambda f: np.save(f, array, allow_pickle=False))
@@ -494,6 +527,7 @@ def run(
   as_json: bool = False,
   features: str | None = None,
   batch_size: int = 32,
+  features_block: int | None = None,
 ) -> int:
   """The command line's work; returns the exit status (1 if anything failed)."""
   if not images:
@@ -505,11 +539,15 @@ def run(
   try:
     if features:
       _features_path(features)
+    if features_block is not None and not features:
+      raise ValueError('--features_block: give --features OUT.npy to write the block features to')
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   try:
     loaded = load(checkpoint, model_name, resolution)
+    if features_block is not None:
+      features_block = feature_block(loaded, features_block)
   except (OSError, ValueError, KeyError) as e:
     print(f'error: {checkpoint}: {e}'.replace('\n', ' '), file=sys.stderr)
     return 2
@@ -521,15 +559,21 @@ def run(
       print(json.dumps(_as_json(loaded, [], [], warning, checkpoint), indent=1))
     return 1
 
-  predictions, errors = predict_files(loaded, images, k, batch_size)
+  predictions, errors = predict_files(loaded, images, k, batch_size, features_block)
   if features and predictions:
     meta = {
       'checkpoint': str(checkpoint),
       'model': loaded.model_name,
       'resolution': loaded.resolution,
     }
+    if features_block is not None:
+      meta['block'] = features_block  # patch tokens after it, before the final LayerNorm
     npy, sidecar = save_features(features, predictions, meta)
-    shape = (len(predictions), predictions[0].features.shape[-1])
+    first = predictions[0]
+    shape = (
+      len(predictions),
+      *np.shape(first.features if features_block is None else first.block_features),
+    )
     print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
   if as_json:
     print(json.dumps(_as_json(loaded, predictions, errors, warning, checkpoint), indent=1))
@@ -556,13 +600,29 @@ def define_flags() -> None:
   flags.DEFINE_string(
     'features', None, 'Write the pre-logits features to this .npy (file list beside it: .json).'
   )
+  flags.DEFINE_integer(
+    'features_block',
+    None,
+    'With --features: write the patch tokens (N, h, w, D) after this encoder block instead'
+    ' (0-based; -1 is the last), before the final LayerNorm.',
+  )
   flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
 
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
   sys.exit(
-    run(f.checkpoint, argv[1:], f.model, f.resolution, f.top_k, f.json, f.features, f.batch_size)
+    run(
+      f.checkpoint,
+      argv[1:],
+      f.model,
+      f.resolution,
+      f.top_k,
+      f.json,
+      f.features,
+      f.batch_size,
+      f.features_block,
+    )
   )
 
 
