@@ -34,6 +34,8 @@ from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  block_numbers,
+  check_complete,
   config_field,
   flatten,
   infer_config,
@@ -282,22 +284,12 @@ def from_hf_state_dict(
 
 def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
   """Every backbone weight is present (heads and pre_logits are optional)."""
-  layers = {
-    int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')
-  }
-  expected = ['embedding/kernel', 'embedding/bias', 'cls', POSEMB]
-  expected += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in range(max(layers, default=-1) + 1):
-    expected += [template.format(i=i) for template, _ in _LAYER_MAP.values()]
-  for pair in (('head/kernel', 'head/bias'), ('pre_logits/kernel', 'pre_logits/bias')):
-    if (pair[0] in flat) != (pair[1] in flat):
-      expected += list(pair)
-  missing = [k for k in expected if k not in flat]
-  if missing:
-    raise CheckpointError(
-      f'{source}: missing {len(missing)} ViT weights, e.g. {missing[0]!r}; the file is incomplete'
-      ' or not a ViT checkpoint'
-    )
+  required = ['embedding/kernel', 'embedding/bias', 'cls', POSEMB]
+  required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
+  for i in range(max(block_numbers(flat), default=-1) + 1):
+    required += [template.format(i=i) for template, _ in _LAYER_MAP.values()]
+  pairs = [('head/kernel', 'head/bias'), ('pre_logits/kernel', 'pre_logits/bias')]
+  check_complete(flat, required, pairs, source, 'a ViT checkpoint')
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
@@ -390,10 +382,7 @@ def to_hf_state_dict(params: Mapping[str, Any], model_config: Any = None) -> dic
     inverse[ours] = (prefix + hf_key, kind)
   for hf_key, (ours, kind) in _HEAD_MAP.items():
     inverse[ours] = (hf_key, kind)
-  layers = sorted(
-    {int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')}
-  )
-  for i in layers:
+  for i in block_numbers(flat):
     for hf_key, (template, kind) in _LAYER_MAP.items():
       inverse[template.format(i=i)] = (f'{prefix}encoder.layer.{i}.{hf_key}', kind)
 

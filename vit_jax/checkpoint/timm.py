@@ -46,6 +46,8 @@ from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  block_numbers,
+  check_complete,
   config_field,
   flatten,
   infer_config,
@@ -337,23 +339,13 @@ def from_timm_state_dict(
 
 def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
   """Every backbone weight is present; heads come in (weight, bias) pairs."""
-  layers = {
-    int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')
-  }
-  expected = ['embedding/kernel', 'embedding/bias', POSEMB]
-  expected += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in range(max(layers, default=-1) + 1):
-    expected += [template.format(i=i) for template, _ in _BLOCK_MAP.values()]
-    expected += [f'{_ATTN.format(i=i)}/{n}/{leaf}' for n in _QKV for leaf in ('kernel', 'bias')]
-  for pair in (('head/kernel', 'head/bias'), ('head_dist/kernel', 'head_dist/bias')):
-    if (pair[0] in flat) != (pair[1] in flat):
-      expected += list(pair)
-  missing = [k for k in expected if k not in flat]
-  if missing:
-    raise CheckpointError(
-      f'{source}: missing {len(missing)} ViT weights, e.g. {missing[0]!r}; the file is incomplete'
-      ' or not a timm VisionTransformer'
-    )
+  required = ['embedding/kernel', 'embedding/bias', POSEMB]
+  required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
+  for i in range(max(block_numbers(flat), default=-1) + 1):
+    required += [template.format(i=i) for template, _ in _BLOCK_MAP.values()]
+    required += [f'{_ATTN.format(i=i)}/{n}/{leaf}' for n in _QKV for leaf in ('kernel', 'bias')]
+  pairs = [('head/kernel', 'head/bias'), ('head_dist/kernel', 'head_dist/bias')]
+  check_complete(flat, required, pairs, source, 'a timm VisionTransformer')
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
@@ -435,9 +427,7 @@ def to_timm_state_dict(
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   _classifier(flat, model_config)
   inverse = {ours: (key, kind) for key, (ours, kind) in _TOP_MAP.items()}
-  layers = {
-    int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')
-  }
+  layers = block_numbers(flat)
   for i in layers:
     for name, (template, kind) in _BLOCK_MAP.items():
       inverse[template.format(i=i)] = (f'blocks.{i}.{name}', kind)

@@ -15,6 +15,7 @@ import ml_collections
 SEP = '/'
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 _BLOCK_RE = re.compile(r'encoderblock_(\d+)$')
+_BLOCK_KEY_RE = re.compile(r'^Transformer/encoderblock_(\d+)/')
 _UNIT_RE = re.compile(r'unit(\d+)$')
 _STAGE_RE = re.compile(r'block(\d+)$')
 
@@ -79,6 +80,31 @@ def config_field(config: Any, name: str, default: Any = None) -> Any:
   if isinstance(config, (Mapping, ml_collections.ConfigDict)):
     return config.get(name, default)
   return default
+
+
+def block_numbers(flat: Mapping[str, Any]) -> list[int]:
+  """The sorted numbers i of the `Transformer/encoderblock_{i}/...` keys of a flat dict."""
+  return sorted({int(m.group(1)) for k in flat if (m := _BLOCK_KEY_RE.match(k))})
+
+
+def check_complete(
+  flat: Mapping[str, Any],
+  required: Iterable[str],
+  pairs: Iterable[tuple[str, str]],
+  source: str,
+  what: str,
+) -> None:
+  """Every `required` key is in `flat`, and of each optional (kernel, bias) pair both or none."""
+  expected = list(required)
+  for pair in pairs:
+    if (pair[0] in flat) != (pair[1] in flat):
+      expected += list(pair)
+  missing = [k for k in expected if k not in flat]
+  if missing:
+    raise CheckpointError(
+      f'{source}: missing {len(missing)} ViT weights, e.g. {missing[0]!r}; the file is incomplete'
+      f' or not {what}'
+    )
 
 
 def _get(flat: Mapping[str, Any], key: str) -> Any:
