@@ -21,7 +21,7 @@ run: $(VENV)/.runtime
 	$(PY) -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
 
 table: $(VENV)/.runtime
-	$(PY) -m vit_jax.models --table --xla_flops
+	$(PY) -m vit_jax.models --xla_flops
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check .

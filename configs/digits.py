@@ -1,6 +1,7 @@
 r"""The bundled default job: a small ViT trained from scratch on scikit-learn's digits.
 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
+  python -m vit_jax.main --config=configs/digits.py:mixer --workdir=runs/digits_mixer
 
 1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
 no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
@@ -8,6 +9,7 @@ patches. Training augmentation is the inception crop (area 0.6-1) with its box b
 pixels (`pp.subpixel`: on an 8x8 grid a pixel-aligned box allows only a few dozen crops) and
 no flip (a mirrored digit is another symbol). Four blocks of width 64, global average
 pooling, Adam with decoupled weight decay, warmup then cosine decay, 3,000 steps of 64.
+`:mixer` trains an MLP-Mixer of the same width and depth on the same 16 patches instead.
 """
 
 import ml_collections
@@ -15,14 +17,29 @@ import ml_collections
 from configs import common
 
 
-def get_config() -> ml_collections.ConfigDict:
-  """The digits config."""
+def _mixer() -> ml_collections.ConfigDict:
+  """An MLP-Mixer like the ViT: 4 blocks of width 64, channel MLP 128; token MLP 32, twice the
+  16 patches (Mixer-B/16: 384 for 196)."""
+  return ml_collections.ConfigDict(
+    {
+      'patches': {'size': (2, 2)},
+      'hidden_dim': 64,
+      'num_blocks': 4,
+      'tokens_mlp_dim': 32,
+      'channels_mlp_dim': 128,
+    }
+  )
+
+
+def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
+  """The digits config; `model` is 'vit' (the default job) or 'mixer'."""
+  if model not in ('vit', 'mixer'):
+    raise ValueError(f"configs/digits.py:{model}: expected 'vit' or 'mixer'")
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
   config.model = ml_collections.ConfigDict(
     {
-      'model_name': 'ViT-digits',
       'patches': {'size': (2, 2)},
       'hidden_size': 64,
       'transformer': {
@@ -37,6 +54,9 @@ def get_config() -> ml_collections.ConfigDict:
       'resnet': None,
     }
   )
+  if model == 'mixer':
+    config.model_name = 'Mixer-digits'
+    config.model = _mixer()
   config.pretrained_dir = ''  # from scratch
 
   config.pp.train = 'train'

@@ -16,12 +16,17 @@ def short_name(name: str) -> str:
 SHORT_NAMES = {short_name(name): name for name in MODEL_CONFIGS}
 
 
-def model_config(model: str) -> ml_collections.ConfigDict:
-  """The registry config of `model`, a short name ('b16') or a registry name ('ViT-B_16')."""
+def registry_name(model: str) -> str:
+  """The registry name of `model`, a short name ('b16') or a registry name ('ViT-B_16')."""
   name = SHORT_NAMES.get(model, model)
   if name not in MODEL_CONFIGS:
     options = sorted(SHORT_NAMES) + sorted(MODEL_CONFIGS)
     close = difflib.get_close_matches(model, options, n=4, cutoff=0.5)
     hint = f' Did you mean: {", ".join(close)}?' if close else ''
     raise ValueError(f'Unknown model {model!r}.{hint} Known: {", ".join(sorted(SHORT_NAMES))}.')
-  return get_config(name)
+  return name
+
+
+def model_config(model: str) -> ml_collections.ConfigDict:
+  """The registry config (the model's constructor fields) of `model`, short or registry name."""
+  return get_config(registry_name(model))

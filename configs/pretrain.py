@@ -8,6 +8,9 @@ a representation layer (pre_logits) of the model width, clipping at global norm 
     sigmoid cross-entropy with head bias -10 (the original recipe, vision_transformer #2).
   ImageNet-1k:  300 epochs, lr 3e-3, cosine decay, weight decay 0.3.
 
+An MLP-Mixer takes the same recipe without dropout and pre_logits (it has neither), a distilled
+DeiT without pre_logits (its two heads read the tokens directly).
+
 ImageNet-21k is not in public tfds: point --config.dataset at your tfds build or an image
 folder, and set --config.pp.train / --config.pp.test to its splits.
 
@@ -17,6 +20,7 @@ folder, and set --config.pp.train / --config.pp.test to its splits.
 import ml_collections
 
 from configs import common, models
+from vit_jax.models import is_mixer
 
 RECIPES = {
   'imagenet21k': dict(
@@ -54,10 +58,12 @@ def get_config(model_dataset: str = 'b16,imagenet2012') -> ml_collections.Config
   recipe = RECIPES[dataset]
   config = common.get_config()
   config.dataset = dataset
+  config.model_name = models.registry_name(model)
   config.model = models.model_config(model)
-  config.model_name = config.model.model_name
-  config.model.transformer.dropout_rate = 0.1
-  config.model.representation_size = config.model.hidden_size
+  if not is_mixer(config.model):
+    config.model.transformer.dropout_rate = 0.1
+    if not config.model.get('distilled'):
+      config.model.representation_size = config.model.hidden_size
   config.model.head_bias_init = recipe['head_bias_init']
   config.pretrained_dir = ''  # from scratch
 

@@ -1,18 +1,22 @@
-r"""Fine-tunes a pretrained ViT or hybrid: `--config=configs/vit.py:MODEL,DATASET`.
+r"""Fine-tunes a pretrained ViT, hybrid or MLP-Mixer: `--config=configs/vit.py:MODEL,DATASET`.
 
-MODEL is a short name (ti16, s16, s32, b8, b16, b32, l16, l32, h14, r50_b16, r26_s32, ...)
-or a registry name (ViT-B_16); DATASET a preset (cifar10, cifar100, imagenet2012,
-oxford_iiit_pet, oxford_flowers102) or any tfds name / image folder (then set
---config.total_steps). Paper Table 4 recipe: SGD momentum 0.9, batch 512, cosine decay,
-clip 1, no weight decay, 384 px.
+MODEL is a short name (ti16, s16, s32, b8, b16, b32, l16, l32, h14, r50_b16, r26_s32,
+mixer_b16, mixer_l16, deit_b16_distilled, ...) or a registry name (ViT-B_16, Mixer-B_16);
+DATASET a preset (cifar10, cifar100, imagenet2012, oxford_iiit_pet, oxford_flowers102) or any
+tfds name / image folder (then set --config.total_steps). Paper Table 4 recipe: SGD momentum
+0.9, batch 512, cosine decay, clip 1, no weight decay, 384 px; Mixers at 224 px, as the
+original `mixer_base16_cifar10.py` (their token-mixing MLPs fix the resolution).
 
   python -m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=runs/b16_cifar10 \
       --config.pretrained_dir=checkpoints   # holds ViT-B_16.npz (gs://vit_models/imagenet21k)
+  python -m vit_jax.main --config=configs/vit.py:mixer_b16,cifar10 --workdir=runs/mixer \
+      --config.pretrained_dir=checkpoints   # Mixer-B_16.npz (gs://mixer_models/imagenet21k)
 """
 
 import ml_collections
 
 from configs import common, models
+from vit_jax.models import is_mixer
 
 
 def get_config(model_dataset: str = 'b16,cifar10') -> ml_collections.ConfigDict:
@@ -28,8 +32,10 @@ def get_config(model_dataset: str = 'b16,cifar10') -> ml_collections.ConfigDict:
     config = common.with_dataset(config, dataset)
   else:
     config.dataset = dataset
+  config.model_name = models.registry_name(model)
   config.model = models.model_config(model)
-  config.model_name = config.model.model_name
   if (config.model_name, dataset) == ('ViT-B_16', 'cifar10'):
     config.base_lr = 0.01  # the original's only per-pair setting
+  if is_mixer(config.model):
+    config.pp.crop = 224  # the resolution of the released Mixer checkpoints
   return config.lock()

@@ -1,6 +1,6 @@
 r"""Fine-tunes on one VTAB-1k task with the paper's setting: `configs/vtab.py:MODEL,TASK`.
 
-TASK is one of the 19 tasks in vit_jax/reproduce/vtab.py (caltech101, cifar100, dtd,
+TASK is one of the 19 tasks in vit_jax/data/vtab.py (caltech101, cifar100, dtd,
 oxford_flowers102, oxford_iiit_pet, sun397, svhn, patch_camelyon, eurosat, resisc45,
 diabetic_retinopathy, clevr_count, clevr_distance, dmlab, kitti_distance, dsprites_location,
 dsprites_orientation, smallnorb_azimuth, smallnorb_elevation). Paper Table 4: 2500 steps at
@@ -27,15 +27,15 @@ BASE_LR = 0.01
 
 def get_config(model_task: str = 'b16,caltech101') -> ml_collections.ConfigDict:
   """The VTAB-1k config for 'MODEL,TASK' (TASK defaults to caltech101 when only MODEL is given)."""
-  from vit_jax.reproduce import vtab
+  from vit_jax.data import vtab
 
   model, _, task = (p.strip() for p in model_task.partition(','))
   task = task or 'caltech101'
   if task not in vtab.TASKS:
     raise ValueError(f'Unknown VTAB task {task!r}; expected one of {", ".join(vtab.TASKS)}.')
   config = common.get_config()
+  config.model_name = models.registry_name(model)
   config.model = models.model_config(model)
-  config.model_name = config.model.model_name
   config.dataset = f'vtab/{task}'
   config.pp.train = 'train800val200'
   config.pp.test = 'test'

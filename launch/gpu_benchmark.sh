@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ViT-B/16 at 224 px in bfloat16 on one NVIDIA GPU (sized for an H200: 3 minutes there):
-#   1. training (forward, backward, SGD momentum) with fused attention at the largest batch
-#      whose step fits in memory: images/s, MFU against the bf16 dense peak, memory;
+#   1. training (the trainer's step: clipping, SGD momentum) with fused attention at the
+#      largest batch whose step fits in memory: images/s, MFU against the bf16 dense peak, memory;
 #   2. training at batch 256, XLA attention against `fused` (cuDNN where it applies);
 #   3. inference at batch 1024, both attention paths.
 # Every phase also measures the best square bf16 matmul (the chip's practical ceiling).

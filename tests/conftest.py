@@ -15,16 +15,36 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import torch_compat
+from vit_jax.benchmark import allow_torchvision_import
 
-# transformers and timm import torchvision, whose PyPI build needs this beside the CPU torch.
-torch_compat.allow_torchvision_import()
+# The oracles transformers and timm import torchvision, whose PyPI build needs this beside the
+# CPU torch.
+allow_torchvision_import()
 
 
 def randomize(params, seed: int = 0, scale: float = 0.2):
   """Every leaf replaced by N(0, scale) noise (float32), so no weight is left at a zero init."""
   rng = np.random.default_rng(seed)
   return jax.tree.map(lambda x: (scale * rng.standard_normal(x.shape)).astype(np.float32), params)
+
+
+# A tiny ViT on configs/digits.py and a short run of it, as dotted config overrides (also
+# `--config.KEY=VALUE` flags of subprocess runs).
+TINY = {
+  'model.hidden_size': 32,
+  'model.patches.size': (2, 2),
+  'model.transformer.num_layers': 1,
+  'model.transformer.mlp_dim': 64,
+  'model.transformer.num_heads': 2,
+  'pp.crop': 8,
+  'batch': 32,
+  'batch_eval': 360,
+  'warmup_steps': 2,
+  'total_steps': 6,
+  'progress_every': 1,
+  'eval_every': 3,
+  'checkpoint_every': 3,
+}
 
 
 @pytest.fixture

@@ -15,21 +15,52 @@ UNITS = {'MiB': 2**20, 'GiB': 2**30, 'MB': 1e6, 'GB': 1e9}
 
 @functools.cache
 def _param_count(model: str, resolution: int, num_classes: int, pre_logits: bool) -> int:
-  hidden = MODEL_CONFIGS[model].hidden_size
-  net = get_model(
-    model, num_classes=num_classes or None, representation_size=hidden if pre_logits else None
-  )
+  representation = {'representation_size': MODEL_CONFIGS[model].hidden_size} if pre_logits else {}
+  net = get_model(model, num_classes=num_classes or None, **representation)
   return stats.count_params(stats.param_shapes(net, resolution))
 
 
-def test_entries_are_unique_and_name_registered_models():
+# What was released, from the published listings (not from the catalogue): the bucket listing
+# of gs://vit_models/imagenet21k and .../imagenet21k+imagenet2012 stored in the original
+# notebook, the AugReg README's table of recommended checkpoints, and the google/vit-* hub repos.
+IMAGENET21K = ['ViT-B_16', 'ViT-B_32', 'ViT-B_8', 'ViT-L_16', 'ViT-L_32', 'ViT-H_14']
+IMAGENET21K += ['R50+ViT-B_16', 'R26+ViT-B_32', 'R50+ViT-L_32']
+IMAGENET21K_1K = ['ViT-B_16', 'ViT-B_16-224', 'ViT-B_32', 'ViT-B_8', 'ViT-L_16', 'ViT-L_16-224']
+IMAGENET21K_1K += ['ViT-L_32', 'R50+ViT-B_16']
+AUGREG_RECOMMENDED = ['L_16', 'B_16', 'S_16', 'R50_L_32', 'R26_S_32', 'Ti_16', 'B_32', 'S_32']
+AUGREG_RECOMMENDED += ['R_Ti_16']
+HUB = [f'vit-{size}-patch{p}-{res}' for size, p, res in [('base', 16, 224), ('base', 16, 384)]]
+HUB += ['vit-base-patch32-384', 'vit-large-patch16-224', 'vit-large-patch16-384']
+HUB += ['vit-large-patch32-384', 'vit-base-patch16-224-in21k', 'vit-base-patch32-224-in21k']
+HUB += ['vit-large-patch16-224-in21k', 'vit-large-patch32-224-in21k', 'vit-huge-patch14-224-in21k']
+# The `gsutil ls gs://mixer_models/*` output stored in the original vit_jax.ipynb.
+MIXER = [f'imagenet1k/Mixer-{m}' for m in ('B_16', 'L_16')]
+MIXER += [f'imagenet21k/Mixer-{m}' for m in ('B_16', 'L_16')]
+MIXER += [f'sam/Mixer-{m}' for m in ('B_16', 'B_32')]
+MIXER += [f'gsam/Mixer-{m}' for m in ('B_16', 'B_32', 'S_16', 'S_32', 'S_8')]
+
+
+def test_entries_are_the_published_files_and_name_registered_models():
+  expected = [f'imagenet21k/{m}' for m in IMAGENET21K]
+  expected += [f'imagenet21k+imagenet2012/{m}' for m in IMAGENET21K_1K]
+  # Each recommended upstream file and its ImageNet fine-tune at 384 px.
+  expected += [
+    f'augreg/{m}-i21k{tune}' for m in AUGREG_RECOMMENDED for tune in ('', '-imagenet2012-384')
+  ]
+  expected += [f'hf/{repo}' for repo in HUB]
+  expected += MIXER
   names = [e.name for e in catalog.CATALOG]
-  assert len(names) == len(set(names)) == 9 + 8 + 18 + 11
+  assert len(names) == len(set(names))
+  assert sorted(names) == sorted(expected)
   for entry in catalog.CATALOG:
     assert entry.model in MODEL_CONFIGS, entry.name
     assert entry.url.endswith(entry.file), entry.name
     assert entry.url.startswith(
-      ('https://storage.googleapis.com/vit_models/', 'https://huggingface.co/')
+      (
+        'https://storage.googleapis.com/vit_models/',
+        'https://storage.googleapis.com/mixer_models/',
+        'https://huggingface.co/',
+      )
     )
 
 

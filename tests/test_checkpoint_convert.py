@@ -4,10 +4,12 @@ import json
 import subprocess
 import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
 import scipy.ndimage
+from absl import flags
 
 from vit_jax import checkpoint, convert
 from vit_jax.models import get_model, stats
@@ -25,7 +27,11 @@ def testing_npz(tmp_path, random_params):
 
 
 def _run(capsys, *argv):
-  status = convert.main([str(a) for a in argv])
+  """The command line in this process: its flags parsed on their own FlagValues, then run."""
+  flag_values = flags.FlagValues()
+  convert.define_flags(flag_values)
+  args = flag_values(['convert', *(str(a) for a in argv)])[1:]
+  status = convert.run(args, flag_values)
   out, err = capsys.readouterr()
   return status, out, err
 
@@ -37,7 +43,7 @@ def _npz(path):
 
 def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
   src, model, params = testing_npz
-  status, out, err = _run(capsys, src, tmp_path / 'hf', '--to', 'hf')
+  status, out, err = _run(capsys, src, tmp_path / 'hf', '--to=hf')
   assert status == 0, err
   read, wrote = out.splitlines()[:2]
   assert read.startswith(f'read {src}: npz (vit_jax, pre-Linen names)')
@@ -45,8 +51,9 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
   assert wrote.startswith(f'wrote {tmp_path / "hf"}: hf (ViTForImageClassification')
   assert 'gelu_pytorch_tanh' in wrote
 
-  torch = pytest.importorskip('torch')
-  transformers = pytest.importorskip('transformers')
+  import torch  # the oracle is a test requirement (requirements-test.txt)
+  import transformers
+
   hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / 'hf').eval()
   images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype(np.float32)
   ours = np.asarray(model.apply({'params': params}, images, train=False))
@@ -54,7 +61,7 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
     theirs = hf(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2).copy())).logits.numpy()
   np.testing.assert_allclose(theirs, ours, atol=1e-5, rtol=0)
 
-  status, out, err = _run(capsys, tmp_path / 'hf', tmp_path / 'back.npz', '--to', 'npz')
+  status, out, err = _run(capsys, tmp_path / 'hf', tmp_path / 'back.npz', '--to=npz')
   assert status == 0, err
   assert 'hf (model.safetensors, 24 tensors, 4.x names, ViTForImageClassification' in out
   before, after = _npz(src), _npz(tmp_path / 'back.npz')
@@ -65,7 +72,7 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
 
 def test_resolution_resizes_the_position_embeddings(tmp_path, capsys, testing_npz):
   src, _, params = testing_npz
-  status, out, _ = _run(capsys, src, tmp_path / 'r.npz', '--to', 'npz', '--resolution', 64)
+  status, out, _ = _run(capsys, src, tmp_path / 'r.npz', '--to=npz', '--resolution=64')
   assert status == 0
   assert f'  resized {POSEMB}: (1, 5, 10) -> (1, 17, 10)' in out.splitlines()
   assert 'at 64 px' in out
@@ -77,12 +84,12 @@ def test_resolution_resizes_the_position_embeddings(tmp_path, capsys, testing_np
 
 def test_num_classes_replaces_or_drops_the_head(tmp_path, capsys, testing_npz):
   src, _, _ = testing_npz
-  status, out, _ = _run(capsys, src, tmp_path / 'k3.npz', '--to', 'npz', '--num-classes', 3)
+  status, out, _ = _run(capsys, src, tmp_path / 'k3.npz', '--to=npz', '--num_classes=3')
   assert status == 0 and '  dropped head/kernel (replaced by a fresh zero head)' in out
   written = _npz(tmp_path / 'k3.npz')
   assert written['head/kernel'].shape == (10, 3) and not written['head/kernel'].any()
 
-  status, out, _ = _run(capsys, src, tmp_path / 'k0.npz', '--to', 'npz', '--num-classes', 0)
+  status, out, _ = _run(capsys, src, tmp_path / 'k0.npz', '--to=npz', '--num_classes=0')
   assert status == 0 and '  dropped head/bias' in out
   assert not any(k.startswith('head/') for k in _npz(tmp_path / 'k0.npz'))
 
@@ -90,11 +97,11 @@ def test_num_classes_replaces_or_drops_the_head(tmp_path, capsys, testing_npz):
 def test_in21k_checkpoint_exports_as_vitmodel_with_pooler(tmp_path, capsys, random_params):
   model = get_model('testing', num_classes=21843, representation_size=10)
   checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'in21k.npz')
-  status, _, err = _run(capsys, tmp_path / 'in21k.npz', tmp_path / 'hf', '--to', 'hf')
-  assert status == 1 and 'both pre_logits' in err and '--num-classes 0' in err
+  status, _, err = _run(capsys, tmp_path / 'in21k.npz', tmp_path / 'hf', '--to=hf')
+  assert status == 1 and 'both pre_logits' in err and '--num_classes=0' in err
   assert not (tmp_path / 'hf').exists()
   status, out, _ = _run(
-    capsys, tmp_path / 'in21k.npz', tmp_path / 'hf', '--to', 'hf', '--num-classes', 0
+    capsys, tmp_path / 'in21k.npz', tmp_path / 'hf', '--to=hf', '--num_classes=0'
   )
   assert status == 0 and 'hf (ViTModel' in out
   config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
@@ -111,12 +118,12 @@ def test_hybrid_converts_to_npz_at_another_resolution(tmp_path, capsys, random_p
   )
   checkpoint.save_npz(random_params(stats.param_shapes(model, 64)), tmp_path / 'r.npz')
   status, out, err = _run(
-    capsys, tmp_path / 'r.npz', tmp_path / 'r96.npz', '--to', 'npz', '--resolution', 96
+    capsys, tmp_path / 'r.npz', tmp_path / 'r96.npz', '--to=npz', '--resolution=96'
   )
   assert status == 0, err
   assert '64 px' in out.splitlines()[0] and f'resized {POSEMB}: (1, 5, 16) -> (1, 10, 16)' in out
   assert _npz(tmp_path / 'r96.npz')['gn_root/scale'].shape == (1, 1, 1, 64)
-  status, _, err = _run(capsys, tmp_path / 'r.npz', tmp_path / 'hf', '--to', 'hf')
+  status, _, err = _run(capsys, tmp_path / 'r.npz', tmp_path / 'hf', '--to=hf')
   assert status == 1 and 'hybrid' in err and not (tmp_path / 'hf').exists()
 
 
@@ -124,19 +131,20 @@ def test_hybrid_converts_to_npz_at_another_resolution(tmp_path, capsys, random_p
   ('extra', 'message'),
   [
     (
-      ['--model', 'ViT-Ti_16'],
-      'embedding/kernel has shape (16, 16, 3, 10) in the checkpoint but (16, 16, 3, 192) in the'
-      ' model; the checkpoint is a testing: choose that model (--model)',
+      ['--model=ViT-Ti_16'],
+      '--model ViT-Ti_16 does not fit the checkpoint, which holds testing (hidden_size 10,'
+      ' 1 layers, 2 heads, mlp_dim 10, patch 16x16, classifier token)',
     ),
-    (['--model', 'ViT-B16'], "Unknown model 'ViT-B16'. Did you mean: ViT-B_16"),
-    (['--num-classes', '-1'], 'must be >= 0'),
+    (['--model=ViT-B16'], "Unknown model 'ViT-B16'. Did you mean: ViT-B_16"),
+    (['--num_classes=-1'], 'must be >= 0'),
+    (['--resolution=40'], '--resolution 40 is not a positive multiple of the patch stride 16'),
   ],
 )
 def test_failures_exit_1_with_one_line_and_write_nothing(
   tmp_path, capsys, testing_npz, extra, message
 ):
   src, _, _ = testing_npz
-  status, _, err = _run(capsys, src, tmp_path / 'out.npz', '--to', 'npz', *extra)
+  status, _, err = _run(capsys, src, tmp_path / 'out.npz', '--to=npz', *extra)
   assert status == 1
   assert err.startswith('error: ') and err.count('\n') == 1 and message in err
   assert not (tmp_path / 'out.npz').exists()
@@ -144,21 +152,20 @@ def test_failures_exit_1_with_one_line_and_write_nothing(
 
 def test_bad_sources_exit_1(tmp_path, capsys, testing_npz):
   src, _, _ = testing_npz
-  status, _, err = _run(capsys, tmp_path / 'absent.npz', tmp_path / 'o.npz', '--to', 'npz')
+  status, _, err = _run(capsys, tmp_path / 'absent.npz', tmp_path / 'o.npz', '--to=npz')
   assert status == 1 and 'no such file' in err
   data = src.read_bytes()
   (tmp_path / 'cut.npz').write_bytes(data[:100])
-  status, _, err = _run(capsys, tmp_path / 'cut.npz', src, '--to', 'npz')
+  status, _, err = _run(capsys, tmp_path / 'cut.npz', src, '--to=npz')
   assert status == 1 and 'truncated' in err and err.count('\n') == 1
   assert src.read_bytes() == data  # the destination is untouched
 
 
 def test_usage_errors_exit_2(capsys):
-  assert convert.main(['only_src']) == 2
-  assert 'SRC, DST and --to are required' in capsys.readouterr().err
-  with pytest.raises(SystemExit) as e:
-    convert.main(['a', 'b', '--to', 'onnx'])
-  assert e.value.code == 2
+  status, _, err = _run(capsys, 'only_src')
+  assert status == 2 and 'SRC, DST and --to are required' in err
+  with pytest.raises(flags.IllegalFlagValueError, match=r'one of <npz\|hf>'):
+    _run(capsys, 'a', 'b', '--to=onnx')
 
 
 def test_list_shows_the_catalogue(capsys):
@@ -175,7 +182,7 @@ def test_list_shows_the_catalogue(capsys):
 def test_the_module_runs_and_exits_with_its_status(tmp_path, testing_npz):
   src, _, _ = testing_npz
   ok = subprocess.run(
-    [sys.executable, '-m', 'vit_jax.convert', str(src), str(tmp_path / 'o.npz'), '--to', 'npz'],
+    [sys.executable, '-m', 'vit_jax.convert', str(src), str(tmp_path / 'o.npz'), '--to=npz'],
     capture_output=True,
     text=True,
     check=False,
@@ -183,7 +190,7 @@ def test_the_module_runs_and_exits_with_its_status(tmp_path, testing_npz):
   assert ok.returncode == 0, ok.stderr
   assert ok.stdout.startswith('read ') and (tmp_path / 'o.npz').exists()
   bad = subprocess.run(
-    [sys.executable, '-m', 'vit_jax.convert', str(tmp_path / 'nope'), 'x.npz', '--to', 'npz'],
+    [sys.executable, '-m', 'vit_jax.convert', str(tmp_path / 'nope'), 'x.npz', '--to=npz'],
     capture_output=True,
     text=True,
     check=False,
@@ -194,8 +201,7 @@ def test_the_module_runs_and_exits_with_its_status(tmp_path, testing_npz):
 
 def test_keys_of_a_conversion_are_exactly_the_models(tmp_path, capsys, testing_npz):
   src, model, _ = testing_npz
-  _run(capsys, src, tmp_path / 'o.npz', '--to', 'npz', '--model', 'testing')
-  loaded = checkpoint.flatten(checkpoint.load(tmp_path / 'o.npz'))
-  shapes = checkpoint.flatten(stats.param_shapes(model, 32))
-  assert {k: v.shape for k, v in loaded.items()} == {k: v.shape for k, v in shapes.items()}
+  _run(capsys, src, tmp_path / 'o.npz', '--to=npz', '--model=testing')
+  loaded = checkpoint.load(tmp_path / 'o.npz')
+  chex.assert_trees_all_equal_shapes_and_dtypes(loaded, stats.param_shapes(model, 32))
   assert jax.tree.leaves(loaded)  # not empty

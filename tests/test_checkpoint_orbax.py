@@ -3,13 +3,12 @@ as numpy arrays, whatever their sharding, from a run, checkpoints, step or item 
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from vit_jax import checkpoint
 from vit_jax.models import get_model, stats
-
-ocp = pytest.importorskip('orbax.checkpoint')
 
 
 @pytest.fixture

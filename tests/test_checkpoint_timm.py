@@ -1,5 +1,6 @@
-"""timm VisionTransformer state dicts: our exports load in timm with our logits, files timm writes
-load into ours with its logits, round trips are bit-exact, what we cannot compute is refused."""
+"""timm VisionTransformer and DeiT state dicts: our exports load in timm with our logits, files
+timm writes load into ours with its logits (its tanh and its default exact GELU), round trips
+are bit-exact, what we cannot compute is refused."""
 
 import functools
 import json
@@ -8,13 +9,12 @@ import re
 import jax
 import numpy as np
 import pytest
+import safetensors.torch as safetensors_torch
+import timm  # an oracle pinned in requirements-test.txt: missing, these tests fail
+import torch
 
 from vit_jax import checkpoint, convert
 from vit_jax.models import get_config, get_model, stats
-
-torch = pytest.importorskip('torch')
-timm = pytest.importorskip('timm')  # the test requirements pin it
-safetensors_torch = pytest.importorskip('safetensors.torch')
 
 # ViT-B/16's widths at two blocks; SMALL for everything that does not need them.
 B16_SHALLOW = {'transformer': {'num_layers': 2, 'num_heads': 12, 'mlp_dim': 3072}}
@@ -42,13 +42,16 @@ def _timm_logits(model, images):
     return model.eval()(torch.from_numpy(images.transpose(0, 3, 1, 2))).numpy()
 
 
-def _timm_model(name='vit_base_patch16_224', seed=0, **kw):
-  """A timm model with the released weights' GELU and every weight replaced by noise."""
-  model = timm.create_model(name, pretrained=False, act_layer='gelu_tanh', **kw)
+def _timm_model(name='vit_base_patch16_224', seed=0, act_layer='gelu_tanh', scale=0.1, **kw):
+  """A timm model, by default with the released weights' GELU (`act_layer=None`: the
+  architecture's own), every weight replaced by N(0, scale) noise."""
+  if act_layer is not None:
+    kw['act_layer'] = act_layer
+  model = timm.create_model(name, pretrained=False, **kw)
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for p in model.parameters():
-      p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+      p.copy_(scale * torch.randn(p.shape, generator=gen))
   return model.eval()
 
 
@@ -149,7 +152,7 @@ def test_folder_timm_writes_loads_into_ours_with_equal_logits(tmp_path):
   theirs_model = _timm_model(depth=2, num_classes=10)
   timm.models.save_for_hf(theirs_model, tmp_path / 'hub', safe_serialization=True)
   params, description = checkpoint.read(tmp_path / 'hub')  # heads from the config.json
-  assert description.startswith('timm (model.safetensors') and 'act_layer=gelu_tanh' in description
+  assert description.startswith('timm (model.safetensors') and 'tanh GELU' in description
   qkv = params['Transformer']['encoderblock_1']['MultiHeadDotProductAttention_0']['value']
   assert qkv['kernel'].shape == (768, 12, 64) and qkv['bias'].shape == (12, 64)
 
@@ -229,29 +232,112 @@ def test_deit_distillation_token_maps_to_dist_token_and_head_dist(tmp_path):
   np.testing.assert_array_equal(params['head_dist']['kernel'], state['head_dist.weight'].numpy().T)
   assert params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 2 + 16, 32)
 
+  # Our distilled ViT on these weights: timm's logits, the mean of its two heads.
+  model = get_model('DeiT-B_16-distilled', num_classes=4, **SMALL)
+  images = _images(32)
+  theirs = _timm_logits(theirs_model, images)
+  assert np.abs(theirs).max() > 0.1
+  np.testing.assert_allclose(np.asarray(_apply(model)(params, images)), theirs, atol=1e-5, rtol=0)
+
   # Written back, timm's distilled model takes it strictly, with the same logits.
   checkpoint.export_timm(params, None, tmp_path / 'out')
   config = json.loads((tmp_path / 'out' / 'config.json').read_text())
   assert config['architecture'] == 'deit_base_distilled_patch16_224'  # args set the sizes
   again = timm.create_model(f'local-dir:{tmp_path / "out"}', pretrained=True)
+  np.testing.assert_array_equal(_timm_logits(again, images), theirs)
+
+
+def test_deit_tiny_with_timm_default_exact_gelu_both_ways(tmp_path, random_params):
+  """timm's deit_tiny_distilled_patch16_224 as timm builds it (exact GELU, two blocks): fit
+  reads the GELU off its config.json and computes timm's logits; our exact-GELU DeiT, exported,
+  is timm's model again."""
+  theirs_model = _timm_model(
+    'deit_tiny_distilled_patch16_224', act_layer=None, scale=0.3, depth=2, num_classes=10
+  )
+  assert type(theirs_model.blocks[0].mlp.act).__name__ == 'GELU'
+  timm.models.save_for_hf(theirs_model, tmp_path / 'hub', safe_serialization=True)
+  fitted = checkpoint.fit(tmp_path / 'hub')
+  assert fitted.config.distilled and fitted.config.gelu_approximate is False
+  assert 'exact GELU' in fitted.found.description
+  images = _images(224)
+  theirs = _timm_logits(theirs_model, images)
+  ours = np.asarray(_apply(fitted.model())(fitted.params, images))
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+  # The tanh GELU on the same weights misses timm's logits by far more than the tolerance.
+  tanh = np.asarray(_apply(fitted.model(gelu_approximate=True))(fitted.params, images))
+  assert np.abs(tanh - theirs).max() > 1e-4
+
+  model = get_model(
+    'DeiT-Ti_16-distilled', num_classes=10, gelu_approximate=False, transformer={'num_layers': 2}
+  )
+  params = random_params(stats.param_shapes(model, 224), scale=0.1)
+  config = get_config('DeiT-Ti_16-distilled')
+  config.gelu_approximate = False
+  checkpoint.export_timm(params, config, tmp_path / 'out')
+  args = json.loads((tmp_path / 'out' / 'config.json').read_text())['model_args']
+  assert args['act_layer'] == 'gelu'
+  again = timm.create_model(f'local-dir:{tmp_path / "out"}', pretrained=True)
+  ours = np.asarray(_apply(model)(params, images))
+  assert np.abs(ours).max() > 0.1
+  np.testing.assert_allclose(_timm_logits(again, images), ours, atol=1e-5, rtol=0)
+
+
+def test_vit_with_timm_default_exact_gelu_through_convert(tmp_path):
+  """A plain timm vit_* (exact GELU by default) converted to timm again keeps its GELU
+  (act_layer='gelu'), and fit computes it, with timm's logits."""
+  theirs_model = _timm_model(act_layer=None, scale=0.5, num_classes=6, **TIMM_SMALL)
+  timm.models.save_for_hf(theirs_model, tmp_path / 'hub', safe_serialization=True)
+  lines = []
+  convert.convert(str(tmp_path / 'hub'), str(tmp_path / 'back'), 'timm', out=lines.append)
+  assert 'exact GELU' in lines[0] and "act_layer='gelu'" in lines[1]
+  again = timm.create_model(f'local-dir:{tmp_path / "back"}', pretrained=True)
+  assert type(again.blocks[0].mlp.act).__name__ == 'GELU'
   images = _images(32)
   np.testing.assert_array_equal(_timm_logits(again, images), _timm_logits(theirs_model, images))
+  fitted = checkpoint.fit(tmp_path / 'back')
+  theirs = _timm_logits(theirs_model, images)
+  np.testing.assert_allclose(
+    _apply(fitted.model())(fitted.params, images), theirs, atol=1e-5, rtol=0
+  )
+  tanh = np.asarray(_apply(fitted.model(gelu_approximate=True))(fitted.params, images))
+  assert np.abs(tanh - theirs).max() > 1e-4  # 10x the tolerance
 
-  # Our ViT has no distillation token (yet): fitting the file into it names the token.
+
+def test_deit_file_into_a_vit_without_distillation_token(tmp_path):
+  state = _timm_model('deit_tiny_distilled_patch16_224', num_classes=4, **TIMM_SMALL).state_dict()
+  path = _save(state, tmp_path / 'deit.safetensors')
   model = get_model('testing', num_classes=4, **SMALL)
   with pytest.raises(checkpoint.CheckpointError, match=r'dist_token \(1, 1, 32\)') as e:
-    checkpoint.load_pretrained(
-      tmp_path / 'deit.safetensors', stats.param_shapes(model, 32), _config('testing', **SMALL)
-    )
+    checkpoint.load_pretrained(path, stats.param_shapes(model, 32), _config('testing', **SMALL))
   assert '\n' not in str(e.value)
   # strict=False drops the token, its position row and the second head.
+  params = checkpoint.load(path, num_heads=4)
   shapes = stats.param_shapes(model, 32)
   fitted, report = checkpoint.merge_pretrained(params, shapes, get_config('testing'), strict=False)
   posemb = state['pos_embed'].numpy()
   np.testing.assert_array_equal(
     fitted['Transformer']['posembed_input']['pos_embedding'], np.delete(posemb, 1, axis=1)
   )
-  assert sorted(report.unexpected) == ['dist_token', 'head_dist/bias', 'head_dist/kernel']
+  assert report.unexpected == ['dist_token'] and 'head_dist/kernel' in report.dropped
+
+
+def test_file_without_qkv_bias_loads_with_zero_biases(tmp_path):
+  theirs_model = _timm_model(num_classes=3, qkv_bias=False, **TIMM_SMALL)
+  assert theirs_model.blocks[0].attn.qkv.bias is None
+  path = _save(theirs_model.state_dict(), tmp_path / 'w.safetensors')
+  params, description = checkpoint.read(path, num_heads=4)
+  assert 'no qkv bias: zeros' in description
+  attention = params['Transformer']['encoderblock_2']['MultiHeadDotProductAttention_0']
+  assert all(not attention[n]['bias'].any() for n in ('query', 'key', 'value'))
+  assert attention['query']['bias'].shape == (4, 8)
+  model = get_model('testing', num_classes=3, **SMALL)
+  images = _images(32)
+  np.testing.assert_allclose(
+    np.asarray(_apply(model)(params, images)),
+    _timm_logits(theirs_model, images),
+    atol=1e-5,
+    rtol=0,
+  )
 
 
 def test_architecture_heads_table_matches_timm():

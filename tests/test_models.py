@@ -4,6 +4,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -33,7 +34,49 @@ EXPECTED_PARAMS = {
   'R26+ViT-B_32': 101_383_976,
   'R50+ViT-B_16': 98_659_112,
   'R50+ViT-L_32': 328_994_856,
+  # The original table's Mixers (`models_test.MODEL_SIZES`).
+  'Mixer-B_16': 59_880_472,
+  'Mixer-B_32': 60_293_428,
+  'Mixer-L_16': 208_196_168,
 }
+
+
+def mixer_params(hidden, blocks, tokens_mlp, channels_mlp, patch, resolution=224, classes=1000):
+  """MLP-Mixer's parameters by hand: stem conv, per block two LayerNorms, the token MLP
+  (S -> D_S -> S) and the channel MLP (C -> D_C -> C) with biases, final norm, head."""
+  s = (resolution // patch) ** 2
+  stem = patch * patch * 3 * hidden + hidden
+  token_mlp = s * tokens_mlp + tokens_mlp + tokens_mlp * s + s
+  channel_mlp = hidden * channels_mlp + channels_mlp + channels_mlp * hidden + hidden
+  block = 2 * 2 * hidden + token_mlp + channel_mlp
+  return stem + blocks * block + 2 * hidden + hidden * classes + classes
+
+
+def deit_params(vit_params, hidden, classes=1000):
+  """DeiT with distillation token over the ViT of the same size: `dist_token` (D), its
+  position-embedding row (D) and `head_dist` (D x classes + classes)."""
+  return vit_params + hidden + hidden + hidden * classes + classes
+
+
+# Mixer-S (paper Table 1: C 512, 8 blocks, D_S 256, D_C 2048), the sizes of the GSAM files.
+EXPECTED_PARAMS |= {f'Mixer-S_{p}': mixer_params(512, 8, 256, 2048, p) for p in (8, 16, 32)}
+EXPECTED_PARAMS |= {
+  f'DeiT-{size}-distilled': deit_params(EXPECTED_PARAMS[f'ViT-{size}'], hidden)
+  for size, hidden in (('Ti_16', 192), ('S_16', 384), ('B_16', 768))
+}
+
+
+def test_mixer_arithmetic_reproduces_the_original_table():
+  assert mixer_params(768, 12, 384, 3072, 16) == EXPECTED_PARAMS['Mixer-B_16']
+  assert mixer_params(768, 12, 384, 3072, 32) == EXPECTED_PARAMS['Mixer-B_32']
+  assert mixer_params(1024, 24, 512, 4096, 16) == EXPECTED_PARAMS['Mixer-L_16']
+
+
+def test_deit_counts_round_to_the_published_ones():
+  # timm `results-imagenet.csv` param_count (millions) of deit_*_distilled_patch16_224.
+  published = {'Ti_16': 5.91, 'S_16': 22.44, 'B_16': 87.34}
+  for size, millions in published.items():
+    assert round(EXPECTED_PARAMS[f'DeiT-{size}-distilled'] / 1e6, 2) == millions, size
 
 
 def test_every_registered_model_has_an_expected_count():
@@ -236,4 +279,41 @@ def test_analytic_flops_match_xla_cost_analysis():
     analytic = stats.forward_flops(MODEL_CONFIGS[name], 224, 1000)
     xla = stats.xla_forward_flops(get_model(name, num_classes=1000), 224)
     assert 0.99 < analytic / xla <= 1.0, name
-  assert stats.forward_flops(MODEL_CONFIGS['ViT-B_16']) == 35_127_656_448
+
+
+def _matmul_flops(name: str, resolution: int = 224, classes: int = 1000, **overrides) -> int:
+  """2 FLOPs per multiply-add of every matmul, counted from the parameter shapes: a kernel
+  meets every patch (embedding), every token (encoder) or the pooled vector (pre_logits,
+  head); plus the two attention products q.k and weights.v, T x T x D each per layer."""
+  model = get_model(name, num_classes=classes, **overrides)
+  shapes = jax.tree_util.tree_flatten_with_path(stats.param_shapes(model, resolution))[0]
+  patch = model.patches['size'][0]
+  patches = (resolution // patch) ** 2
+  tokens = patches + (model.classifier == 'token')
+  flops = 0
+  for path, leaf in shapes:
+    key = '/'.join(k.key for k in path)
+    if key.endswith('kernel'):
+      uses = patches if key == 'embedding/kernel' else tokens if 'Transformer' in key else 1
+      flops += 2 * uses * int(np.prod(leaf.shape))
+  return flops + model.transformer['num_layers'] * 2 * (2 * tokens * tokens * model.hidden_size)
+
+
+@pytest.mark.parametrize(
+  'name, overrides',
+  [
+    ('ViT-B_16', {}),
+    ('ViT-Ti_16', {}),
+    ('ViT-L_32', {}),
+    ('ViT-H_14', {}),
+    ('ViT-S_16-gap-norep', {}),
+    ('ViT-B_32', {'representation_size': 768}),
+  ],
+)
+def test_analytic_flops_count_every_matmul(name, overrides):
+  config = MODEL_CONFIGS[name].to_dict()
+  config.update(overrides)
+  analytic = stats.forward_flops(ml_collections.ConfigDict(config), 224, 1000)
+  assert analytic == _matmul_flops(name, **overrides)
+  if name == 'ViT-B_16':  # timm's model card for B/16 at 224 px: 17.6 GMACs (one decimal)
+    assert analytic == pytest.approx(2 * 17.6e9, rel=0.003)

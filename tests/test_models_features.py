@@ -159,7 +159,10 @@ def test_embedding_is_the_patch_grid_and_encoded_the_unpooled_output(random_para
     'encoded/prefix',
     'encoderblock_2',
     'encoderblock_2/prefix',
+    'output',
   ]
+  # With the whole encoder run, `output` is the model's own output: the logits.
+  np.testing.assert_array_equal(features['output'], _apply(model)(params, images))
   patches = images.reshape(2, 14, 4, 14, 4, 3)
   kernel = params['embedding']
   expected = np.einsum('bhpwqc,pqcd->bhwd', patches, kernel['kernel']) + kernel['bias']
@@ -195,10 +198,40 @@ def test_scanned_blocks_give_the_same_features(random_params):
   assert (
     sorted(scanned)
     == sorted(unrolled)
-    == ['embedding', 'encoded', 'encoderblock_0', 'encoderblock_2']
+    == ['embedding', 'encoded', 'encoderblock_0', 'encoderblock_2', 'output']
   )
   for key in unrolled:
     np.testing.assert_allclose(scanned[key], unrolled[key], atol=1e-5, rtol=0, err_msg=key)
+
+
+@pytest.mark.parametrize(
+  ('options', 'prefix'),
+  [
+    ({'distilled': True}, 2),  # DeiT: cls and dist_token, each with a position row
+    ({'classifier': 'map'}, 0),  # big_vision: no class token
+    ({'classifier': 'gap', 'posemb': 'sincos2d'}, 0),
+  ],
+)
+def test_prefix_tokens_and_big_vision_options(random_params, options, prefix):
+  """Features split off every prefix token; a posemb_grid model applied at another size equals
+  the model fitted to that size (sincos2d, without a learned embedding, fits any size as is)."""
+  trained = _model(**options)
+  params = random_params(stats.param_shapes(trained, 56), scale=0.3)
+  images = _images(64, 40)
+  dynamic = _model(posemb_grid=(14, 14), **options)
+  features = _apply(dynamic, (0, -1))(params, images)
+  assert features['encoderblock_0'].shape == features['encoded'].shape == (2, 16, 10, 16)
+  assert ('encoderblock_0/prefix' in features) == bool(prefix)
+  if prefix:
+    assert features['encoderblock_0/prefix'].shape == (2, prefix, 16)
+
+  resized, _ = checkpoint.merge_pretrained(
+    params, stats.param_shapes(trained, (64, 40)), _config(**options), True, image_size=(64, 40)
+  )
+  expected = np.asarray(_apply(trained)(resized, images))
+  assert np.abs(expected).max() > 0.1
+  np.testing.assert_allclose(features['output'], expected, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(_apply(dynamic)(params, images), expected, atol=1e-6, rtol=0)
 
 
 def test_features_at_another_size_with_posemb_grid(random_params):

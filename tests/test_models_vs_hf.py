@@ -3,12 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
+import torch  # the oracle is a test requirement (requirements-test.txt): missing, it fails
+import transformers
 
 from vit_jax.models import get_model
-
-torch = pytest.importorskip('torch')
-transformers = pytest.importorskip('transformers')
 
 
 def _hf_state_dict(p, num_layers: int) -> dict:

@@ -23,10 +23,11 @@ from conftest import assert_trained_params_close
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
 from vit_jax import data as data_lib
-from vit_jax import distributed, parallel, train
+from vit_jax import distributed, parallel, rundir, train
 from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.models import model_from_config, stats
-from vit_jax.reproduce.sweep import with_overrides
+from vit_jax.train import setup, spec
+from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
@@ -108,7 +109,7 @@ def _run_here(workdir: str, data_shards: int = OVERRIDES['data_shards']) -> dict
 
 def _metrics(workdir: str) -> list[dict]:
   keys = ('loss', 'accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
-  return [{k: m[k] for k in ('step', *keys) if k in m} for m in train.read_metrics(workdir)]
+  return [{k: m[k] for k in ('step', *keys) if k in m} for m in rundir.read_metrics(workdir)]
 
 
 def _final_params(workdir: str) -> dict[str, np.ndarray]:
@@ -205,7 +206,7 @@ def test_data_shards_make_the_global_batches_independent_of_the_process_count():
   config = _config()
   config.data_shards = 3
   with pytest.raises(ValueError, match=r'config.batch=32 does not split into config.data_shards=3'):
-    train.prepare(config, 'unused')
+    setup.prepare(spec.from_config(config), 'unused')
 
 
 def _truncate_to_step_3(src: str, dst: str) -> str:
@@ -408,9 +409,7 @@ def test_h14_fsdp_state_fits_16_gb_devices():
   """The memory arithmetic of configs/vit_h14_fsdp.py, from the real parameter shapes."""
   config = vit_h14_fsdp.get_config('imagenet21k')
   assert (config.sharding, config.model.remat_policy, config.dtype) == ('fsdp', 'full', 'bfloat16')
-  model_config = config.model.to_dict()
-  model_config.pop('model_name')
-  shapes = stats.param_shapes(model_from_config(model_config, num_classes=21843), 224)
+  shapes = stats.param_shapes(model_from_config(config.model, num_classes=21843), 224)
   n = stats.count_params(shapes)
   assert n == 660_385_363
   mesh = parallel.create_mesh()  # 8 devices

@@ -4,17 +4,17 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from vit_jax import optim
+from vit_jax.train import spec
 
 
 def _config(**kw):
-  base = {'optimizer': 'sgd', 'grad_norm_clip': 0.0, 'optim_dtype': 'float32', 'weight_decay': 0.0}
-  return ml_collections.ConfigDict({**base, **kw})
+  """The run spec's optimizer section, no clipping unless asked."""
+  return spec.Optim(**{'grad_norm_clip': 0.0, **kw})
 
 
 def test_cosine_schedule_matches_the_original_formula():

@@ -1,18 +1,21 @@
-"""The mesh, sharding rules, batch checks and global batches from host-local rows."""
+"""The mesh, sharding rules, batch checks, global batches from host-local rows, and where the
+compiled step leaves the state."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import parallel
 
 
-def test_mesh_spans_all_devices():
-  mesh = parallel.create_mesh()
-  assert mesh.axis_names == ('data',)
-  assert mesh.size == len(jax.devices()) == 8
+def test_mesh_is_one_data_axis_over_the_given_devices_in_order():
+  devices = jax.devices()[::-1][:4]
+  mesh = parallel.create_mesh(devices)
+  assert mesh.axis_names == (parallel.DATA_AXIS,)
+  assert list(mesh.devices) == devices  # the caller's order: batch blocks follow it
 
 
 def test_replicate_and_fsdp_rules():
@@ -61,26 +64,45 @@ def test_batch_that_divides_passes():
   parallel.check_batch(3, parallel.create_mesh(jax.devices()[:1]), 3)
 
 
-def test_global_batch_from_host_rows():
+def test_global_batch_puts_consecutive_row_blocks_on_the_devices_in_mesh_order():
+  """What gradient accumulation relies on: device d holds rows [d*B/8, (d+1)*B/8)."""
   mesh = parallel.create_mesh()
   local = {'image': np.arange(16 * 2, dtype=np.float32).reshape(16, 2), 'label': np.arange(16)}
   batch = parallel.global_batch(local, parallel.batch_sharding(mesh))
   assert batch['image'].shape == (16, 2)
-  assert batch['image'].sharding.spec == P('data')
-  assert len(batch['image'].addressable_shards) == 8
-  assert batch['image'].addressable_shards[3].data.shape == (2, 2)
+  for d, device in enumerate(mesh.devices):
+    (shard,) = [s for s in batch['label'].addressable_shards if s.device == device]
+    np.testing.assert_array_equal(shard.data, [2 * d, 2 * d + 1])
   np.testing.assert_array_equal(np.asarray(batch['label']), np.arange(16))
 
 
-def test_jit_gradient_of_replicated_params_is_the_global_gradient():
-  # The shard_map trap does not apply to jit + NamedSharding: same gradient on 1 and 8 devices.
-  x = np.linspace(-1, 1, 32 * 3, dtype=np.float32).reshape(32, 3)
-  w = jnp.array([0.5, -1.0, 2.0])
+def test_the_compiled_step_keeps_the_state_where_the_rules_put_it():
+  """After an FSDP step, parameters and optimizer state are still split as the rules say
+  (the step's output shardings are the state's): nothing is gathered onto every device."""
+  from vit_jax import optim
+  from vit_jax.train import spec, steps
 
-  def grad(devices):
-    mesh = parallel.create_mesh(devices)
-    xs = parallel.global_batch({'x': x}, parallel.batch_sharding(mesh))['x']
-    ws = jax.device_put(w, parallel.replicated(mesh))
-    return jax.jit(jax.grad(lambda w, x: jnp.mean(jnp.sin(x @ w))))(ws, xs)
+  mesh = parallel.create_mesh()
+  params = {'w': jnp.ones((64, 256)), 'b': jnp.zeros((256,))}
+  rules = [('b', 'replicate'), ('.*', 'fsdp')]
+  old, parallel.FSDP_MIN_SIZE = parallel.FSDP_MIN_SIZE, 0
+  try:
+    tx, _ = optim.for_training(spec.Optim(optimizer='adam'), 10)
+    state = {'params': params, 'opt_state': tx.init(params)}
+    shardings = parallel.tree_shardings(state, mesh, rules)
+  finally:
+    parallel.FSDP_MIN_SIZE = old
 
-  np.testing.assert_allclose(grad(jax.devices()[:1]), grad(jax.devices()), rtol=1e-6, atol=1e-7)
+  def step(state, batch):
+    grads = jax.grad(lambda p: jnp.mean((batch['x'] @ p['w'] + p['b']) ** 2))(state['params'])
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    return {'params': optax.apply_updates(state['params'], updates), 'opt_state': opt_state}, {}
+
+  compiled = steps.compile_train_step(step, shardings, parallel.batch_sharding(mesh), mesh)
+  x = parallel.global_batch({'x': np.ones((16, 64), np.float32)}, parallel.batch_sharding(mesh))
+  out, _ = compiled(jax.device_put(state, shardings), x)
+  specs = jax.tree.map(lambda a: a.sharding.spec, out)
+  assert specs['params'] == {'w': P(None, 'data'), 'b': P()}
+  mu = specs['opt_state'][1].mu  # Adam's moments (after clipping) follow their parameter
+  assert mu == {'w': P(None, 'data'), 'b': P()}
+  assert out['params']['w'].addressable_shards[0].data.shape == (64, 32)

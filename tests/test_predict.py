@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, predict
+from vit_jax import checkpoint, data, predict
 from vit_jax.models import get_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +51,8 @@ def _reference_probs(params, paths, resolution=RESOLUTION):
 
 
 def test_preprocess_matches_the_original_tf_image_resize():
-  tf = pytest.importorskip('tensorflow')
+  import tensorflow as tf
+
   rng = np.random.default_rng(0)
   for h, w, r in [(37, 53, 24), (480, 640, 224), (1000, 750, 224), (8, 8, 32), (224, 224, 224)]:
     image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
@@ -60,6 +61,24 @@ def test_preprocess_matches_the_original_tf_image_resize():
     assert got.shape == (r, r, 3) and got.dtype == np.float32
     # TF places the samples in float32, we in float64: at most 0.02 of a grey level apart.
     np.testing.assert_allclose(got, expected, atol=2e-4)
+
+
+@pytest.mark.parametrize('suffix', ['.png', '.jpg', '.bmp'])
+def test_an_image_file_becomes_the_tensor_the_eval_pipeline_makes(tmp_path, suffix):
+  """The same file through a training run's evaluation pipeline and through predict."""
+  folder = tmp_path / 'images' / 'test' / 'some_class'
+  folder.mkdir(parents=True)
+  path = folder / f'photo{suffix}'
+  rng = np.random.default_rng(0)
+  Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
+  source = data.FolderSource(str(tmp_path / 'images'))
+  pp = data.Preprocessing(crop=24)
+  (batch,) = data.eval_dataset(source, 'test', local_batch=1, pp=pp).as_numpy_iterator()
+  errors = []
+  ((names, images),) = predict.batches([str(path)], 24, 1, errors)
+  assert errors == [] and names == [str(path)] and images.shape == (1, 24, 24, 3)
+  np.testing.assert_allclose(images[0], batch['image'][0], atol=1e-6, rtol=0)
+  assert np.abs(images[0]).max() > 0.9  # a real image, not padding
 
 
 def test_read_image_converts_grey_and_rgba_to_rgb(tmp_path):
@@ -239,7 +258,8 @@ def test_table_output(tmp_path, random_params, capsys):
 
 
 def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random_params):
-  ocp = pytest.importorskip('orbax.checkpoint')
+  import orbax.checkpoint as ocp
+
   run = tmp_path / 'run'
   params = _params(random_params, num_classes=3, seed=4)
   manager = ocp.CheckpointManager(run / 'checkpoints')
@@ -276,6 +296,14 @@ def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params)
   norm = params['Transformer']['encoder_norm']
   normed = (grid - grid.mean(-1, keepdims=True)) / np.sqrt(grid.var(-1, keepdims=True) + 1e-6)
   np.testing.assert_allclose(normed * norm['scale'] + norm['bias'], tokens, atol=1e-5)
+  # One pass gives the block and the predictions: those of a run without the block.
+  loaded = predict.load(path)
+  with_block, _ = predict.predict_files(loaded, images, k=2, block=-1)
+  without, _ = predict.predict_files(loaded, images, k=2)
+  for a, b in zip(with_block, without, strict=True):
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(a.features, b.features, atol=1e-6, rtol=0)
 
 
 def test_features_block_out_of_range_is_a_one_line_error(tmp_path, random_params, capsys):

@@ -7,51 +7,88 @@ import pytest
 
 from vit_jax.reproduce import compute
 
-# Our figures (exaFLOPs) for the ViT rows, and the paper's.
-VIT_ROWS = {
-  ('ViT-B/32', 7): (56.3, 55),
-  ('ViT-B/16', 7): (223.7, 224),
-  ('ViT-L/32', 7): (195.9, 196),
-  ('ViT-L/16', 7): (783.6, 783),
-  ('ViT-L/16', 14): (1567.2, 1567),
-  ('ViT-H/14', 14): (4258.6, 4262),
+# Table 6's exaFLOPs, as the paper prints them (reference: the paper's Table 6).
+PAPER = {
+  ('ViT-B/32', 7): 55,
+  ('ViT-B/16', 7): 224,
+  ('ViT-L/32', 7): 196,
+  ('ViT-L/16', 7): 783,
+  ('ViT-L/16', 14): 1567,
+  ('ViT-H/14', 14): 4262,
+  ('R50x1+ViT-B/32', 7): 106,
+  ('R50x1+ViT-B/16', 7): 274,
+  ('R50x1+ViT-L/32', 7): 246,
+  ('R50x1+ViT-L/16', 7): 859,
+  ('R50x1+ViT-L/16', 14): 1668,
 }
+# The paper's Table 1: (layers, hidden size D, MLP size) of each ViT variant.
+VARIANTS = {'B': (12, 768, 3072), 'L': (24, 1024, 4096), 'H': (32, 1280, 5120)}
+JFT_IMAGES, JFT_CLASSES = 303e6, 18_291
 
 
-def test_vit_rows():
-  rows = {(r['name'], r['epochs']): r for r in compute.table6() if r['kind'] == 'vit'}
-  assert set(rows) == set(VIT_ROWS)
-  for key, (ours, paper) in VIT_ROWS.items():
-    assert rows[key]['exaflops'] == pytest.approx(ours, abs=0.05), key
-    assert rows[key]['paper_exaflops'] == paper
-    assert abs(rows[key]['diff_pct']) < 2.5 and rows[key]['within_5pct'], key
-
-
-def test_b16_by_hand():
-  """ViT-B/16 at 224 px: 196 patches + cls, 12 blocks of width 768 and MLP 3072, 2 FLOPs a MAC."""
-  t, d, m, layers = 197, 768, 3072, 12
-  patch_embedding = 2 * 196 * (16 * 16 * 3) * d
+def _encoder_and_head(tokens: int, layers: int, d: int, mlp: int) -> int:
+  """Forward FLOPs (2 per multiply-add) of the encoder on `tokens` tokens (class token
+  included) and of the pretraining head: pre_logits (D x D) and JFT's classes."""
   block = (
-    2 * t * d * 3 * d + 2 * t * t * d * 2 + 2 * t * d * d + 2 * t * d * m * 2
-  )  # qkv, attn, out, mlp
-  head = 2 * d * d + 2 * d * 18_291  # pre_logits and the JFT head
-  forward = patch_embedding + layers * block + head
-  assert compute.row_forward_flops(compute.TABLE6[1]) == forward
-  exa = 3 * forward * 7 * 303e6 / 1e18  # forward + backward = 3 x forward; 7 epochs of 303M
-  assert compute.table6()[1]['exaflops'] == pytest.approx(exa, rel=1e-12)
-  assert exa == pytest.approx(224, rel=0.002)
+    2 * tokens * d * 3 * d  # q, k, v
+    + 2 * tokens * tokens * d * 2  # q.k and weights.v
+    + 2 * tokens * d * d  # out
+    + 2 * tokens * d * mlp * 2  # the MLP
+  )
+  return layers * block + 2 * d * d + 2 * d * JFT_CLASSES
+
+
+def _resnet50_stem(stages: tuple[int, ...]) -> tuple[int, int, int]:
+  """(forward FLOPs, output side, channels) of BiT's ResNet-v2 stem at 224 px: a 7x7/2 conv
+  to 64 channels, a /2 max-pool, then per stage bottlenecks 1x1 (w), 3x3 (w; stride 2 in the
+  first unit of stages 2+), 1x1 (4w), with a 1x1 projection in each stage's first unit."""
+  side, channels = 56, 64
+  flops = 2 * 112 * 112 * 7 * 7 * 3 * 64
+  for stage, units in enumerate(stages):
+    w = 64 * 2**stage
+    for unit in range(units):
+      out = side // 2 if stage and not unit else side
+      flops += 2 * side * side * channels * w  # 1x1, at the unit's input resolution
+      flops += 2 * out * out * 9 * w * w + 2 * out * out * w * 4 * w  # 3x3, 1x1
+      if not unit:
+        flops += 2 * out * out * channels * 4 * w  # the projection
+      side, channels = out, 4 * w
+  return flops, side, channels
+
+
+def _forward_by_hand(name: str) -> int:
+  """A Table 6 ViT or hybrid at 224 px with its pretraining head."""
+  stem, _, vit = name.rpartition('+')
+  layers, d, mlp = VARIANTS[vit[4]]
+  if not stem:  # 'ViT-B/16': 16x16-pixel patches
+    patch = int(vit.split('/')[1])
+    patches = (224 // patch) ** 2
+    return 2 * patches * patch * patch * 3 * d + _encoder_and_head(patches + 1, layers, d, mlp)
+  # 'R50x1+ViT-B/16': /16 drops stage 4 and puts its units into stage 3 (the paper's 4.1).
+  flops, side, channels = _resnet50_stem((3, 4, 9) if vit.endswith('/16') else (3, 4, 6, 3))
+  patches = side * side  # 1x1 patches of the feature map
+  return flops + 2 * patches * channels * d + _encoder_and_head(patches + 1, layers, d, mlp)
+
+
+def _exaflops_by_hand(name: str, epochs: int) -> float:
+  return 3 * _forward_by_hand(name) * epochs * JFT_IMAGES / 1e18  # forward + backward: 3x
+
+
+def test_vit_and_hybrid_rows_by_hand_beside_the_paper():
+  rows = {(r['name'], r['epochs']): r for r in compute.table6() if r['kind'] != 'resnet'}
+  assert set(rows) == set(PAPER)
+  for (name, epochs), row in rows.items():
+    ours = _exaflops_by_hand(name, epochs)
+    assert row['exaflops'] == pytest.approx(ours, rel=1e-12), name
+    assert row['paper_exaflops'] == PAPER[name, epochs]
+    assert row['diff_pct'] == pytest.approx(100 * (ours / PAPER[name, epochs] - 1), rel=1e-9)
+    # The ViT rows agree within 2.5%, the hybrids within 5% (their stems are counted alike).
+    assert abs(ours / PAPER[name, epochs] - 1) < (0.025 if '+' not in name else 0.05), name
+    assert row['within_5pct']
 
 
 def test_hybrid_rows_and_their_stems():
   rows = {(r['name'], r['epochs']): r for r in compute.table6() if r['kind'] == 'hybrid'}
-  assert {k: round(r['exaflops'], 1) for k, r in rows.items()} == {
-    ('R50x1+ViT-B/32', 7): 107.8,
-    ('R50x1+ViT-B/16', 7): 274.2,
-    ('R50x1+ViT-L/32', 7): 247.3,
-    ('R50x1+ViT-L/16', 7): 834.3,
-    ('R50x1+ViT-L/16', 14): 1668.6,
-  }
-  assert all(r['within_5pct'] for r in rows.values())
   # The paper's 7-epoch R50+L/16 figure (859) is not half its 14-epoch one (1668): flagged.
   assert '1668 / 2 = 834' in rows['R50x1+ViT-L/16', 7]['note']
   assert rows['R50x1+ViT-L/16', 14]['note'] == ''
@@ -76,7 +113,10 @@ def test_tables():
   rows = compute.table6()
   text = compute.format_markdown(rows)
   assert len(text.splitlines()) == 2 + 18
-  assert '| ViT-B/16 | 7 | 35.16 | 105.47 | 223.7 | 224 | -0.14% |  |' in text
+  b16 = _forward_by_hand('ViT-B/16')
+  exa = _exaflops_by_hand('ViT-B/16', 7)
+  line = f'| ViT-B/16 | 7 | {b16 / 1e9:.2f} | {3 * b16 / 1e9:.2f} | {exa:.1f} | 224 |'
+  assert f'{line} {100 * (exa / 224 - 1):+.2f}% |  |' in text.splitlines()
   parsed = list(csv.DictReader(io.StringIO(compute.format_csv(rows))))
   assert len(parsed) == 18 and parsed[5]['name'] == 'ViT-H/14'
-  assert float(parsed[5]['exaflops']) == pytest.approx(4258.6, abs=0.05)
+  assert float(parsed[5]['exaflops']) == pytest.approx(_exaflops_by_hand('ViT-H/14', 14), abs=1e-4)

@@ -18,7 +18,7 @@ def _run(root, name, accuracy, model='ViT-B_16', dataset='cifar10', ckpt='ViT-B_
   os.makedirs(folder)
   config = {
     'model_name': model,
-    'model': {'model_name': model, 'transformer': {'dropout_rate': dropout}},
+    'model': {'transformer': {'dropout_rate': dropout}},
     'dataset': dataset,
     'pretrained_dir': '',
     'pretrained_path': '',

@@ -10,6 +10,7 @@ from configs import digits as digits_config
 from vit_jax import data
 from vit_jax.data import digits
 from vit_jax.reproduce import sweep
+from vit_jax.train.spec import with_overrides
 
 
 def test_table4_protocols():
@@ -161,7 +162,7 @@ def test_digits_sweep_selects_on_dev_and_reports_test(tmp_path, monkeypatch, com
     return records(self, split, *args, **kwargs)
 
   monkeypatch.setattr(data.DigitsSource, 'records', spy)
-  config = sweep.with_overrides(
+  config = with_overrides(
     digits_config.get_config(),
     {
       'total_steps': 40,

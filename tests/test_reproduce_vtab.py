@@ -11,7 +11,8 @@ from tensorflow_datasets.testing import mocking
 
 from configs import vtab as vtab_config
 from vit_jax import data
-from vit_jax.reproduce import sweep, vtab
+from vit_jax.reproduce import vtab
+from vit_jax.train.spec import with_overrides
 
 
 def test_nineteen_tasks_in_three_groups():
@@ -173,7 +174,7 @@ def _fake_as_dataset(self, split, decoders=None, read_config=None, **kwargs):
 
 def _small(config, workdir_seed=0):
   """The task config on a 1-layer, 10-wide ViT at 16 px: a few fast steps."""
-  config = sweep.with_overrides(
+  config = with_overrides(
     config,
     {
       'total_steps': 2,

@@ -1,5 +1,6 @@
 """Training end to end: accuracy, 1 vs 8 devices, exact resume, SIGKILL/SIGTERM, faults, errors."""
 
+import glob
 import hashlib
 import json
 import os
@@ -14,32 +15,17 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import assert_trained_params_close
+from conftest import TINY, assert_trained_params_close
 
 from configs import digits as digits_config
 from configs import vit as vit_config
 from vit_jax import data as data_lib
-from vit_jax import parallel, train
+from vit_jax import parallel, rundir, train
 from vit_jax.data import digits as digits_data
-from vit_jax.reproduce.sweep import with_overrides
+from vit_jax.train import loop, setup, spec, steps
+from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The tiny model of these tests, as command-line overrides (for subprocess runs) and as a dict.
-TINY = {
-  'model.hidden_size': 32,
-  'model.patches.size': (2, 2),
-  'model.transformer.num_layers': 1,
-  'model.transformer.mlp_dim': 64,
-  'model.transformer.num_heads': 2,
-  'pp.crop': 8,
-  'batch': 32,
-  'batch_eval': 360,
-  'warmup_steps': 2,
-  'total_steps': 6,
-  'progress_every': 1,
-  'eval_every': 3,
-  'checkpoint_every': 3,
-}
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
 
 
@@ -51,7 +37,7 @@ def tiny_config(**overrides) -> ml_collections.ConfigDict:
 
 def _metrics(workdir, keys=('loss', *EVAL_KEYS)):
   """The deterministic part of metrics.jsonl (no timings)."""
-  return [{k: m[k] for k in ('step', *keys) if k in m} for m in train.read_metrics(workdir)]
+  return [{k: m[k] for k in ('step', *keys) if k in m} for m in rundir.read_metrics(workdir)]
 
 
 def _flat(params):
@@ -79,7 +65,7 @@ def _assert_trees_close(a, b, atol):
 def reference_run(tmp_path_factory):
   """The uninterrupted 6-step tiny run on all 8 devices, shared by several tests."""
   workdir = str(tmp_path_factory.mktemp('reference'))
-  result = train.train_and_evaluate(tiny_config(), workdir)
+  result = train.train_and_evaluate(tiny_config(profile_steps=2), workdir)  # changes no number
   return workdir, result
 
 
@@ -89,7 +75,7 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
   with open(os.path.join(workdir, 'config.json')) as f:
     config = json.load(f)
   assert config['dataset'] == 'digits' and config['_resolved']['devices'] == 8
-  lines = train.read_metrics(workdir)
+  lines = rundir.read_metrics(workdir)
   assert [m['step'] for m in lines if 'loss' in m] == [1, 2, 3, 4, 5, 6]
   evals = [m for m in lines if 'accuracy_test' in m]
   assert [m['step'] for m in evals] == [3, 6]
@@ -102,6 +88,21 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
   with open(os.path.join(workdir, 'curves.png'), 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3', '6']
+  # config.json holds every key of the run spec, and the class names of the dataset.
+  assert set(config) - {'_resolved'} == spec.CONFIG_KEYS
+  assert config['_resolved']['class_names'] == [str(i) for i in range(10)]
+  # The profile of steps 3-4: a trace TensorBoard's profile plugin reads.
+  traces = glob.glob(os.path.join(workdir, 'plugins', 'profile', '*', '*.xplane.pb'))
+  assert len(traces) == 1 and os.path.getsize(traces[0]) > 1000
+
+
+def test_predict_names_the_classes_of_a_training_run(reference_run):
+  from vit_jax import predict
+
+  workdir, _ = reference_run
+  loaded = predict.load(workdir)
+  assert loaded.class_names == [str(i) for i in range(10)]
+  assert loaded.class_names_source == os.path.join(workdir, 'config.json')
 
 
 def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
@@ -199,11 +200,11 @@ def run_main(tmp_path):
       process.wait()
 
 
-def _wait_for(path, process, output, timeout=240):
+def _wait_for(ready, process, output, timeout=240):
   start = time.monotonic()
-  while not os.path.exists(path):
+  while not ready():
     assert process.poll() is None, output()
-    assert time.monotonic() - start < timeout, f'{path} did not appear'
+    assert time.monotonic() - start < timeout, f'{ready.__doc__} did not happen'
     time.sleep(0.05)
 
 
@@ -212,10 +213,15 @@ def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main):
   flags = ['--config.total_steps=20', '--config.checkpoint_every=5', '--config.eval_every=10']
   workdir = str(tmp_path / 'killed')
   process, output = run_main(workdir, *flags)
-  _wait_for(os.path.join(workdir, 'checkpoints', '10', '_CHECKPOINT_METADATA'), process, output)
+
+  def saved_10():
+    """the step-10 checkpoint"""
+    return 10 in rundir.checkpoint_steps(rundir.checkpoint_dir(workdir))
+
+  _wait_for(saved_10, process, output)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  stopped = train._latest_step(workdir)
+  stopped = rundir.latest_step(workdir)
   assert 10 <= stopped < 20
   resumed, output = run_main(workdir, *flags)
   assert resumed.wait(timeout=300) == 0, output()
@@ -226,7 +232,7 @@ def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main):
   _assert_metrics_close(_metrics(workdir), _metrics(str(tmp_path / 'reference')), atol=1e-6)
   from vit_jax.checkpoint import load
 
-  assert train._latest_step(workdir) == 20
+  assert rundir.latest_step(workdir) == 20
   _assert_trees_close(reference['params'], load(workdir), atol=1e-6)
 
 
@@ -234,11 +240,16 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, run_main):
   workdir = str(tmp_path / 'run')
   flags = ['--config.total_steps=100000', '--config.checkpoint_every=100000']
   process, output = run_main(workdir, *flags)
-  _wait_for(os.path.join(workdir, 'metrics.jsonl'), process, output)
+
+  def training():
+    """a metrics line"""
+    return os.path.exists(os.path.join(workdir, rundir.METRICS_FILE))
+
+  _wait_for(training, process, output)
   time.sleep(0.5)
   process.send_signal(signal.SIGTERM)
   assert process.wait(timeout=120) == 0, output()
-  step = train._latest_step(workdir)
+  step = rundir.latest_step(workdir)
   assert step is not None and 0 < step < 100000
   assert f'Stopping at step {step}: checkpoint saved' in output()
 
@@ -424,17 +435,17 @@ def test_evaluation_counts_every_example_exactly_once(tmp_path):
           tmp_path / split / name / f'{i}.png'
         )
   config = tiny_config(dataset=str(tmp_path), batch=8, batch_eval=2, pp__crop=4)
-  setup = train.prepare(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
-  eval_step = jax.jit(train.make_eval_step(_RedChannelModel(), num_classes=3))
-  mesh_sharding = parallel.batch_sharding(setup.mesh)
-  metrics = train.evaluate(eval_step, None, setup, mesh_sharding)
+  prepared = setup.prepare(spec.from_config(config), str(tmp_path / 'run'), jax.devices()[:1])
+  eval_step = jax.jit(steps.make_eval_step(_RedChannelModel(), num_classes=3))
+  mesh_sharding = parallel.batch_sharding(prepared.mesh)
+  metrics = loop.evaluate(eval_step, None, prepared, mesh_sharding)
   # a: 0 -> a (right), 200 -> b (wrong); b: 0 -> a, 100 -> a (wrong), 255 -> b (right): 2 of 5.
   # The padding example (image 0.0, label 0) would be "right" if it were counted: 3 of 6.
   assert metrics['num_test'] == 5
   assert metrics['accuracy_test'] == pytest.approx(2 / 5)
   # Top-5 of 3 classes: always right.
   assert metrics['accuracy_test_top5'] == pytest.approx(1.0)
-  assert data_lib.num_eval_batches(setup.source, 'test', 2) == 3
+  assert data_lib.num_eval_batches(prepared.source, 'test', 2) == 3
 
 
 def _error(config, tmp_path, match):

@@ -1,11 +1,13 @@
 """Experiment configs: the original defaults, dataset presets, model names, pretrained files."""
 
+import re
+
 import ml_collections
 import pytest
 
 from configs import augreg, common, digits, models, vit
-from vit_jax import train
-from vit_jax.models import MODEL_CONFIGS
+from vit_jax.models import MODEL_CONFIGS, is_mixer
+from vit_jax.train import setup, spec
 
 
 def test_common_defaults_are_the_originals():
@@ -19,7 +21,7 @@ def test_common_defaults_are_the_originals():
   assert (config.base_lr, config.decay_type, config.warmup_steps) == (0.03, 'cosine', 500)
   assert (config.eval_every, config.progress_every, config.checkpoint_every) == (100, 10, 1000)
   assert (config.shuffle_buffer, config.optimizer, config.momentum) == (50_000, 'sgd', 0.9)
-  assert set(config.keys()) <= train.KNOWN_KEYS
+  assert set(config.keys()) == spec.CONFIG_KEYS
 
 
 @pytest.mark.parametrize(
@@ -86,20 +88,20 @@ def test_augreg_picks_the_best_i21k_checkpoint_from_index_csv(tmp_path):
   (tmp_path / f'{best}.npz').write_bytes(b'')
   config = ml_collections.ConfigDict(augreg.get_config('S_32').to_dict())
   config.pretrained_dir = str(tmp_path)
-  assert train.resolve_pretrained_path(config) == str(tmp_path / f'{best}.npz')
+  assert setup.resolve_pretrained_path(spec.from_config(config)) == str(tmp_path / f'{best}.npz')
 
 
 def test_augreg_model_without_index_says_what_to_download(tmp_path):
   config = ml_collections.ConfigDict(augreg.get_config('S_32').to_dict())
   with pytest.raises(ValueError, match=r'download gs://vit_models/augreg/index\.csv'):
-    train.resolve_pretrained_path(config)
+    setup.resolve_pretrained_path(spec.from_config(config))
   config.pretrained_dir = str(tmp_path)
   with pytest.raises(ValueError, match=r'index\.csv not found: download it with `gsutil cp'):
-    train.resolve_pretrained_path(config)
+    setup.resolve_pretrained_path(spec.from_config(config))
 
 
 def test_scratch_when_no_pretrained_location():
-  assert train.resolve_pretrained_path(digits.get_config()) is None
+  assert setup.resolve_pretrained_path(spec.from_config(digits.get_config())) is None
 
 
 def test_bad_config_arguments():
@@ -107,3 +109,118 @@ def test_bad_config_arguments():
     vit.get_config('b16')
   with pytest.raises(ValueError, match="Unknown dataset preset 'mnist'"):
     common.with_dataset(common.get_config(), 'mnist')
+
+
+# ----------------------------------------------------------------------------------------
+# The run spec: every config resolves; one definition rejects what it does not know.
+# ----------------------------------------------------------------------------------------
+
+
+def _every_config():
+  from configs import pretrain, vit_h14_fsdp
+  from configs import vtab as vtab_config
+  from vit_jax.reproduce import vtab
+
+  yield 'digits', digits.get_config()
+  yield 'digits.py:mixer', digits.get_config('mixer')
+  for model in sorted(models.SHORT_NAMES):
+    for dataset in common.DATASET_PRESETS:
+      yield f'vit.py:{model},{dataset}', vit.get_config(f'{model},{dataset}')
+    yield f'vit.py:{model},dtd', vit.get_config(f'{model},dtd')  # not a preset
+    yield f'pretrain.py:{model}', pretrain.get_config(f'{model},imagenet2012')
+    yield f'vtab.py:{model}', vtab_config.get_config(model)
+  for model in ('B_16', 'S_32', 'R_Ti_16', 'R26_S_32', 'R50_L_32'):
+    yield f'augreg.py:{model}', augreg.get_config(model)
+  yield (
+    'augreg.py:FILE',
+    augreg.get_config('B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0'),
+  )
+  for task in vtab.TASKS:
+    yield f'vtab.py:b16,{task}', vtab_config.get_config(f'b16,{task}')
+  for dataset in ('imagenet2012', 'imagenet21k'):
+    yield f'pretrain.py:b16,{dataset}', pretrain.get_config(f'b16,{dataset}')
+    yield f'vit_h14_fsdp.py:{dataset}', vit_h14_fsdp.get_config(dataset)
+
+
+def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
+  import json
+
+  names = []
+  for name, config in _every_config():
+    run = spec.from_config(config)
+    # Nothing is lost or changed on the way: the spec gives back every key of the config.
+    assert json.dumps(spec.to_dict(run), sort_keys=True) == json.dumps(
+      config.to_dict(), sort_keys=True
+    ), name
+    model = setup.build_model(run.model, num_classes=10)  # the model accepts its fields
+    width = 'hidden_dim' if is_mixer(config.model) else 'hidden_size'
+    assert getattr(model, width) == config.model[width], name
+    names.append(name)
+  # 2 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
+  # pretrain.
+  assert len(names) == 2 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4
+
+
+def test_the_spec_is_typed_and_frozen():
+  run = spec.from_config(digits.get_config())
+  assert (run.data.batch, run.optim.optimizer, run.step.accum_steps) == (64, 'adam', 1)
+  assert run.data.pp.crop == 8 and run.data.pp.subpixel is True
+  assert run.model.name == 'ViT-digits' and run.model.fields.hidden_size == 64
+  assert isinstance(run.optim.base_lr, float) and isinstance(run.loop.total_steps, int)
+  with pytest.raises(AttributeError):
+    run.optim.base_lr = 1.0  # frozen dataclass
+  # Values the config leaves out take the spec's defaults, which configs/common.py uses too.
+  partial = {k: v for k, v in digits.get_config().to_dict().items() if k != 'keep_checkpoints'}
+  assert spec.from_config(partial).loop.keep_checkpoints == common.get_config().keep_checkpoints
+
+
+@pytest.mark.parametrize(
+  ('key', 'value', 'message'),
+  [
+    ('bathc', 64, "Unknown config key 'bathc'. Did you mean 'batch'?"),
+    ('eval_evry', 5, "Unknown config key 'eval_evry'. Did you mean 'eval_every'?"),
+    ('pp', {'crpo': 8}, "Unknown config key 'pp.crpo'. Did you mean 'pp.crop'?"),
+    ('base_lr', 'fast', "config.base_lr='fast'; expected float."),
+    ('total_steps', 2.5, 'config.total_steps=2.5; expected int.'),
+    ('dtype', 'float16', "config.dtype='float16' is not supported: float16 training needs loss"),
+    ('dtype', 'float64', "config.dtype='float64'; expected one of ('float32', 'bfloat16')."),
+    ('step', 'pmap', "config.step='pmap'; expected one of ('jit', 'shard_map')."),
+    ('accum_steps', 0, 'config.accum_steps=0; expected a positive integer.'),
+  ],
+)
+def test_a_bad_key_or_value_is_one_line_naming_it(key, value, message):
+  config = digits.get_config().to_dict()
+  if key == 'pp':
+    value = {**config['pp'], **value}
+  config[key] = value
+  with pytest.raises(ValueError, match=re.escape(message)) as info:
+    spec.from_config(config)
+  assert '\n' not in str(info.value)
+
+
+def test_a_config_without_a_model_says_how_to_choose_one():
+  with pytest.raises(ValueError, match=r'config.model is not set: use configs/vit.py:MODEL,'):
+    spec.from_config(common.get_config())
+
+
+def test_shard_map_step_needs_replicated_parameters():
+  config = spec.with_overrides(digits.get_config(), {'step': 'shard_map', 'sharding': 'fsdp'})
+  with pytest.raises(ValueError, match=r"config.step='shard_map' runs on replicated parameters"):
+    spec.from_config(config)
+  config.sharding = 'replicate'
+  assert spec.from_config(config).step.step == 'shard_map'
+
+
+def test_with_overrides_sets_dotted_keys_and_rejects_unknown_ones():
+  config = spec.with_overrides(digits.get_config(), {'pp.crop': 16, 'model.hidden_size': 32})
+  assert (config.pp.crop, config.model.hidden_size) == (16, 32)
+  assert digits.get_config().pp.crop == 8  # a copy
+  with pytest.raises(ValueError, match=r"no key 'pp\.crpo'"):
+    spec.with_overrides(digits.get_config(), {'pp.crpo': 16})
+
+
+def test_a_misspelt_model_field_names_the_closest_one():
+  fields = {**digits.get_config().model.to_dict(), 'hiden_size': 64}
+  bad = spec.from_config({**digits.get_config().to_dict(), 'model': fields})
+  with pytest.raises(ValueError, match=r'model.hiden_size: did you mean model.hidden_size'):
+    setup.build_model(bad.model, num_classes=10)

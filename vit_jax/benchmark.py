@@ -11,8 +11,11 @@ round times `--steps` consecutive steps per program: the later ones show the ste
 training loop, which reuses the memory of the step before.
 Per variant and mode:
 
-  img/s         images per second (inference: `apply(train=False)`; training: one jitted
-                step of forward, backward and an SGD-momentum update, parameters donated)
+  img/s         images per second (inference: `apply(train=False)`; training: the trainer's
+                own compiled step, `vit_jax.train.steps.make_train_step` with the default
+                recipe of the run spec: softmax cross-entropy, clipping at global norm 1,
+                SGD with momentum 0.9, `--accum_steps` micro-batches, per-example dropout
+                where the model drops out; the train state is donated)
   compile       seconds to lower and compile the program
   GFLOP/img     XLA's cost analysis of the program, per image (a training step with
                 rematerialisation counts its recomputation; XLA counts a scanned body once,
@@ -46,6 +49,8 @@ and the largest logit difference; 16-bit variants compare against `torch.autocas
 
 import dataclasses
 import datetime
+import importlib
+import importlib.util
 import itertools
 import json
 import os
@@ -63,8 +68,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import files, hugepages
-from vit_jax.models import get_config, model_from_config, stats, vit
+from vit_jax import files, hugepages, optim, parallel
+from vit_jax.models import get_config, is_mixer, model_from_config, stats, vit
+from vit_jax.train import spec as spec_lib
+from vit_jax.train import steps as train_steps
 
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 ATTENTION = ('xla', 'fused')
@@ -228,14 +235,15 @@ def model_config(name: str, overrides: dict[str, Any] | None = None) -> ml_colle
 
 
 def _model(config: ml_collections.ConfigDict, num_classes: int, variant: Variant):
-  return model_from_config(
-    config,
-    num_classes=num_classes,
-    dtype=DTYPES[variant.dtype],
-    attention_impl=variant.attention,
-    remat_policy=variant.remat,
-    scan_layers=variant.layers == 'scan',
-  )
+  """The model of `variant`; fields at their defaults are left out, so that a model without
+  them (MLP-Mixer: no attention, remat or scan) runs the default variant of each."""
+  fields = {
+    'attention_impl': (variant.attention, 'xla'),
+    'remat_policy': (variant.remat, 'none'),
+    'scan_layers': (variant.layers == 'scan', False),
+  }
+  chosen = {k: value for k, (value, default) in fields.items() if value != default}
+  return model_from_config(config, num_classes=num_classes, dtype=DTYPES[variant.dtype], **chosen)
 
 
 def init_params(
@@ -266,67 +274,81 @@ def _inference(model: Any, params: Any, images: jax.Array) -> tuple[Callable, fl
   return compiled, compile_s, _flops(lowered) / images.shape[0], _compiled_facts(compiled)
 
 
-def make_train_step(model: Any, learning_rate: float = 1e-4, momentum: float = 0.9):
-  """(optimizer, step): step(params, opt_state, images, labels, rng) -> (params, opt_state, loss).
+# The training step timed is the trainer's own (vit_jax.train.steps) with the run spec's
+# default recipe: softmax cross-entropy, clipping at global norm 1, SGD with momentum 0.9, the
+# warmup-cosine schedule of this many steps, per-example dropout keys where the model drops out.
+SCHEDULE_STEPS = 10_000
 
-  Softmax cross-entropy, backward, SGD with momentum; jit it with donated state.
-  """
-  import optax
 
-  tx = optax.sgd(learning_rate, momentum=momentum)
+def _trainer(model: Any, batch: int, accum_steps: int = 1):
+  """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec,
+  with `accum_steps` micro-batches; step(state, {'image', 'label'}) -> (state, metrics)."""
+  run = spec_lib.RunSpec(step=spec_lib.Step(accum_steps=accum_steps))
+  tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)
+  return tx, train_steps.make_train_step(model, tx, schedule, run.step, model.num_classes, batch)
 
-  def step(params, opt_state, images, labels, rng):
-    def loss_fn(p):
-      logits = model.apply({'params': p}, images, train=True, rngs={'dropout': rng})
-      return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return tx, step
+def _train_state(params: Any, tx: Any) -> dict[str, Any]:
+  return {
+    'params': params,
+    'opt_state': tx.init(params),
+    'step': jnp.zeros((), jnp.int32),
+    'rng': jax.random.key_data(jax.random.key(1)),
+  }
 
 
 def _abstract(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def _compile_train(model: Any, params: Any, images: Any, labels: Any):
+def _compiled_step(model: Any, images: Any, accum_steps: int):
+  """(optimizer, the step compiled as the trainer compiles it, on a one-device mesh)."""
+  tx, step = _trainer(model, images.shape[0], accum_steps)
+  mesh = parallel.create_mesh(jax.local_devices()[:1])
+  replicated = parallel.replicated(mesh)  # the whole state: a prefix of its tree
+  return tx, train_steps.compile_train_step(step, replicated, parallel.batch_sharding(mesh), mesh)
+
+
+def _lower_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int):
+  """(optimizer, the lowered training step); arrays may be abstract."""
+  tx, f = _compiled_step(model, images, accum_steps)
+  state = jax.eval_shape(lambda p: _train_state(p, tx), _abstract(params))
+  return tx, f.lower(state, {'image': _abstract(images), 'label': _abstract(labels)})
+
+
+def _compile_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int = 1):
   """(compiled step, compile seconds, flops per image, `_compiled_facts`); arrays may be
   abstract."""
-  tx, step = make_train_step(model)
-  params = _abstract(params)
-  opt = jax.eval_shape(tx.init, params)
-  f = jax.jit(step, donate_argnums=(0, 1))
   start = time.perf_counter()
-  lowered = f.lower(params, opt, images, labels, jax.random.key(1))
+  _, lowered = _lower_train(model, params, images, labels, accum_steps)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
   return compiled, compile_s, _flops(lowered) / images.shape[0], _compiled_facts(compiled)
 
 
 def _train(
-  model: Any, params: Any, images: jax.Array, labels: jax.Array, state: dict | None = None
+  model: Any,
+  params: Any,
+  images: jax.Array,
+  labels: jax.Array,
+  state: dict | None = None,
+  accum_steps: int = 1,
 ):
   """(run, compile seconds, flops per image, `_compiled_facts`); `run` steps `state` in place.
 
-  Programs may share one `state` (parameters and optimizer state, donated and replaced at
-  every step): they run one after another, and a large model is then held once, not once
-  per variant.
+  Programs may share one `state` (the train state, donated and replaced at every step):
+  they run one after another, and a large model is then held once, not once per variant.
   """
-  compiled, compile_s, flops, facts = _compile_train(model, params, images, labels)
+  compiled, compile_s, flops, facts = _compile_train(model, params, images, labels, accum_steps)
   state = {} if state is None else state
   if not state:
-    tx, _ = make_train_step(model)
-    state['params'] = jax.tree.map(jnp.array, params)  # a copy: the step donates it
-    state['opt'] = tx.init(state['params'])
-  rng = jax.random.key(1)
+    tx, _ = _trainer(model, images.shape[0], accum_steps)
+    state['train'] = _train_state(jax.tree.map(jnp.array, params), tx)  # a copy: donated
+  batch = {'image': images, 'label': labels}
 
   def run():
-    state['params'], state['opt'], loss = compiled(
-      state['params'], state['opt'], images, labels, rng
-    )
-    return loss
+    state['train'], metrics = compiled(state['train'], batch)
+    return metrics['loss']
 
   return run, compile_s, flops, facts
 
@@ -339,16 +361,14 @@ def _flops_reference(variant: Variant) -> Variant:
   return dataclasses.replace(variant, remat='none', layers='unrolled', attention='xla')
 
 
-def _model_flops(config, num_classes, variant, mode, images, labels, params) -> float:
+def _model_flops(config, num_classes, variant, mode, images, labels, params, accum_steps) -> float:
   """FLOPs per image of `_flops_reference(variant)`'s program: the model FLOPs."""
   model = _model(config, num_classes, _flops_reference(variant))
   shapes = _abstract(params)
   if mode == 'inference':
     lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
   else:
-    tx, step = make_train_step(model)
-    opt = jax.eval_shape(tx.init, shapes)
-    lowered = jax.jit(step).lower(shapes, opt, images, labels, jax.random.key(1))
+    lowered = _lower_train(model, shapes, images, labels, accum_steps)[1]
   return _flops(lowered) / images.shape[0]
 
 
@@ -406,13 +426,48 @@ def largest_batch(
 # ----------------------------------------------------------------------------- Hugging Face
 
 
-def _check_comparable(config: Any) -> None:
-  if config.resnet is not None or config.classifier != 'token' or config.representation_size:
-    raise ValueError(
-      f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
-      f' ViTForImageClassification); {config.model_name} has resnet={config.resnet is not None},'
-      f' classifier={config.classifier!r}, representation_size={config.representation_size}'
+def _check_comparable(name: str, config: Any) -> None:
+  if is_mixer(config) or config.get('distilled'):
+    what = 'is an MLP-Mixer' if is_mixer(config) else 'is distilled (DeiT: two heads)'
+  elif config.resnet is not None or config.classifier != 'token' or config.representation_size:
+    what = (
+      f'has resnet={config.resnet is not None}, classifier={config.classifier!r},'
+      f' representation_size={config.representation_size}'
     )
+  else:
+    return
+  raise ValueError(
+    f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'
+    f' ViTForImageClassification); {name} {what}'
+  )
+
+
+def allow_torchvision_import() -> None:
+  """Lets `import torchvision` succeed beside the CPU build of torch; a no-op where it works.
+
+  transformers' model modules import torchvision whenever it is installed
+  (`transformers.image_utils`; no setting turns that off), and timm always does. PyPI's Linux
+  torchvision wheels are CUDA builds: beside the CPU torch their C++ extension does not load,
+  and `import torchvision` fails registering fake kernels for two of its ops ('operator
+  torchvision::nms does not exist'). Declaring those two op schemas first lets its Python part
+  import; only a call of a torchvision C++ op (detection boxes, used by no ViT) would fail.
+  `--compare` is the one place of the package that imports transformers; the tests' Hugging
+  Face and timm oracles call this too (tests/conftest.py).
+  """
+  if importlib.util.find_spec('torchvision') is None:
+    return
+  import torch
+
+  try:
+    importlib.import_module('torchvision')
+  except RuntimeError as e:
+    if 'torchvision::nms' not in str(e):
+      raise
+    for op in ('nms', 'qnms'):
+      torch.library.define(
+        f'torchvision::{op}', '(Tensor dets, Tensor scores, float iou_threshold) -> Tensor'
+      )
+    importlib.import_module('torchvision')
 
 
 def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
@@ -421,9 +476,8 @@ def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
   # that spinning takes the cores from the threads with work (measured: 50x slower).
   os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
   from vit_jax.checkpoint import export_hf
-  from vit_jax.torch_compat import allow_torchvision_import
 
-  allow_torchvision_import()  # transformers imports torchvision when it is installed
+  allow_torchvision_import()
   import torch
   import transformers
 
@@ -456,6 +510,7 @@ def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bo
         with ctx():
           loss = torch.nn.functional.cross_entropy(hf(pixel_values=x).logits.float(), y)
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)  # as our step clips
         opt.step()
         return loss.detach().numpy()
 
@@ -464,6 +519,241 @@ def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bo
 
 
 # ----------------------------------------------------------------------------- the run
+
+
+@dataclasses.dataclass
+class _Job:
+  """One benchmark run's checked arguments and inputs, shared by its stages."""
+
+  config: ml_collections.ConfigDict
+  variants: list[Variant]
+  num_classes: int
+  images: Any  # arrays, or ShapeDtypeStructs under compile_only
+  labels: Any
+  inference: bool
+  train: bool
+  compile_only: bool
+  accum_steps: int
+  analytic: float  # forward FLOPs per image of `models.stats`
+  log: Callable[[str], None]
+
+  @property
+  def batch(self) -> int:
+    return self.images.shape[0]
+
+  def modes(self, variant: Variant) -> list[str]:
+    """remat changes no inference program: inference is measured once per layout."""
+    infer = self.inference and variant.remat == self.variants[0].remat
+    return (['inference'] if infer else []) + (['train'] if self.train else [])
+
+
+def _check(
+  model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only
+):
+  if compare:
+    _check_comparable(model, config)
+    if compile_only:
+      raise ValueError('--compare times Hugging Face: it cannot run with --compile_only')
+  if not (inference or train):
+    raise ValueError('nothing to measure: pass --train, or leave --inference on')
+  if batch < 1 or rounds < 1 or steps < 1:
+    raise ValueError(f'batch={batch}, rounds={rounds}, steps={steps}: each must be >= 1')
+  if accum_steps < 1 or batch % accum_steps:
+    raise ValueError(f'--accum_steps={accum_steps} does not divide --batch={batch}')
+
+
+def _inputs(rng, batch: int, resolution: int, num_classes: int, abstract: bool):
+  """Random images in [-1, 1] and labels (only their shapes when `abstract`)."""
+  images = jnp.asarray(rng.uniform(-1, 1, (batch, resolution, resolution, 3)), jnp.float32)
+  labels = jnp.asarray(rng.integers(0, max(num_classes, 1), batch), jnp.int32)
+  return (_abstract(images), _abstract(labels)) if abstract else (images, labels)
+
+
+def _initial_params(job: _Job, resolution: int, seed: int) -> Any:
+  if not job.compile_only:
+    return init_params(job.config, job.num_classes, resolution, seed)
+  model = _model(job.config, job.num_classes, Variant())
+  images = job.images
+  return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)['params']
+
+
+def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any, state: dict):
+  """(one timed program of `variant` in `mode`, its compiled inference or None); training
+  programs share `state`."""
+  net = _model(job.config, job.num_classes, variant)
+  run = compiled = None
+  if mode == 'inference':
+    compiled, compile_s, flops, facts = _inference(net, params_v, job.images)
+    run = lambda c=compiled, p=params_v: c(p, job.images)
+  elif job.compile_only:
+    _, compile_s, flops, facts = _compile_train(
+      net, params_v, job.images, job.labels, job.accum_steps
+    )
+  else:
+    run, compile_s, flops, facts = _train(
+      net, params_v, job.images, job.labels, state, job.accum_steps
+    )
+  model_flops = flops
+  if variant != _flops_reference(variant):
+    model_flops = _model_flops(
+      job.config, job.num_classes, variant, mode, job.images, job.labels, params, job.accum_steps
+    )
+  if model_flops != model_flops:  # XLA gave no count: the analytic one (a step is 3x)
+    model_flops = job.analytic * (3 if mode == 'train' else 1)
+  if variant.layers == 'scan':
+    flops = float('nan')  # XLA counts the scanned body once
+  job.log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
+  timed = _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, facts)
+  return timed, compiled
+
+
+def _programs(job: _Job, params: Any) -> tuple[list[_Timed], dict]:
+  """Every variant's programs, and {variant: (compiled inference, its params)}."""
+  programs, compiled_inference = [], {}
+  train_state = {layout: {} for layout in LAYERS}  # shared by the training programs
+  params_by_layout = {'unrolled': params}
+  for variant in job.variants:
+    if variant.layers == 'scan' and 'scan' not in params_by_layout:
+      stack = jax.eval_shape if job.compile_only else lambda f, x: f(x)
+      params_by_layout['scan'] = stack(vit.stack_encoder_blocks, params)
+    params_v = params_by_layout[variant.layers]
+    for mode in job.modes(variant):
+      p, compiled = _program(job, variant, mode, params_v, params, train_state[variant.layers])
+      programs.append(p)
+      if compiled is not None:
+        compiled_inference[variant] = (compiled, params_v)
+  return programs, compiled_inference
+
+
+def _measure(job: _Job, programs, rounds, steps, probe_sizes, measure_probe) -> dict:
+  """Warm-up, then interleaved rounds of `steps` timed steps per program; the matmul probe
+  (TFLOP/s per dtype, once per round) if `measure_probe`."""
+  on_cpu = jax.default_backend() == 'cpu'
+  for p in programs:
+    jax.block_until_ready(p.run())  # the first runs allocate
+  probe: dict[str, list[float]] = {d: [] for d in dict.fromkeys(v.dtype for v in job.variants)}
+  for r in range(rounds):
+    if measure_probe:
+      for d in probe:
+        probe[d].append(max(matmul_probe(d, s) for s in probe_sizes))
+    for p in programs:
+      reset = on_cpu and _peak_rss_reset()
+      for _ in range(steps):
+        wall, cpu, faults = _time(p.run)
+        p.wall.append(wall)
+        p.cpu.append(cpu)
+        p.faults.append(faults)
+      peak = (_peak_rss() if reset else None) if on_cpu else _device_peak_bytes()
+      if peak is not None:
+        p.peak_bytes = max(p.peak_bytes or 0, peak)
+    speeds = [f'{p.label} {p.mode} {job.batch / min(p.wall[-steps:]):.2f}' for p in programs]
+    job.log(f'  round {r + 1}/{rounds} (img/s): {", ".join(speeds)}')
+  return probe
+
+
+def _agreement(job: _Job, compiled_inference: dict, check: list) -> dict[str, dict]:
+  """Each variant's logits on the `check` batches against the first variant's."""
+  reference = job.variants[0]
+  if reference not in compiled_inference or not check:
+    return {}
+  logits = lambda v: np.concatenate(
+    [np.asarray(compiled_inference[v][0](compiled_inference[v][1], x)) for x in check]
+  )
+  ref = logits(reference)
+  agreement = {}
+  for v in [v for v in job.variants[1:] if v in compiled_inference]:
+    out = logits(v)
+    agreement[v.name] = {
+      'reference': reference.name,
+      'images': int(ref.shape[0]),
+      'top1_agreement': float(np.mean(out.argmax(-1) == ref.argmax(-1))),
+      'max_abs_logit_error': float(np.abs(out - ref).max()),
+      'max_abs_logit': float(np.abs(ref).max()),
+      'distinct_reference_top1': len(np.unique(ref.argmax(-1))),
+    }
+  return agreement
+
+
+def _hf_logit_error(job: _Job, compiled_inference: dict, hf_logits) -> float | None:
+  """Our float32 logits against Hugging Face's on the benchmark batch."""
+  ref_variant = next((v for v in compiled_inference if v.dtype == 'float32'), None)
+  if hf_logits is None or ref_variant is None or not job.inference:
+    return None
+  compiled, params_v = compiled_inference[ref_variant]
+  return float(np.abs(np.asarray(compiled(params_v, job.images)) - hf_logits).max())
+
+
+def _row(p: _Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bool) -> dict:
+  timed = bool(p.wall)
+  best = min(p.wall) if timed else None
+  hf = p.label.startswith('HF')
+  model_flops = p.model_flops_per_image
+  achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
+  probe = probe_best.get(p.variant.dtype)
+  return {
+    'program': p.label,
+    'framework': 'hf-pytorch' if hf else 'jax',
+    'mode': p.mode,
+    'dtype': p.variant.dtype,
+    'attention': None if hf else p.variant.attention,
+    'remat': None if hf else p.variant.remat,
+    'layers': None if hf else p.variant.layers,
+    'img_per_s': batch / best if timed else None,
+    'img_per_s_median': batch / statistics.median(p.wall) if timed else None,
+    'step_s': best,
+    'step_s_all': p.wall,
+    'cpu_per_wall': sum(p.cpu) / sum(p.wall) if on_cpu and timed else None,
+    'page_faults_per_step': statistics.median(p.faults) if timed else None,
+    'compile_s': _finite(p.compile_s),
+    'flops_per_image': _finite(p.flops_per_image),
+    'model_flops_per_image': _finite(model_flops),
+    'achieved_tflops': achieved,
+    'peak_tflops': peak,
+    'mfu': achieved / peak if achieved is not None and peak else None,
+    'of_matmul_probe': achieved / probe if achieved is not None and probe else None,
+    'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
+    'cudnn_attention': p.facts.get('cudnn_attention'),
+    'peak_memory_bytes': p.peak_bytes,
+    'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
+    if p.peak_bytes is not None
+    else None,
+  }
+
+
+def _add_ratios(rows: list[dict]) -> None:
+  """Ours over Hugging Face (same dtype and mode), and training over inference time."""
+  for row in rows:
+    if row['framework'] != 'jax':
+      continue
+    theirs = [
+      r
+      for r in rows
+      if r['framework'] == 'hf-pytorch' and r['mode'] == row['mode'] and r['dtype'] == row['dtype']
+    ]
+    row['vs_hf'] = (
+      row['img_per_s'] / theirs[0]['img_per_s'] if theirs and row['img_per_s'] else None
+    )
+  inference_rows = {r['program']: r for r in rows if r['mode'] == 'inference'}
+  for row in rows:
+    if row['mode'] == 'train' and row['img_per_s'] and row['program'] in inference_rows:
+      row['train_over_inference_time'] = (
+        inference_rows[row['program']]['img_per_s'] / (row['img_per_s'])
+      )
+
+
+def _compare(job: _Job, params: Any, resolution: int, programs: list[_Timed], tmp: str):
+  """Hugging Face's programs on the same weights (timed beside ours), and its logits."""
+  torch, hf = _hugging_face(params, job.config, resolution, tmp)
+  hf_programs = _hf_programs(
+    hf, torch, job.variants, job.images, job.labels, job.train, job.inference
+  )
+  with torch.inference_mode():
+    x = torch.from_numpy(np.asarray(job.images).transpose(0, 3, 1, 2).copy())
+    hf_logits = hf(pixel_values=x).logits.numpy()
+  for p in hf_programs:  # the same model: our count of its FLOPs
+    ours = next(q for q in programs if q.mode == p.mode)
+    p.model_flops_per_image = ours.model_flops_per_image
+  return hf_programs, hf_logits
 
 
 def run_benchmark(
@@ -487,236 +777,97 @@ def run_benchmark(
   seed: int = 0,
   model_overrides: dict[str, Any] | None = None,
   compile_only: bool = False,
+  accum_steps: int = 1,
   log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
   """Measures every variant; returns a JSON-ready dict (see the module docstring).
 
   `model_overrides` changes the registered config, e.g. `{'transformer': {'num_layers': 2}}`.
   `compile_only` compiles every program on abstract arrays (nothing is allocated or timed):
-  compile time, FLOPs and XLA's memory of models that would not fit.
+  compile time, FLOPs and XLA's memory of models that would not fit. `accum_steps` splits
+  the training step's batch into micro-batches, as `--config.accum_steps` does in training.
   """
   variants = variants_from(dtypes, attentions, remats, layers)
   config = model_config(model, model_overrides)
-  if compare:
-    _check_comparable(config)
-    if compile_only:
-      raise ValueError('--compare times Hugging Face: it cannot run with --compile_only')
-  if not (inference or train):
-    raise ValueError('nothing to measure: pass --train, or leave --inference on')
-  if batch < 1 or rounds < 1 or steps < 1:
-    raise ValueError(f'batch={batch}, rounds={rounds}, steps={steps}: each must be >= 1')
-  platform = jax.default_backend()
+  _check(model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only)
   load_start = os.getloadavg()
   rng = np.random.default_rng(seed)
-  images = jnp.asarray(rng.uniform(-1, 1, (batch, resolution, resolution, 3)), jnp.float32)
-  labels = jnp.asarray(rng.integers(0, max(num_classes, 1), batch), jnp.int32)
-  log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
-  if compile_only:
-    images, labels = _abstract(images), _abstract(labels)
-    model_ = _model(config, num_classes, Variant())
-    params = jax.eval_shape(lambda x: model_.init(jax.random.key(0), x, train=False), images)
-    params = params['params']
-  else:
-    params = init_params(config, num_classes, resolution, seed)
+  images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)
   analytic = stats.forward_flops(config, resolution, num_classes)
-
-  programs: list[_Timed] = []
-  compiled_inference = {}  # variant -> (compiled apply, its params)
-  train_state = {layout: {} for layout in LAYERS}  # shared by the training programs
-  params_by_layout = {'unrolled': params}
-  for variant in variants:
-    net = _model(config, num_classes, variant)
-    scan = variant.layers == 'scan'
-    if scan and 'scan' not in params_by_layout:
-      stack = jax.eval_shape if compile_only else lambda f, x: f(x)
-      params_by_layout['scan'] = stack(vit.stack_encoder_blocks, params)
-    params_v = params_by_layout[variant.layers]
-    modes = (['inference'] if inference and variant.remat == variants[0].remat else []) + (
-      ['train'] if train else []
-    )  # remat changes no inference program: inference is measured once
-    for mode in modes:
-      if mode == 'inference':
-        compiled, compile_s, flops, facts = _inference(net, params_v, images)
-        compiled_inference[variant] = (compiled, params_v)
-        run = lambda c=compiled, p=params_v: c(p, images)
-      elif compile_only:
-        _, compile_s, flops, facts = _compile_train(net, params_v, images, labels)
-        run = None
-      else:
-        state = train_state[variant.layers]
-        run, compile_s, flops, facts = _train(net, params_v, images, labels, state)
-      model_flops = flops
-      if variant != _flops_reference(variant):
-        model_flops = _model_flops(config, num_classes, variant, mode, images, labels, params)
-      if model_flops != model_flops:  # XLA gave no count: the analytic one (a step is 3x)
-        model_flops = analytic * (3 if mode == 'train' else 1)
-      if scan:
-        flops = float('nan')  # XLA counts the scanned body once
-      programs.append(
-        _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, facts)
-      )
-      log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
+  job = _Job(
+    config, variants, num_classes, images, labels, inference, train, compile_only, accum_steps,
+    analytic, log,
+  )  # fmt: skip
+  log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
+  params = _initial_params(job, resolution, seed)
+  programs, compiled_inference = _programs(job, params)
+  tmp = tempfile.TemporaryDirectory(prefix='vit_benchmark_')  # Hugging Face's files
+  hf_programs, hf_logits = (
+    _compare(job, params, resolution, programs, tmp.name) if compare else ([], None)
+  )
   if train and not (inference or compare or compile_only):
-    # Training programs hold their own (shared) state: free the initial copies, which would
-    # otherwise sit in the measured peak memory.
-    params = params_v = params_by_layout = None
-
-  hf_logits = None
-  tmp = tempfile.TemporaryDirectory(prefix='vit_benchmark_')
-  if compare:
-    torch, hf = _hugging_face(params, config, resolution, tmp.name)
-    hf_programs = _hf_programs(hf, torch, variants, images, labels, train, inference)
-    with torch.inference_mode():
-      x = torch.from_numpy(np.asarray(images).transpose(0, 3, 1, 2).copy())
-      hf_logits = hf(pixel_values=x).logits.numpy()
-    for p in hf_programs:  # the same model: our count of its FLOPs
-      ours = next(q for q in programs if q.mode == p.mode)
-      p.model_flops_per_image = ours.model_flops_per_image
-    programs += hf_programs
-
-  # Warm-up (first runs allocate), then interleaved rounds.
-  if compile_only:
-    rounds = 0
-  for p in programs:
-    if not compile_only:
-      jax.block_until_ready(p.run())
-  sizes = tuple(probe_sizes or _default_probe_sizes())
-  probe: dict[str, list[float]] = {d: [] for d in dict.fromkeys(v.dtype for v in variants)}
-  on_cpu = platform == 'cpu'
+    params = None  # training programs hold their own (shared) state: free the initial copy
+  programs += hf_programs
   # The probe is the MFU denominator unless a peak is given; on an accelerator, where it
   # costs milliseconds, it is measured anyway: the ceiling this chip reaches beside its datasheet.
-  measure_probe = peak_tflops is None or not on_cpu
-  for r in range(rounds):
-    if measure_probe:
-      for d in probe:
-        probe[d].append(max(matmul_probe(d, s) for s in sizes))
-    for p in programs:
-      reset = on_cpu and _peak_rss_reset()
-      for _ in range(steps):
-        wall, cpu, faults = _time(p.run)
-        p.wall.append(wall)
-        p.cpu.append(cpu)
-        p.faults.append(faults)
-      peak = (_peak_rss() if reset else None) if on_cpu else _device_peak_bytes()
-      if peak is not None:
-        p.peak_bytes = max(p.peak_bytes or 0, peak)
-    done = ', '.join(f'{p.label} {p.mode} {batch / min(p.wall[-steps:]):.2f}' for p in programs)
-    log(f'  round {r + 1}/{rounds} (img/s): {done}')
-
-  # Agreement with the reference variant (the first), and with Hugging Face.
-  agreement = {}
-  if inference and len(variants) > 1 and check_batches > 0 and not compile_only:
-    check = [
-      jnp.asarray(rng.uniform(-1, 1, images.shape), jnp.float32) for _ in range(check_batches)
-    ]
-    logits = lambda v: np.concatenate(
-      [np.asarray(compiled_inference[v][0](compiled_inference[v][1], x)) for x in check]
-    )
-    ref = logits(variants[0])
-    for v in [v for v in variants[1:] if v in compiled_inference]:
-      out = logits(v)
-      agreement[v.name] = {
-        'reference': variants[0].name,
-        'images': int(ref.shape[0]),
-        'top1_agreement': float(np.mean(out.argmax(-1) == ref.argmax(-1))),
-        'max_abs_logit_error': float(np.abs(out - ref).max()),
-        'max_abs_logit': float(np.abs(ref).max()),
-        'distinct_reference_top1': len(np.unique(ref.argmax(-1))),
-      }
-  hf_logit_error = None
-  if hf_logits is not None and inference:
-    ref_variant = next((v for v in compiled_inference if v.dtype == 'float32'), None)
-    if ref_variant is not None:
-      compiled, params_v = compiled_inference[ref_variant]
-      ours = np.asarray(compiled(params_v, images))
-      hf_logit_error = float(np.abs(ours - hf_logits).max())
-  tmp.cleanup()
-
-  probe_best = {d: max(v) for d, v in probe.items() if v}
-  rows = []
-  for p in programs:
-    timed = bool(p.wall)
-    best = min(p.wall) if timed else None
-    peak = peak_tflops if peak_tflops is not None else probe_best.get(p.variant.dtype)
-    model_flops = p.model_flops_per_image
-    achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
-    rows.append(
-      {
-        'program': p.label,
-        'framework': 'hf-pytorch' if p.label.startswith('HF') else 'jax',
-        'mode': p.mode,
-        'dtype': p.variant.dtype,
-        'attention': None if p.label.startswith('HF') else p.variant.attention,
-        'remat': None if p.label.startswith('HF') else p.variant.remat,
-        'layers': None if p.label.startswith('HF') else p.variant.layers,
-        'img_per_s': batch / best if timed else None,
-        'img_per_s_median': batch / statistics.median(p.wall) if timed else None,
-        'step_s': best,
-        'step_s_all': p.wall,
-        'cpu_per_wall': sum(p.cpu) / sum(p.wall) if on_cpu and timed else None,
-        'page_faults_per_step': statistics.median(p.faults) if timed else None,
-        'compile_s': _finite(p.compile_s),
-        'flops_per_image': _finite(p.flops_per_image),
-        'model_flops_per_image': _finite(model_flops),
-        'achieved_tflops': achieved,
-        'peak_tflops': peak,
-        'mfu': achieved / peak if achieved is not None and peak else None,
-        'of_matmul_probe': achieved / probe_best[p.variant.dtype]
-        if achieved is not None and p.variant.dtype in probe_best
-        else None,
-        'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
-        'cudnn_attention': p.facts.get('cudnn_attention'),
-        'peak_memory_bytes': p.peak_bytes,
-        'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
-        if p.peak_bytes is not None
-        else None,
-      }
-    )
-  # Ratios: ours over Hugging Face for the same dtype and mode.
-  for row in rows:
-    if row['framework'] != 'jax':
-      continue
-    theirs = [
-      r
-      for r in rows
-      if r['framework'] == 'hf-pytorch' and r['mode'] == row['mode'] and r['dtype'] == row['dtype']
-    ]
-    row['vs_hf'] = (
-      row['img_per_s'] / theirs[0]['img_per_s'] if theirs and row['img_per_s'] else None
-    )
-  inference_rows = {r['program']: r for r in rows if r['mode'] == 'inference'}
-  for row in rows:
-    if row['mode'] == 'train' and row['img_per_s'] and row['program'] in inference_rows:
-      row['train_over_inference_time'] = (
-        inference_rows[row['program']]['img_per_s'] / (row['img_per_s'])
-      )
-
-  return {
+  sizes = tuple(probe_sizes or _default_probe_sizes())
+  measure_probe = peak_tflops is None or jax.default_backend() != 'cpu'
+  rounds = 0 if compile_only else rounds
+  probe = _measure(job, programs, rounds, steps, sizes, measure_probe) if rounds else {}
+  checked = inference and len(variants) > 1 and not compile_only
+  draw = lambda: jnp.asarray(rng.uniform(-1, 1, images.shape), jnp.float32)
+  check = [draw() for _ in range(check_batches)] if checked else []
+  facts = {
+    'agreement': _agreement(job, compiled_inference, check),
+    'hf_max_abs_logit_error': _hf_logit_error(job, compiled_inference, hf_logits),
     'model': model,
     'model_overrides': model_overrides,
-    'batch': batch,
     'resolution': resolution,
-    'num_classes': num_classes,
-    'analytic_forward_flops_per_image': analytic,
-    'platform': platform,
+    'load_average_start': list(load_start),
+    'rounds': rounds,
+    'steps_per_round': steps,
+    'peak_tflops_given': peak_tflops,
+    'omp_wait_policy': os.environ.get('OMP_WAIT_POLICY') if compare else None,
+  }
+  tmp.cleanup()
+  return _result(job, programs, probe, sizes, facts)
+
+
+def _result(job: _Job, programs: list[_Timed], probe: dict, sizes, facts: dict) -> dict:
+  """The JSON-ready result: the rows, the probe, and the conditions of the measurement."""
+  on_cpu = jax.default_backend() == 'cpu'
+  probe_best = {d: max(v) for d, v in probe.items() if v}
+  given = facts['peak_tflops_given']
+  peak = lambda p: given if given is not None else probe_best.get(p.variant.dtype)
+  rows = [_row(p, job.batch, peak(p), probe_best, on_cpu) for p in programs]
+  _add_ratios(rows)
+  return {
+    'model': facts['model'],
+    'model_overrides': facts['model_overrides'],
+    'batch': job.batch,
+    'resolution': facts['resolution'],
+    'num_classes': job.num_classes,
+    'accum_steps': job.accum_steps,
+    'analytic_forward_flops_per_image': job.analytic,
+    'platform': jax.default_backend(),
     'device': jax.devices()[0].device_kind,
     'device_count': jax.device_count(),
     'cpu_count': os.cpu_count(),
     'jax': jax.__version__,
-    'huge_pages': hugepages.describe() if platform == 'cpu' else None,
-    'omp_wait_policy': os.environ.get('OMP_WAIT_POLICY') if compare else None,
+    'huge_pages': hugepages.describe() if on_cpu else None,
+    'omp_wait_policy': facts['omp_wait_policy'],
     'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
-    'load_average_start': list(load_start),
+    'load_average_start': facts['load_average_start'],
     'load_average_end': list(os.getloadavg()),
-    'rounds': rounds,
-    'compile_only': compile_only,
-    'steps_per_round': steps,
+    'rounds': facts['rounds'],
+    'compile_only': job.compile_only,
+    'steps_per_round': facts['steps_per_round'],
     'matmul_probe_tflops': {d: v for d, v in probe.items() if v},
     'matmul_probe_sizes': list(sizes) if probe_best else None,
-    'peak_tflops_given': peak_tflops,
+    'peak_tflops_given': given,
     'rows': rows,
-    'agreement': agreement,
-    'hf_max_abs_logit_error': hf_logit_error,
+    'agreement': facts['agreement'],
+    'hf_max_abs_logit_error': facts['hf_max_abs_logit_error'],
   }
 
 
@@ -834,6 +985,7 @@ def _main(argv: Sequence[str]) -> None:
     probe_sizes=[int(s) for s in f.probe_sizes] or None,
     seed=f.seed,
     compile_only=f.compile_only,
+    accum_steps=f.accum_steps,
     log=log,
   )
   print(format_table(result))
@@ -858,7 +1010,8 @@ def _define_flags() -> None:
   flags.DEFINE_list('remat', ['none'], f'rematerialisation policies, of {list(REMAT)}')
   flags.DEFINE_list('layers', ['unrolled'], f'encoder blocks unrolled or as one nn.scan: {LAYERS}')
   flags.DEFINE_bool('inference', True, 'time inference (--noinference: training only)')
-  flags.DEFINE_bool('train', False, 'time training steps (forward, backward, SGD momentum)')
+  flags.DEFINE_bool('train', False, "time the trainer's training step (vit_jax.train.steps)")
+  flags.DEFINE_integer('accum_steps', 1, 'micro-batches per training step (config.accum_steps)')
   flags.DEFINE_bool('compare', False, 'also run Hugging Face PyTorch ViT on the same weights')
   flags.DEFINE_float('peak_tflops', None, 'device peak for MFU; default: a matmul probe')
   flags.DEFINE_list('probe_sizes', [], 'square matmul sizes of the probe (default by platform)')

@@ -1,53 +1,90 @@
-r"""Converts ViT checkpoints between the Google .npz layout, Hugging Face and timm.
+r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout, Hugging Face and timm.
 
-  python -m vit_jax.convert SRC DST --to {npz,hf,timm} [--model NAME] [--num-classes K] \
-      [--resolution R]
+  python -m vit_jax.convert SRC DST --to={npz,hf,timm} [--model=NAME] [--num_classes=K] \
+      [--resolution=R]
   python -m vit_jax.convert --list [QUERY]     # the released checkpoints and their --model
 
-SRC is any format `vit_jax.checkpoint.load` reads (original/AugReg/big_vision .npz, a Hugging
+SRC is any format `vit_jax.checkpoint.read` reads (original/AugReg/big_vision .npz, a Hugging
 Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits
-layer is kept when the checkpoint has one. The checkpoint is checked against the model: `--model`
-(default: the architecture read off the weights), with `--num-classes` classes (default: the
-checkpoint's; a different count gives a fresh zero head, 0 drops the head) at `--resolution`
-pixels (default: the checkpoint's; another resizes the position embeddings as the original
-vit_jax fine-tuning does). The command prints what it read and wrote, and on any failure exits
-with status 1 and a one-line reason, leaving DST untouched.
+layer is kept when the checkpoint has one. The checkpoint is fitted to the model by
+`vit_jax.checkpoint.fit`: `--model` (default: the architecture read off the weights), with
+`--num_classes` classes (default: the checkpoint's; a different count gives a fresh zero head,
+0 drops the head) at `--resolution` pixels (default: the checkpoint's; another resizes the
+position embeddings as the original vit_jax fine-tuning does). The command prints what it read
+and wrote, and on any failure exits with status 1 and a one-line reason, leaving DST untouched;
+bad usage exits with status 2.
 """
 
-import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import ml_collections
+from absl import app, flags, logging
 
 from vit_jax import checkpoint
 from vit_jax.checkpoint import catalog, tree
+from vit_jax.models import is_mixer
 
-FORMATS_OUT = ('npz', 'hf', 'timm')
-
-
-def _describe(config: Any) -> str:
-  t = config.transformer
-  parts = [f'hidden {config.hidden_size}']
-  if t is not None:
-    parts.append(f'{t.num_layers} layers, {t.num_heads} heads, mlp {t.mlp_dim}')
-  parts.append('patch ' + 'x'.join(map(str, config.patches.size)))
-  if config.resnet is not None:
-    parts.append(f'resnet {tuple(config.resnet.num_layers)}')
-  parts.append(f'classifier {config.classifier}')
-  return ', '.join(parts)
+USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf,timm} (or --list [QUERY])'
 
 
-def _native_resolution(flat: dict, config: Any) -> int | None:
-  """The square image size the checkpoint's position embeddings are laid out for."""
-  posemb = flat.get(tree.POSEMB)
-  if posemb is None:
-    return None
-  side = tree.square_side(posemb.shape[1] - int('cls' in flat))
-  if side is None:
-    return None
-  return side * config.patches.size[0] * tree.feature_stride(config)
+def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
+  checkpoint.save_npz(fitted.params, dst)
+  return (
+    'npz (Mixer layout)' if is_mixer(fitted.config) else 'npz (vit_jax layout, pre-Linen names)'
+  )
+
+
+def _write_hf(fitted: checkpoint.Fitted, dst: str) -> str:
+  path = checkpoint.export_hf(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  config = json.loads((path / 'config.json').read_text())
+  return (
+    f'hf ({config["architectures"][0]}, model.safetensors + config.json,'
+    f' hidden_act={config["hidden_act"]}, layer_norm_eps={config["layer_norm_eps"]:g})'
+  )
+
+
+def _write_timm(fitted: checkpoint.Fitted, dst: str) -> str:
+  path = checkpoint.export_timm(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  args = json.loads((path / 'config.json').read_text())['model_args']
+  return (
+    'timm (model.safetensors + config.json with the create_model arguments,'
+    f' act_layer={args["act_layer"]!r}, norm_layer={args["norm_layer"]!r})'
+  )
+
+
+# Output format -> writer(fitted, dst) -> a description of what was written.
+WRITERS: dict[str, Callable[[checkpoint.Fitted, str], str]] = {
+  'npz': _write_npz,
+  'hf': _write_hf,
+  'timm': _write_timm,
+}
+
+
+def _read_line(src: str, found: checkpoint.Found) -> str:
+  head = f'head {found.config.num_classes} classes' if found.config.num_classes else 'no head'
+  return (
+    f'read {src}: {found.description}; {found.arrays} arrays, {found.parameters:,} parameters;'
+    f' model {found.name or "(unregistered)"} ({tree.describe(found.config)}); {head},'
+    f' pre_logits {"yes" if found.config.get("representation_size") else "no"}'
+    + (f', {found.resolution} px' if found.resolution else '')
+  )
+
+
+def _report_lines(report: checkpoint.LoadReport) -> list[str]:
+  """What the surgery changed: resized embeddings, dropped and fresh keys."""
+  lines = [
+    f'  resized {k}: {tree.shape_str(old)} -> {tree.shape_str(new)}'
+    for k, old, new in report.resized
+  ]
+  for key in report.dropped:
+    lines.append(
+      f'  dropped {key}' + (' (replaced by a fresh zero head)' if key in report.fresh else '')
+    )
+  lines += [
+    f'  fresh {key} (zero-initialised)' for key in report.fresh if key not in report.dropped
+  ]
+  return lines
 
 
 def convert(
@@ -59,124 +96,73 @@ def convert(
   resolution: int | None = None,
   out: Callable[[str], None] = print,
 ) -> checkpoint.LoadReport:
-  """Reads `src`, fits it to the model, writes `dst` as `to` (FORMATS_OUT); returns the report."""
-  from vit_jax.models import get_config, model_from_config, stats
-
-  if to not in FORMATS_OUT:
-    raise checkpoint.CheckpointError(f'--to {to!r}: choose one of {", ".join(FORMATS_OUT)}')
+  """Reads `src`, fits it to the model, writes `dst` as `to` (a key of WRITERS); returns the
+  surgery's report."""
+  if to not in WRITERS:
+    raise checkpoint.CheckpointError(f'--to={to!r}: choose one of {", ".join(WRITERS)}')
   if num_classes is not None and num_classes < 0:
     raise checkpoint.CheckpointError(
-      f'--num-classes {num_classes}: must be >= 0 (0 drops the head)'
+      f'--num_classes={num_classes}: must be >= 0 (0 drops the head)'
     )
-  if resolution is not None and resolution <= 0:
-    raise checkpoint.CheckpointError(f'--resolution {resolution}: must be a positive pixel count')
-  try:
-    base = get_config(model) if model else None
-  except KeyError as e:
-    raise checkpoint.CheckpointError(f'--model: {e.args[0]}') from None
-
-  heads = base.transformer.num_heads if base is not None and base.transformer else None
-  params, description = checkpoint.read(src, num_heads=heads)
-  flat = tree.flatten(params)
-  found = tree.infer_config(flat)
-  native = _native_resolution(flat, found)
-  head = f'head {found.num_classes} classes' if found.num_classes else 'no head'
+  fitted = checkpoint.fit(src, model, num_classes, resolution)
+  out(_read_line(src, fitted.found))
+  written = WRITERS[to](fitted, dst)
   out(
-    f'read {src}: {description}; {len(flat)} arrays, {tree.count_params(flat):,} parameters;'
-    f' model {found.model_name or "(unregistered)"} ({_describe(found)}); {head},'
-    f' pre_logits {"yes" if found.representation_size else "no"}'
-    + (f', {native} px' if native else '')
+    f'wrote {dst}: {written}; {len(tree.flatten(fitted.params))} arrays,'
+    f' {tree.count_params(fitted.params):,} parameters; model {fitted.name or "(unregistered)"}'
+    f' at {fitted.resolution} px'
   )
-
-  config = base if base is not None else ml_collections.ConfigDict(found.to_dict())
-  config.num_classes = found.num_classes if num_classes is None else (num_classes or None)
-  config.representation_size = found.representation_size  # a converter keeps pre_logits
-  size = resolution or native
-  if size is None:
-    raise checkpoint.CheckpointError(
-      f'{src}: the position embeddings are not a square grid: pass --resolution'
-    )
-  shapes = stats.param_shapes(model_from_config(config), size)
-  keep_head = bool(found.num_classes) and config.num_classes == found.num_classes
-  params, report = checkpoint.merge_pretrained(
-    params,
-    shapes,
-    config,
-    keep_head=keep_head,
-    image_size=size,
-    source=src,
-  )
-
-  if to == 'npz':
-    checkpoint.save_npz(params, dst)
-    written = 'npz (vit_jax layout, pre-Linen names)'
-  elif to == 'timm':
-    checkpoint.export_timm(params, config, dst, image_size=size)
-    written = 'timm (model.safetensors + config.json with the create_model arguments,'
-    written += " act_layer='gelu_tanh', norm_layer='layernorm')"
-  else:
-    checkpoint.export_hf(params, config, dst, image_size=size)
-    arch = 'ViTForImageClassification' if config.num_classes else 'ViTModel'
-    written = f'hf ({arch}, model.safetensors + config.json, hidden_act=gelu_pytorch_tanh,'
-    written += ' layer_norm_eps=1e-6)'
-  out(
-    f'wrote {dst}: {written}; {len(tree.flatten(params))} arrays,'
-    f' {tree.count_params(params):,} parameters; model {config.model_name or "(unregistered)"}'
-    f' at {size} px'
-  )
-  for key, old, new in report.resized:
-    out(f'  resized {key}: {tree.shape_str(old)} -> {tree.shape_str(new)}')
-  for key in report.dropped:
-    out(f'  dropped {key}' + (' (replaced by a fresh zero head)' if key in report.fresh else ''))
-  for key in report.fresh:
-    if key not in report.dropped:
-      out(f'  fresh {key} (zero-initialised)')
-  return report
+  for line in _report_lines(fitted.report):
+    out(line)
+  return fitted.report
 
 
-def _parser() -> argparse.ArgumentParser:
-  parser = argparse.ArgumentParser(
-    prog='python -m vit_jax.convert',
-    description='Convert ViT checkpoints: Google .npz (original, AugReg, big_vision) <-> Hugging'
-    ' Face <-> timm. Prints what it read and wrote; exits 1 with a one-line reason on failure.',
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command line's flags; defined only when run as a program (or on a test's own
+  `FlagValues`), so that importing this module registers none."""
+  flags.DEFINE_enum('to', None, list(WRITERS), 'Output format.', flag_values=flag_values)
+  flags.DEFINE_string(
+    'model', None, 'Registered model name, e.g. ViT-B_16 (see --list).', flag_values=flag_values
   )
-  parser.add_argument(
-    'src',
-    nargs='?',
-    help='checkpoint to read: .npz, .safetensors/.bin, Hugging Face or orbax directory',
+  flags.DEFINE_integer(
+    'num_classes',
+    None,
+    "Head classes (default: the checkpoint's); 0 drops the head.",
+    flag_values=flag_values,
   )
-  parser.add_argument('dst', nargs='?', help='.npz file, Hugging Face or timm directory to write')
-  parser.add_argument('--to', choices=FORMATS_OUT, help='output format')
-  parser.add_argument('--model', help='registered model name, e.g. ViT-B_16 (see --list)')
-  parser.add_argument('--num-classes', type=int, help='head classes; 0 drops the head')
-  parser.add_argument('--resolution', type=int, help='image size in pixels (resizes posemb)')
-  parser.add_argument(
-    '--list',
-    nargs='?',
-    const='',
-    metavar='QUERY',
-    help='list the released checkpoints (optionally those matching QUERY) and exit',
+  flags.DEFINE_integer(
+    'resolution',
+    None,
+    "Image size in pixels (default: the checkpoint's); resizes posemb.",
+    flag_values=flag_values,
   )
-  return parser
+  flags.DEFINE_bool(
+    'list',
+    False,
+    'List the released checkpoints (those matching QUERY if given) and exit.',
+    flag_values=flag_values,
+  )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  """The command line; returns the exit status (0 ok, 1 failed, 2 bad usage)."""
-  parser = _parser()
-  args = parser.parse_args(argv)
-  if args.list is not None:
-    entries = catalog.find(args.list)
+def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS) -> int:
+  """The command line's work on parsed flags `f` and positional `args`; returns the exit
+  status (0 ok, 1 failed, 2 bad usage)."""
+  if f.list:
+    if len(args) > 1:
+      print(f'error: --list takes one QUERY, got {list(args)}', file=sys.stderr)
+      return 2
+    entries = catalog.find(args[0] if args else '')
     if not entries:
-      print(f'error: no released checkpoint matches {args.list!r}', file=sys.stderr)
+      print(f'error: no released checkpoint matches {args[0]!r}', file=sys.stderr)
       return 1
     print(catalog.format_table(entries))
     return 0
-  if not (args.src and args.dst and args.to):
-    parser.print_usage(sys.stderr)
+  if len(args) != 2 or not f.to:
+    print(USAGE, file=sys.stderr)
     print('error: SRC, DST and --to are required (or --list)', file=sys.stderr)
     return 2
   try:
-    convert(args.src, args.dst, args.to, args.model, args.num_classes, args.resolution)
+    convert(*args, f.to, f.model, f.num_classes, f.resolution)
   except checkpoint.CheckpointError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
@@ -187,5 +173,22 @@ def main(argv: Sequence[str] | None = None) -> int:
   return 0
 
 
+def _parse_flags(argv: list[str]) -> list[str]:
+  """A bad flag (unknown, misspelt, a value out of range) is one line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
+    print(USAGE, file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str]) -> None:
+  if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
+  sys.exit(run(argv[1:]))
+
+
 if __name__ == '__main__':
-  sys.exit(main())
+  define_flags()
+  app.run(main, flags_parser=_parse_flags)

@@ -197,30 +197,43 @@ def initialize(
     return False
   if explicit is not None and explicit[1] == 1 and mode == 'auto':
     return False
+  _use_gloo_on_cpu()
+  if explicit is None:
+    _initialize_detected(timeout_s)
+  else:
+    _initialize_explicit(*explicit, timeout_s)
+  return True
 
+
+def _jax_timeout(timeout_s: float) -> int:
+  """JAX's connect aborts on its own timeout: give it more time than the watchdog."""
+  return int(2 * timeout_s + 30)
+
+
+def _initialize_detected(timeout_s: float) -> None:
+  """`jax.distributed.initialize()` with the cluster's settings found by JAX itself."""
   import jax
 
-  _use_gloo_on_cpu()
-  # JAX's connect aborts on its own timeout: give it more time than the watchdog.
-  jax_timeout = int(2 * timeout_s + 30)
-  if explicit is None:
-    message = (
-      f'Multi-process start-up did not finish within {timeout_s:g} s (cluster detected from '
-      'the environment): check that every process of the job started, or raise '
-      '--distributed_timeout.'
-    )
-    with _Watchdog(timeout_s, message):
-      try:
-        jax.distributed.initialize(initialization_timeout=jax_timeout)
-      except (ValueError, RuntimeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DistributedError(
-          f'No cluster detected for --distributed=on ({first}): give --coordinator_address, '
-          '--num_processes and --process_id.'
-        ) from None
-    return True
+  message = (
+    f'Multi-process start-up did not finish within {timeout_s:g} s (cluster detected from '
+    'the environment): check that every process of the job started, or raise '
+    '--distributed_timeout.'
+  )
+  with _Watchdog(timeout_s, message):
+    try:
+      jax.distributed.initialize(initialization_timeout=_jax_timeout(timeout_s))
+    except (ValueError, RuntimeError) as e:
+      first = str(e).splitlines()[0] if str(e) else type(e).__name__
+      raise DistributedError(
+        f'No cluster detected for --distributed=on ({first}): give --coordinator_address, '
+        '--num_processes and --process_id.'
+      ) from None
 
-  address, n, i = explicit
+
+def _initialize_explicit(address: str, n: int, i: int, timeout_s: float) -> None:
+  """Process `i` of `n` joins the coordinator at `address`; every wait ends by `timeout_s`."""
+  import jax
+
   start = time.monotonic()
   if i != 0:
     wait_for_coordinator(address, timeout_s, i, n)
@@ -242,6 +255,5 @@ def initialize(
       coordinator_address=address,
       num_processes=n,
       process_id=i,
-      initialization_timeout=jax_timeout,
+      initialization_timeout=_jax_timeout(timeout_s),
     )
-  return True

@@ -17,21 +17,16 @@ Bad input (an unknown model, dataset or config key, a missing pretrained file, a
 that does not divide over the devices) ends with a one-line error before any compute.
 """
 
-import contextlib
-import os
 import sys
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
-os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')  # quiet; tf.data's image ops only
-
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+import configs
 from vit_jax import distributed, hugepages
 
 FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file(
-  'config', None, 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
+_CONFIG = configs.define_config_flag(
+  'config', 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', lock_config=True
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Run directory (checkpoints, metrics, events).')
 _COORDINATOR = flags.DEFINE_string(
@@ -57,15 +52,6 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_float(
 flags.mark_flags_as_required(['config', 'workdir'])
 
 
-def _hide_accelerators_from_tensorflow() -> None:
-  """tf.data runs on the host; keep TensorFlow off the GPUs/TPUs that JAX uses."""
-  import tensorflow as tf
-
-  tf.config.set_visible_devices([], 'GPU')
-  with contextlib.suppress(ValueError, RuntimeError):
-    tf.config.set_visible_devices([], 'TPU')
-
-
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
@@ -85,8 +71,10 @@ def main(argv: list[str]) -> int:
 
   if jax.process_index() != 0 and not FLAGS['verbosity'].present:
     logging.set_verbosity(logging.ERROR)  # process 0 speaks for the run
-  _hide_accelerators_from_tensorflow()
-  from vit_jax import train
+  from vit_jax import data, train
+  from vit_jax.train import spec
+
+  data.hide_accelerators_from_tensorflow()
 
   try:
     config = _CONFIG.value
@@ -94,7 +82,8 @@ def main(argv: list[str]) -> int:
   except (OSError, ValueError, KeyError) as e:  # config_flags defers a file's load error
     _exit_with(e)
   try:
-    result = train.train_and_evaluate(config, _WORKDIR.value)
+    run_spec = spec.from_config(config)  # the config, resolved once
+    result = train.train_and_evaluate(run_spec, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     _exit_with(e)
   if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:

@@ -12,12 +12,14 @@ in this convention: its wd=1e-4 at lr=1e-3 is weight_decay=0.1 here.
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
+
+if TYPE_CHECKING:
+  from vit_jax.train.spec import Optim
 
 DECAY_TYPES = ('cosine', 'linear', 'constant')
 OPTIMIZERS = ('sgd', 'adam')
@@ -64,33 +66,41 @@ def path_mask(params: Any, pattern: str) -> Any:
   return jax.tree_util.tree_map_with_path(match, params)
 
 
-def make_optimizer(
-  config: ml_collections.ConfigDict, schedule: optax.Schedule
-) -> optax.GradientTransformation:
-  """The optax chain a training config asks for (`optimizer`, `grad_norm_clip`, `optim_dtype`...).
+def make_optimizer(spec: 'Optim', schedule: optax.Schedule) -> optax.GradientTransformation:
+  """The optax chain of the run spec's optimizer section (`optimizer`, `grad_norm_clip`, ...).
 
   `optim_dtype` is the dtype of the first moment (SGD momentum, Adam's mu); Adam's second
   moment always stays float32 (in bfloat16 it loses the small values that matter).
   """
-  name = config.get('optimizer', 'sgd')
-  if name not in OPTIMIZERS:
-    raise ValueError(f'optimizer={name!r}; expected one of {OPTIMIZERS}.')
-  dtype = jnp.dtype(config.get('optim_dtype', 'float32'))
+  if spec.optimizer not in OPTIMIZERS:
+    raise ValueError(f'optimizer={spec.optimizer!r}; expected one of {OPTIMIZERS}.')
+  dtype = jnp.dtype(spec.optim_dtype)
   parts = []
-  if config.get('grad_norm_clip'):
-    parts.append(optax.clip_by_global_norm(config.grad_norm_clip))
-  if name == 'sgd':
-    parts.append(optax.trace(decay=config.get('momentum', 0.9), accumulator_dtype=dtype))
+  if spec.grad_norm_clip:
+    parts.append(optax.clip_by_global_norm(spec.grad_norm_clip))
+  if spec.optimizer == 'sgd':
+    parts.append(optax.trace(decay=spec.momentum, accumulator_dtype=dtype))
   else:
-    parts.append(
-      optax.scale_by_adam(b1=config.get('b1', 0.9), b2=config.get('b2', 0.999), mu_dtype=dtype)
-    )
-  weight_decay = config.get('weight_decay', 0.0)
-  if weight_decay:
-    pattern = config.get('weight_decay_pattern', r'.*/kernel')
-    parts.append(optax.add_decayed_weights(weight_decay, mask=lambda p: path_mask(p, pattern)))
+    parts.append(optax.scale_by_adam(b1=spec.b1, b2=spec.b2, mu_dtype=dtype))
+  if spec.weight_decay:
+    pattern = spec.weight_decay_pattern
+    parts.append(optax.add_decayed_weights(spec.weight_decay, mask=lambda p: path_mask(p, pattern)))
   parts.append(optax.scale_by_learning_rate(schedule))
   return optax.chain(*parts)
+
+
+def for_training(
+  spec: 'Optim', total_steps: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """(optimizer, schedule) of a run: the update after step s uses lr(s + 1).
+
+  The first update uses lr(1), not lr(0) (which is 0 with warmup); the schedule is what a
+  step's metrics report as its learning rate.
+  """
+  schedule = create_learning_rate_schedule(
+    total_steps, spec.base_lr, spec.decay_type, spec.warmup_steps, spec.linear_end
+  )
+  return make_optimizer(spec, lambda count: schedule(count + 1)), schedule
 
 
 def accumulate_gradient(
@@ -98,6 +108,7 @@ def accumulate_gradient(
   params: Any,
   batch: Any,
   accum_steps: int,
+  varying_axis: str | None = None,
 ) -> tuple[jax.Array, Any]:
   """Mean loss and gradient over `accum_steps` micro-batches of `batch` (a tree of arrays).
 
@@ -105,6 +116,9 @@ def accumulate_gradient(
   batch sharded over devices in contiguous blocks every device holds its share of every
   micro-batch and no data moves. With equal micro-batches the mean of their means is the
   mean over the batch, so the result equals one pass over the whole batch.
+
+  Inside `jax.shard_map`, `varying_axis` names the mesh axis the per-device results vary
+  over (`params` are then device-varying too), so the sums start from zeros of that type.
   """
   if accum_steps <= 1:
     return loss_and_grad_fn(params, *batch)
@@ -125,5 +139,7 @@ def accumulate_gradient(
     return jax.tree.map(jnp.add, carry, (loss, grads)), None
 
   zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+  if varying_axis is not None:  # the gradient zeros are already: they follow the params
+    zeros = (jax.lax.pcast(zeros[0], varying_axis, to='varying'), zeros[1])
   (loss, grads), _ = jax.lax.scan(body, zeros, micro_batches)
   return jax.tree.map(lambda x: x / accum_steps, (loss, grads))

@@ -5,7 +5,8 @@ parameters and optimizer state are replicated or FSDP-sharded over the same axis
 list of `(regex, rule)` pairs matched against each leaf's '/'-joined path. The train step
 is compiled once with `jax.jit` and these NamedShardings, and XLA's GSPMD partitioner
 inserts the collectives, so the gradient of a replicated parameter is the true global
-gradient (a hand-written `shard_map` + `pmean(grad)` would be scaled by the device count).
+gradient. The per-device alternative (`config.step='shard_map'`, vit_jax/train/steps.py)
+writes that reduction out as a `lax.pmean` of per-device gradients.
 """
 
 import re

@@ -3,14 +3,19 @@
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
       [--json] [--features OUT.npy [--features_block K]] [--batch_size 32] IMAGE...
 
-Images get the evaluation preprocessing of the original input pipeline: decode to RGB,
-resize to the crop size (bilinear, half-pixel centres, no antialiasing, aspect ratio not
-kept: `tf.image.resize`), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every released
-family expects. The model is inferred from the parameter shapes unless `--model` is given.
+Images get the evaluation preprocessing of the input pipeline (`vit_jax.data.preprocess`):
+decode to RGB, resize to the crop size (`tf.image.resize`: bilinear, half-pixel centres, no
+antialiasing, aspect ratio not kept), then `(im - 127.5) / 127.5`, i.e. [-1, 1], as every
+released family expects: an image file becomes the tensor a run's evaluation feeds the model.
+The model is inferred from the parameter shapes unless `--model` is given.
 
-Class names: a run directory's `config.json` (its `class_names`, or the label names of the
-tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`; the ImageNet-1k
-names that tensorflow_datasets ships for 1000-class heads; class indices otherwise.
+Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or
+the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
+the ImageNet-1k names that tensorflow_datasets ships for 1000-class heads; indices otherwise.
+
+A distilled model (DeiT) predicts with the mean of its two heads, as DeiT does; its features
+are the class and distillation tokens side by side (2 x hidden), of which that mean is one
+linear map.
 
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
@@ -30,17 +35,20 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import files
-from vit_jax.models import VisionTransformer, get_config, model_from_config, stats, vit
+from vit_jax import data, files, rundir
+from vit_jax.data.preprocess import decode_file, eval_image
+from vit_jax.models import is_mixer, vit
 
 IMAGENET_NUM_CLASSES = 1000
-CLASSIFIERS_WITH_POOLING = ('token', 'gap')
+CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
 
 
 class ImageError(ValueError):
@@ -52,10 +60,12 @@ class LoadedModel:
   """A checkpoint ready to apply: the headless model, its parameters and what was inferred.
 
   Attributes:
-    model: the model without its head (`num_classes=None`): it maps images to the pre-logits
-      representation; logits are `features @ head_kernel + head_bias`.
+    model: the model without its head (`num_classes=None`): `_features` maps images to the
+      pre-logits representation; logits are `features @ head_kernel + head_bias`.
     params: the parameter tree without `head`.
-    head_kernel, head_bias: the classifier, or None if the checkpoint has no head.
+    head_kernel, head_bias: the classifier, or None if the checkpoint has no head. A
+      distilled model's features are its two tokens side by side, and its classifier the
+      mean of its two heads on them: `[head; head_dist] / 2`, bias `(b + b_dist) / 2`.
     model_name: the registry name.
     resolution: input size in pixels (square).
     grid: the patch grid (rows, cols) at `resolution`.
@@ -65,7 +75,7 @@ class LoadedModel:
     class_names_source: where the names came from, for the report.
   """
 
-  model: VisionTransformer
+  model: nn.Module
   params: dict[str, Any]
   head_kernel: np.ndarray | None
   head_bias: np.ndarray | None
@@ -91,25 +101,23 @@ class LoadedModel:
 # Preprocessing.
 
 
-def resize_bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:
-  """(H, W, C) -> float32 (height, width, C), as `tf.image.resize(..., 'bilinear')`: half-pixel
-  centres, no antialiasing (within 0.02 of TensorFlow's float32 arithmetic on 0..255)."""
-  h, w = image.shape[:2]
-  rows = ckpt.surgery.linear_resize_matrix(h, height).astype(np.float32)
-  cols = ckpt.surgery.linear_resize_matrix(w, width).astype(np.float32)
-  x = np.einsum('oh,hw...->ow...', rows, image.astype(np.float32))
-  return np.einsum('ow...,pw->op...', x, cols)
-
-
 def preprocess(image: np.ndarray, resolution: int) -> np.ndarray:
-  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1], the eval pipeline's."""
+  """uint8 (H, W, 3) -> float32 (resolution, resolution, 3) in [-1, 1]: the input pipeline's
+  evaluation preprocessing (`vit_jax.data.preprocess.eval_image`)."""
   if image.ndim != 3 or image.shape[-1] != 3:
     raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
-  return (resize_bilinear(image, resolution, resolution) - 127.5) / 127.5
+  return eval_image(image, resolution).numpy()
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason."""
+  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
+
+  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
+  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
+  """
+  image = decode_file(os.fspath(path))
+  if image is not None:
+    return image
   try:
     with Image.open(path) as im:
       rgb = im.convert('RGB')
@@ -206,9 +214,13 @@ def class_names_for(
 ) -> tuple[list[str] | None, str]:
   """Names for a head of `num_classes`: the run's own, ImageNet-1k's, or none (indices).
 
-  A `config.json` next to the checkpoint or up to three directories above it is searched
-  first: a run directory holds `config.json` and `checkpoints/<step>/<item>/` below it.
+  A training run's own names come first (`vit_jax.rundir`: the run directory the checkpoint
+  is in); then a `config.json` next to the checkpoint or up to three directories above it.
   """
+  run = rundir.find_run(checkpoint)
+  names = rundir.class_names(run) if run is not None else None
+  if names is not None and len(names) == num_classes:
+    return names, str(run / rundir.CONFIG_FILE)
   path = Path(checkpoint).absolute()
   start = path if path.is_dir() else path.parent
   for directory in [start, *list(start.parents)[:3]]:
@@ -228,88 +240,58 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
-def build(
-  params: dict[str, Any],
-  model_name: str | None = None,
-  resolution: int | None = None,
-  checkpoint: str | os.PathLike | None = None,
-) -> LoadedModel:
-  """A LoadedModel from a parameter tree in our names (as `vit_jax.checkpoint.load` gives).
-
-  The architecture is read off the shapes (`checkpoint.infer_config`) unless `model_name`
-  is given; the resolution defaults to the one the position embeddings were trained at
-  (another one resizes them, as fine-tuning does). The tree is fitted and checked by
-  `checkpoint.merge_pretrained`, keeping the checkpoint's head; class names are looked up
-  next to `checkpoint`.
-  """
-  source = str(checkpoint or 'checkpoint')
-  inferred = ckpt.infer_config(params)
-  t = inferred.transformer
-  layers = f'{t.num_layers} layers, {t.num_heads} heads, ' if t else ''
-  found = f'hidden_size {inferred.hidden_size}, {layers}patch {inferred.patches.size}'
-  if model_name and ckpt.tree.match_registry(get_config(model_name)) != inferred.model_name:
-    holds = inferred.model_name or 'an unregistered architecture'
-    raise ValueError(
-      f'--model {model_name} does not fit the checkpoint, which holds {holds} ({found}); '
-      'leave --model out to use that.'
-    )
-  name = model_name or inferred.model_name
-  if name:
-    config = get_config(name)
-  else:  # an architecture outside the registry: the inferred fields are the model
-    config = inferred
-    name = f'ViT ({found})'
-  config.representation_size = inferred.representation_size
+def _check_pooled(config: Any, name: str) -> None:
+  """A ViT whose output is one pooled vector (a Mixer's always is)."""
+  if is_mixer(config):
+    return
   if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
     raise ValueError(
       f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
       f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
     )
 
-  stride = config.patches.size[0] * ckpt.tree.feature_stride(config)
-  if resolution is None:
-    posemb = ckpt.flatten(params).get(ckpt.tree.POSEMB)
-    side = None if posemb is None else ckpt.tree.square_side(posemb.shape[1] - ('cls' in params))
-    if side is None:
-      raise ValueError(
-        f'{source}: cannot tell the trained resolution from {ckpt.tree.POSEMB} '
-        f'{None if posemb is None else posemb.shape}; pass --resolution.'
-      )
-    resolution = side * stride
-  if resolution % stride:
-    raise ValueError(f"--resolution {resolution} is not a multiple of {name}'s stride {stride}.")
 
-  model = model_from_config(config, num_classes=inferred.num_classes)
-  fitted, _ = ckpt.merge_pretrained(
-    params,
-    stats.param_shapes(model, resolution),
-    config,
-    keep_head=inferred.num_classes is not None,
-    source=source,
-  )
-  head = fitted.pop('head', None)
-  loaded = LoadedModel(
-    model=model.clone(num_classes=None),
-    params=fitted,
-    head_kernel=None if head is None else np.asarray(head['kernel'], np.float32),
-    head_bias=None if head is None else np.asarray(head['bias'], np.float32),
-    model_name=name,
-    resolution=resolution,
-    grid=(resolution // stride, resolution // stride),
-    patch_pixels=stride,
-  )
-  if loaded.num_classes and checkpoint is not None:
-    loaded.class_names, loaded.class_names_source = class_names_for(checkpoint, loaded.num_classes)
-  return loaded
+def _classifier(head: Any, head_dist: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
+  """(kernel, bias) of the linear map from the features to the logits: the head, or for a
+  distilled model the mean of its two heads on the two tokens side by side."""
+  if head is None:
+    return None, None
+  as_array = lambda x: np.asarray(x, np.float32)
+  if head_dist is None:
+    return as_array(head['kernel']), as_array(head['bias'])
+  kernel = np.concatenate([as_array(head['kernel']), as_array(head_dist['kernel'])]) / 2
+  return kernel, (as_array(head['bias']) + as_array(head_dist['bias'])) / 2
 
 
 def load(
   checkpoint: str | os.PathLike, model_name: str | None = None, resolution: int | None = None
 ) -> LoadedModel:
-  """Reads any checkpoint `vit_jax.checkpoint` knows (format detected) and builds it."""
-  num_heads = get_config(model_name).transformer.num_heads if model_name else None
-  params, _ = ckpt.read(checkpoint, num_heads=num_heads)
-  return build(params, model_name, resolution, checkpoint)
+  """Any checkpoint `vit_jax.checkpoint` reads, as a LoadedModel (`checkpoint.fit`).
+
+  The architecture is read off the shapes unless `model_name` is given; the resolution
+  defaults to the one the position embeddings were trained at (another one resizes them, as
+  fine-tuning does). The checkpoint's head is kept; class names are looked up next to it.
+  """
+  fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
+  config = fitted.config
+  found = ckpt.tree.describe(config)
+  name = fitted.name or (found if is_mixer(config) else f'ViT ({found})')
+  _check_pooled(config, name)
+  params = dict(fitted.params)
+  kernel, bias = _classifier(params.pop('head', None), params.pop('head_dist', None))
+  loaded = LoadedModel(
+    model=fitted.model(num_classes=None),
+    params=params,
+    head_kernel=kernel,
+    head_bias=bias,
+    model_name=name,
+    resolution=fitted.resolution,
+    grid=fitted.grid,
+    patch_pixels=fitted.patch_pixels,
+  )
+  if loaded.num_classes:
+    loaded.class_names, loaded.class_names_source = class_names_for(checkpoint, loaded.num_classes)
+  return loaded
 
 
 # ---------------------------------------------------------------------------------------
@@ -329,23 +311,40 @@ class Prediction:
   block_features: np.ndarray | None = None
 
 
+def _apply(model: nn.Module, params: dict[str, Any], images: jax.Array, **kwargs: Any) -> Any:
+  """`model.apply`; a distilled model gives its two tokens' features (`both_heads`)."""
+  if getattr(model, 'distilled', False):
+    kwargs['both_heads'] = True
+  return model.apply({'params': params}, images, train=False, **kwargs)
+
+
+def _side_by_side(output: Any) -> jax.Array:
+  """The headless model's output as one array: a distilled model's two tokens side by side."""
+  return jnp.concatenate(output, axis=-1) if isinstance(output, tuple) else output
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _features(model: VisionTransformer, params: dict[str, Any], images: jax.Array) -> jax.Array:
-  return model.apply({'params': params}, images, train=False)
+def _features(model: nn.Module, params: dict[str, Any], images: jax.Array) -> jax.Array:
+  """The headless model's output; a distilled model's two tokens side by side."""
+  return _side_by_side(_apply(model, params, images))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _block_features(
-  model: VisionTransformer, params: dict[str, Any], images: jax.Array, block: int
-) -> jax.Array:
-  """The patch tokens (B, h, w, D) after block `block` (>= 0), in a pass that stops there."""
-  features = model.apply({'params': params}, images, train=False, intermediate_blocks=(block,))
-  return features[f'encoderblock_{block}']
+def _features_and_block(
+  model: nn.Module, params: dict[str, Any], images: jax.Array, block: int
+) -> tuple[jax.Array, jax.Array]:
+  """`_features` and the patch tokens (B, h, w, D) after block `block` (>= 0, before the final
+  LayerNorm), from one forward pass."""
+  out = _apply(model, params, images, intermediate_blocks=(block, -1))
+  return _side_by_side(out['output']), out[f'encoderblock_{block}']
 
 
 def feature_block(loaded: LoadedModel, block: int) -> int:
   """`block` (negative from the end) as the index of one of the model's encoder blocks."""
-  return vit.block_indices((block,), loaded.model.transformer['num_layers'])[0]
+  transformer = getattr(loaded.model, 'transformer', None)
+  if not isinstance(loaded.model, vit.VisionTransformer) or transformer is None:
+    raise ValueError(f'--features_block: {loaded.model_name} has no transformer encoder blocks')
+  return vit.block_indices((block,), transformer['num_layers'])[0]
 
 
 def batches(
@@ -369,7 +368,7 @@ def batches(
 
 def run_padded(
   fn: Callable[..., Any],
-  model: VisionTransformer,
+  model: nn.Module,
   params: dict[str, Any],
   batch: np.ndarray,
   batch_size: int,
@@ -417,14 +416,12 @@ def predict_files(
   errors: list[str] = []
   batch_size = max(1, min(batch_size, len(paths)))
   predictions = []
-  block_fn = None
+  fn = _features
   if block is not None:
-    block_fn = functools.partial(_block_features, block=feature_block(loaded, block))
+    fn = functools.partial(_features_and_block, block=feature_block(loaded, block))
   for names, images in batches(paths, loaded.resolution, batch_size, errors):
-    features = run_padded(_features, loaded.model, loaded.params, images, batch_size)
-    grids = None
-    if block_fn is not None:
-      grids = run_padded(block_fn, loaded.model, loaded.params, images, batch_size)
+    out = run_padded(fn, loaded.model, loaded.params, images, batch_size)
+    features, grids = out if block is not None else (out, None)
     logits = _logits(loaded, features)
     if logits is None:
       indices, probs = np.zeros((len(names), 0), np.int64), np.zeros((len(names), 0))
@@ -452,9 +449,10 @@ def _features_path(out: str | os.PathLike) -> Path:
 
 def save_features(
   out: str | os.PathLike, predictions: Sequence[Prediction], metadata: dict[str, Any]
-) -> tuple[Path, Path]:
+) -> tuple[Path, Path, tuple[int, ...]]:
   """Writes the features to `out` (.npy, float32) and the file list to `out` .json: the
-  pre-logits (N, D), or the block's patch tokens (N, h, w, D) where predictions hold them."""
+  pre-logits (N, D), or the block's patch tokens (N, h, w, D) where predictions hold them.
+  Returns the two paths and the array's shape."""
   out = _features_path(out)
   grids = [p.block_features for p in predictions]
   stack = grids if all(g is not None for g in grids) else [p.features for p in predictions]
@@ -463,7 +461,7 @@ def save_features(
   meta = {**metadata, 'shape': list(array.shape), 'files': [p.image for p in predictions]}
   files.atomic_write(out, lambda f: np.save(f, array, allow_pickle=False))
   files.atomic_write_text(sidecar, json.dumps(meta, indent=1) + '\n')
-  return out, sidecar
+  return out, sidecar, array.shape
 
 
 def _as_json(loaded: LoadedModel, predictions, errors, warning, checkpoint) -> dict[str, Any]:
@@ -568,12 +566,7 @@ def run(
     }
     if features_block is not None:
       meta['block'] = features_block  # patch tokens after it, before the final LayerNorm
-    npy, sidecar = save_features(features, predictions, meta)
-    first = predictions[0]
-    shape = (
-      len(predictions),
-      *np.shape(first.features if features_block is None else first.block_features),
-    )
+    npy, sidecar, shape = save_features(features, predictions, meta)
     print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
   if as_json:
     print(json.dumps(_as_json(loaded, predictions, errors, warning, checkpoint), indent=1))
@@ -611,6 +604,9 @@ def define_flags() -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
+  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
+  data.hide_accelerators_from_tensorflow()
   sys.exit(
     run(
       f.checkpoint,

@@ -22,11 +22,11 @@ from pathlib import Path
 import jax
 import matplotlib
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from vit_jax import files, predict
+from vit_jax import data, files, predict
 
 DPI = 100
 # Pixel size (width, height) of every PNG.
@@ -272,7 +272,7 @@ def draw_attention_distance(distances: np.ndarray, path: Path, title: str) -> Pa
 def draw_rollout(image: np.ndarray, mask: np.ndarray, path: Path, title: str) -> Path:
   """Figure 6: the input, the rollout map over it (colour bar), and the input times the map."""
   h, w = image.shape[:2]
-  upsampled = np.clip(predict.resize_bilinear(mask[..., None], h, w)[..., 0], 0, 1)
+  upsampled = np.clip(np.asarray(jax.image.resize(mask, (h, w), 'linear')), 0, 1)
   fig = _figure('attention_rollout')
   panels = [fig.add_axes((0.05 + 0.3 * i, 0.1, 0.24, 0.74)) for i in range(3)]
   panels[0].imshow(image)
@@ -295,16 +295,9 @@ def draw_rollout(image: np.ndarray, mask: np.ndarray, path: Path, title: str) ->
 # The command line.
 
 
-def visualize(
-  loaded: predict.LoadedModel,
-  out_dir: str | os.PathLike,
-  images: Sequence[str] = (),
-  batch_size: int = 8,
-) -> tuple[list[Path], list[str]]:
-  """Draws every figure the checkpoint allows; returns the PNGs and one error per bad image."""
-  out = Path(out_dir)
-  name = loaded.model_name
-  written, errors = [], []
+def _weight_figures(loaded: predict.LoadedModel, out: Path) -> list[Path]:
+  """Figure 7 left and center: what the patch and position embeddings learnt."""
+  name, written = loaded.model_name, []
   kernel = loaded.params['embedding']['kernel']
   if kernel.shape[2] == 3:
     pcs = patch_filter_pcs(kernel)
@@ -329,10 +322,14 @@ def visualize(
       f'{name}: position embedding similarity ({loaded.grid[0]}x{loaded.grid[1]} patches)',
     )
   )
-  if not images:
-    print('note: no --image given; attention figures are not drawn.', file=sys.stderr)
-    return written, errors
+  return written
 
+
+def _attention_figures(
+  loaded: predict.LoadedModel, out: Path, images: Sequence[str], batch_size: int, errors: list
+) -> list[Path]:
+  """Figure 6 for every readable image, and Figure 7 right averaged over them."""
+  name, written = loaded.model_name, []
   batch_size = max(1, min(batch_size, len(images)))
   distances, weights, stems = [], [], set()
   for paths, batch in predict.batches(images, loaded.resolution, batch_size, errors):
@@ -362,6 +359,22 @@ def visualize(
         f'{name}: mean attention distance ({count} image{"s" * (count > 1)})',
       )
     )
+  return written
+
+
+def visualize(
+  loaded: predict.LoadedModel,
+  out_dir: str | os.PathLike,
+  images: Sequence[str] = (),
+  batch_size: int = 8,
+) -> tuple[list[Path], list[str]]:
+  """Draws every figure the checkpoint allows; returns the PNGs and one error per bad image."""
+  out = Path(out_dir)
+  written, errors = _weight_figures(loaded, out), []
+  if not images:
+    print('note: no --image given; attention figures are not drawn.', file=sys.stderr)
+    return written, errors
+  written += _attention_figures(loaded, out, images, batch_size, errors)
   return written, errors
 
 
@@ -382,6 +395,9 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; give images with --image.')
   f = flags.FLAGS
+  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
+  data.hide_accelerators_from_tensorflow()
   try:
     loaded = predict.load(f.checkpoint, f.model, f.resolution)
   except (OSError, ValueError, KeyError) as e:

@@ -1,7 +1,8 @@
-"""The released Google ViT checkpoints: which file to fetch and which `--model` it needs.
+"""The released Google ViT and MLP-Mixer checkpoints: which file to fetch, which `--model`.
 
-Facts from the original release's bucket listing (`gs://vit_models/`), the AugReg README's
-recommended checkpoints and the Hugging Face hub copies. `size` is the published file size.
+Facts from the original release's bucket listings (`gs://vit_models/`, `gs://mixer_models/`),
+the AugReg README's recommended checkpoints and the Hugging Face hub copies. `size` is the
+published file size.
 AugReg has ~52k more files (`gs://vit_models/augreg/index.csv`); the ones listed here are the
 README's recommended upstream (`i21k`) checkpoints and their ImageNet fine-tunes at 384 px;
 every AugReg file follows the same layout and loads the same way.
@@ -10,6 +11,7 @@ every AugReg file follows the same layout and loads the same way.
 import dataclasses
 
 GCS = 'https://storage.googleapis.com/vit_models'
+MIXER_GCS = 'https://storage.googleapis.com/mixer_models'
 HF_HUB = 'https://huggingface.co'
 
 
@@ -18,7 +20,7 @@ class Entry:
   """One released checkpoint."""
 
   name: str  # unique id, e.g. 'imagenet21k/ViT-B_16'
-  family: str  # 'original', 'augreg' or 'hf'
+  family: str  # 'original', 'augreg', 'mixer' or 'hf'
   file: str  # file name to fetch (for hub repos: the repo id)
   url: str
   model: str  # the registry name for --model
@@ -192,7 +194,43 @@ def _hf() -> list[Entry]:
   ]
 
 
-CATALOG: tuple[Entry, ...] = tuple(_original() + _augreg() + _hf())
+# gs://mixer_models (the listing stored in the original vit_jax.ipynb): (folder, model, MiB,
+# classes, notes). The folders are named imagenet1k, not imagenet2012; sam/gsam are models
+# trained from scratch on ImageNet with (G)SAM (arXiv:2106.01548, arXiv:2203.08065).
+_MIXER = [
+  ('imagenet1k', 'Mixer-B_16', '228.47', 1000, 'ImageNet-1k pre-training'),
+  ('imagenet1k', 'Mixer-L_16', '794.29', 1000, 'ImageNet-1k pre-training'),
+  ('imagenet21k', 'Mixer-B_16', '289.61', 21843, 'ImageNet-21k pre-training'),
+  ('imagenet21k', 'Mixer-L_16', '875.78', 21843, 'ImageNet-21k pre-training'),
+  ('sam', 'Mixer-B_16', '228.47', 1000, 'ImageNet-1k from scratch with SAM'),
+  ('sam', 'Mixer-B_32', '230.04', 1000, 'ImageNet-1k from scratch with SAM'),
+  ('gsam', 'Mixer-B_16', '228.47', 1000, 'ImageNet-1k from scratch with GSAM'),
+  ('gsam', 'Mixer-B_32', '230.04', 1000, 'ImageNet-1k from scratch with GSAM'),
+  ('gsam', 'Mixer-S_16', '70.71', 1000, 'ImageNet-1k from scratch with GSAM'),
+  ('gsam', 'Mixer-S_32', '72.91', 1000, 'ImageNet-1k from scratch with GSAM'),
+  ('gsam', 'Mixer-S_8', '78.79', 1000, 'ImageNet-1k from scratch with GSAM'),
+]
+
+
+def _mixer() -> list[Entry]:
+  return [
+    Entry(
+      name=f'{folder}/{model}',
+      family='mixer',
+      file=f'{model}.npz',
+      url=f'{MIXER_GCS}/{folder}/{model}.npz',
+      model=model,
+      resolution=224,  # the token-mixing MLPs are sized for 224 px (the file sizes say so)
+      num_classes=classes,
+      pre_logits=False,
+      size=f'{size} MiB',
+      notes=notes,
+    )
+    for folder, model, size, classes, notes in _MIXER
+  ]
+
+
+CATALOG: tuple[Entry, ...] = tuple(_original() + _augreg() + _mixer() + _hf())
 
 
 def find(query: str = '') -> list[Entry]:

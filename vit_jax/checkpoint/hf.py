@@ -13,9 +13,13 @@ The 5.x in-memory names (`layers.{i}.attention.q_proj`, `mlp.fc1`, ...), as writ
 a 5.x `state_dict()` directly, are read too. Kernels are transposed (PyTorch stores (out, in))
 and the attention kernels reshaped to our (D, heads, head_dim) layout, so the number of heads
 comes from `config.json` (or the caller). `pooler.dense` is our `pre_logits` (Dense + tanh on
-the class token). Exports write the 4.x names, `model.safetensors` and a `config.json` with
-`hidden_act='gelu_pytorch_tanh'` and `layer_norm_eps=1e-6`, the GELU and epsilon the released
-weights were trained with (the hub configs say 'gelu' and 1e-12, which shifts logits).
+the class token). `config.json`'s `hidden_act` sets the model's GELU: 'gelu' is the exact one
+(`gelu_approximate=False`), 'gelu_pytorch_tanh' (or 'gelu_new', 'gelu_fast') the tanh
+approximation of our default; without a config.json the default holds. Exports write the 4.x
+names, `model.safetensors` and a `config.json` with the model's GELU (`gelu_pytorch_tanh`
+unless `gelu_approximate=False`: the released weights were trained with it, though the hub
+configs of Google's ViTs say 'gelu') and `layer_norm_eps=1e-6` (the hub configs say 1e-12,
+which shifts logits slightly).
 """
 
 import json
@@ -38,6 +42,7 @@ from vit_jax.checkpoint.tree import (
   check_complete,
   config_field,
   flatten,
+  gelu_fields,
   infer_config,
   natural_key,
   shape_str,
@@ -53,6 +58,8 @@ WEIGHT_FILES = (
 )
 TORCH_SUFFIXES = ('.bin', '.pth', '.pt')
 HIDDEN_ACT = 'gelu_pytorch_tanh'  # flax nn.gelu(approximate=True)
+# `hidden_act` -> our `gelu_approximate` (transformers' ViTConfig default is 'gelu').
+HIDDEN_ACTS = {'gelu': False, 'gelu_pytorch_tanh': True, 'gelu_new': True, 'gelu_fast': True}
 LAYER_NORM_EPS = 1e-6  # flax LayerNorm default
 
 # transformers 5.x in-memory names -> the 4.x names on disk (after the `vit.` prefix).
@@ -205,6 +212,28 @@ def _read_config(path: Path) -> dict[str, Any] | None:
   return config
 
 
+def _config_of(path: Path) -> dict[str, Any] | None:
+  """The `config.json` of a model directory, or beside a weights file; None if there is none."""
+  return _read_config((path if path.is_dir() else path.parent) / 'config.json')
+
+
+def _gelu_approximate(config: Mapping[str, Any], source: Path) -> bool:
+  """Our `gelu_approximate` for the config's `hidden_act`; another activation is an error."""
+  act = config.get('hidden_act', 'gelu')
+  if act not in HIDDEN_ACTS:
+    raise CheckpointError(
+      f'{source}: config.json says hidden_act={act!r}; our models compute the GELU only'
+      f' ({", ".join(HIDDEN_ACTS)})'
+    )
+  return HIDDEN_ACTS[act]
+
+
+def model_fields(path: Path) -> dict[str, Any]:
+  """The model fields `config.json` states beyond the shapes: the GELU of its `hidden_act`."""
+  config = _config_of(path)
+  return {} if config is None else gelu_fields(_gelu_approximate(config, path))
+
+
 def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, source: str) -> int:
   if num_heads is None:
     raise CheckpointError(
@@ -286,7 +315,7 @@ def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
   """Every backbone weight is present (heads and pre_logits are optional)."""
   required = ['embedding/kernel', 'embedding/bias', 'cls', POSEMB]
   required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in range(max(block_numbers(flat), default=-1) + 1):
+  for i in block_numbers(flat):
     required += [template.format(i=i) for template, _ in _LAYER_MAP.values()]
   pairs = [('head/kernel', 'head/bias'), ('pre_logits/kernel', 'pre_logits/bias')]
   check_complete(flat, required, pairs, source, 'a ViT checkpoint')
@@ -296,13 +325,13 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
   """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
   del unused
   path = Path(path)
+  config = _config_of(path)
   if path.is_dir():
-    config = _read_config(path / 'config.json')
     weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
     if weights is None:
       raise CheckpointError(f'{path}: no {" / ".join(WEIGHT_FILES)} in this directory')
   else:
-    config, weights = _read_config(path.parent / 'config.json'), path
+    weights = path
   if config is not None and config.get('model_type', 'vit') != 'vit':
     raise CheckpointError(
       f'{path}: config.json says model_type={config.get("model_type")!r}; only plain ViT'
@@ -320,22 +349,17 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
     parts.append('4.x names')
   if config is not None:
     arch = (config.get('architectures') or ['?'])[0]
-    act, eps = config.get('hidden_act', 'gelu'), config.get('layer_norm_eps', 1e-12)
-    parts.append(f'{arch}, hidden_act={act}, layer_norm_eps={eps:g}')
-    if act != HIDDEN_ACT or eps != LAYER_NORM_EPS:
+    exact = not _gelu_approximate(config, path)
+    eps = config.get('layer_norm_eps', 1e-12)
+    parts.append(f'{arch}, {"exact" if exact else "tanh"} GELU, layer_norm_eps={eps:g}')
+    if eps != LAYER_NORM_EPS:
       logging.info(
-        '%s: config.json computes with hidden_act=%s, layer_norm_eps=%g; our models use the'
-        ' tanh GELU and eps 1e-6 that the released weights were trained with.',
+        '%s: config.json computes with layer_norm_eps=%g; our models use the eps 1e-6 that'
+        ' the released weights were trained with.',
         path,
-        act,
         eps,
       )
   return tree, 'hf (' + ', '.join(parts) + ')'
-
-
-def load(path: str | Path, *, num_heads: int | None = None) -> dict:
-  """Our parameter tree from a Hugging Face ViT directory or weights file."""
-  return read(path, num_heads=num_heads)[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,21 +367,30 @@ def load(path: str | Path, *, num_heads: int | None = None) -> dict:
 
 
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
+  if 'stem/kernel' in flat:
+    raise CheckpointError(
+      'MLP-Mixer models have no Hugging Face ViT equivalent; export them with --to=npz'
+    )
+  if 'embedding/kernel' in flat and POSEMB not in flat:
+    raise CheckpointError(
+      "a model without learned position embeddings (posemb='sincos2d') has no Hugging Face"
+      ' ViT equivalent; export it with --to=npz'
+    )
   if 'conv_root/kernel' in flat or config_field(model_config, 'resnet') is not None:
     raise CheckpointError(
-      'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to npz'
+      'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to=npz'
     )
   classifier = config_field(model_config, 'classifier', 'token')
   if classifier != 'token' or 'cls' not in flat:
     what = f'classifier={classifier!r}' if classifier != 'token' else 'a model without cls'
     raise CheckpointError(
       f"{what}: Hugging Face ViT pools the class token only (classifier='token');"
-      ' export this model with --to npz'
+      ' export this model with --to=npz'
     )
   if 'head/kernel' in flat and 'pre_logits/kernel' in flat:
     raise CheckpointError(
       'the model has both pre_logits (representation layer) and a head, which Hugging Face'
-      ' ViTForImageClassification cannot hold: drop the head (--num-classes 0) to export a'
+      ' ViTForImageClassification cannot hold: drop the head (--num_classes=0) to export a'
       ' ViTModel with pooler, or fine-tune without representation_size'
     )
   kh, kw = flat['embedding/kernel'].shape[:2]
@@ -437,7 +470,7 @@ def hf_config(
     'num_hidden_layers': layers,
     'num_attention_heads': arch.transformer.num_heads,
     'intermediate_size': arch.transformer.mlp_dim,
-    'hidden_act': HIDDEN_ACT,
+    'hidden_act': HIDDEN_ACT if config_field(model_config, 'gelu_approximate', True) else 'gelu',
     'hidden_dropout_prob': float(transformer.get('dropout_rate', 0.0)),
     'attention_probs_dropout_prob': float(transformer.get('attention_dropout_rate', 0.0)),
     'initializer_range': 0.02,

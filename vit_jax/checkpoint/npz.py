@@ -1,4 +1,4 @@
-"""Google's .npz checkpoints: the original ViT release, AugReg, and big_vision.
+"""Google's .npz checkpoints: the original ViT release, AugReg, big_vision, and MLP-Mixer.
 
 Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
 
@@ -8,7 +8,12 @@ Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
   parameters stored as (1, 1, 1, C) are flattened to (C,).
 * big_vision files: a `params/` (or `params/img/`, `opt/target/`) prefix, Linen names, blocks
   possibly scan-stacked as `Transformer/encoderblock/...` with a leading depth axis, and the
-  position embedding at the top level (`pos_embedding`).
+  position embedding at the top level (`pos_embedding`), or none (`posemb='sincos2d'`); a MAP
+  head as `MAPHead_0/...` (or inline, as during ViT-G's development: moved into `MAPHead_0`).
+  Of an image-text (two-tower) file only the image tower `params/img/` is read; the arrays
+  left out (the text tower, the temperature and bias scalars) are named in the description.
+* MLP-Mixer files (`gs://mixer_models/...`): `stem`, `MixerBlock_{i}`, `pre_head_layer_norm`,
+  `head`, in Linen names (renumbered like the others, which leaves them as they are).
 
 The big_vision position embedding. big_vision adds `pos_embedding` (1, N, D) to the patch
 tokens *before* it prepends `cls`; our model (like the original) prepends `cls` first and adds a
@@ -34,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from vit_jax.checkpoint.tree import (
+  SEP,
   CheckpointError,
   flatten,
   natural_key,
@@ -46,6 +53,10 @@ from vit_jax.files import atomic_write
 
 # Prefixes of big_vision (and older flax training) checkpoints, most specific first.
 PREFIXES = ('params/img/', 'params/', 'opt/target/')
+# A key every model has: the patch embedding of a ViT, the stem of a Mixer.
+STEMS = ('embedding/kernel', 'stem/kernel')
+# big_vision's MAP head, inline at the top level in its early checkpoints.
+MAP_HEAD = ('probe', 'MultiHeadDotProductAttention_0', 'LayerNorm_0', 'MlpBlock_0')
 # Linen name -> pre-Linen name inside an encoder block (the call order of the old model).
 PRE_LINEN_BLOCK = {
   'LayerNorm_0': 'LayerNorm_0',
@@ -111,11 +122,26 @@ def convert_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:
   return renamed
 
 
-def _strip_prefix(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+def _strip_prefix(flat: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str, str]:
+  """(the model's arrays without the prefix, the prefix, a note on the arrays left out)."""
   for prefix in PREFIXES:
-    if f'{prefix}embedding/kernel' in flat:
-      return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}, prefix
-  return flat, ''
+    if any(f'{prefix}{stem}' in flat for stem in STEMS):
+      kept = {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+      others = sorted({SEP.join(k.split(SEP)[:2]) for k in flat if not k.startswith(prefix)})
+      if not others:
+        return kept, prefix, ''
+      left = len(flat) - len(kept)
+      shown = ', '.join(others[:5]) + (', ...' if len(others) > 5 else '')
+      return kept, prefix, f'ignored {left} arrays outside {prefix!r} ({shown})'
+  return flat, '', ''
+
+
+def _inline_map_head(tree: dict[str, Any]) -> bool:
+  """A top-level `probe` and its modules -> `MAPHead_0` (big_vision `fix_old_checkpoints`)."""
+  if 'probe' not in tree:
+    return False
+  tree['MAPHead_0'] = {name: tree.pop(name) for name in MAP_HEAD if name in tree}
+  return True
 
 
 def _unstack_scan(tree: dict[str, Any]) -> bool:
@@ -138,13 +164,14 @@ def _unstack_scan(tree: dict[str, Any]) -> bool:
 
 def _fold_posemb(tree: dict[str, Any]) -> str | None:
   """Moves a big_vision position embedding to ours (module docstring); returns what was done."""
-  transformer = tree.setdefault('Transformer', {})
+  transformer = tree.get('Transformer', {})
   if 'pos_embedding' in tree:
     posemb, where = tree.pop('pos_embedding'), 'pos_embedding'
   elif 'pos_embedding' in transformer:
     posemb, where = transformer.pop('pos_embedding'), 'Transformer/pos_embedding'
   else:
     return None
+  transformer = tree.setdefault('Transformer', transformer)
   if posemb.ndim != 3 or posemb.shape[0] != 1:
     raise CheckpointError(
       f'{where} has shape {shape_str(posemb.shape)}; expected (1, tokens, hidden)'
@@ -191,28 +218,25 @@ def check_arrays(flat: Mapping[str, Any], source: str) -> None:
 
 def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[dict, str]:
   """A flat .npz dict of any Google layout -> (our tree, a description of the layout)."""
-  flat, prefix = _strip_prefix(dict(flat))
-  if 'embedding/kernel' not in flat:
+  flat, prefix, ignored = _strip_prefix(dict(flat))
+  if not any(stem in flat for stem in STEMS):
     sample = ', '.join(sorted(flat)[:4])
     raise CheckpointError(
-      f'{source}: unknown .npz layout: no embedding/kernel (with or without a params/ prefix);'
-      f' first keys: {sample or "none"}. Expected a Google ViT .npz (original, AugReg,'
-      ' big_vision)'
+      f'{source}: unknown .npz layout: no embedding/kernel or stem/kernel (with or without a'
+      f' params/ prefix); first keys: {sample or "none"}. Expected a Google ViT or MLP-Mixer'
+      ' .npz (original, AugReg, big_vision)'
     )
   check_arrays(flat, source)
-  if 'MAPHead_0/probe' in flat or 'probe' in flat:
-    raise CheckpointError(
-      f"{source}: a big_vision MAP-head model (pool_type='map'); our VisionTransformer pools"
-      " with 'token' or 'gap' only"
-    )
   pre_linen = any('/MultiHeadDotProductAttention_1/' in k or '/MlpBlock_3/' in k for k in flat)
   gn4d = _squeeze_groupnorm(flat)
   tree = convert_pre_linen(unflatten(flat))
   scanned = _unstack_scan(tree)
   posemb = _fold_posemb(tree)
+  inline_map = _inline_map_head(tree)
 
-  big_vision = bool(prefix) or scanned or posemb is not None
-  parts = ['big_vision' if big_vision else 'vit_jax']
+  big_vision = bool(prefix) or scanned or posemb is not None or inline_map
+  family = 'Mixer' if 'stem' in tree else 'big_vision' if big_vision else 'vit_jax'
+  parts = [family]
   if prefix:
     parts.append(f'prefix {prefix!r}')
   parts.append('pre-Linen names' if pre_linen else 'Linen names')
@@ -220,8 +244,13 @@ def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[
     parts.append('scan-stacked blocks')
   if posemb:
     parts.append(posemb)
+  if inline_map:
+    parts.append('inline MAP head moved to MAPHead_0')
   if gn4d:
     parts.append(f'{gn4d} GroupNorm params (1,1,1,C)')
+  if ignored:
+    parts.append(ignored)
+    logging.info('%s: %s', source, ignored)
   return tree, 'npz (' + ', '.join(parts) + ')'
 
 
@@ -229,11 +258,6 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
   """Reads a Google .npz checkpoint into our tree; returns (tree, description)."""
   del unused
   return from_flat(read_flat(path), str(path))
-
-
-def load(path: str | Path) -> dict:
-  """Our parameter tree from a Google .npz checkpoint of any released layout."""
-  return read(path)[0]
 
 
 def to_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,39 +18,28 @@ from typing import Any
 import jax
 import numpy as np
 
+from vit_jax import rundir
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import CheckpointError, flatten
 
-ITEM_FILES = ('_METADATA', 'manifest.ocdbt')
 PREFERRED_ITEMS = ('params', 'state', 'train_state')
-
-
-def _is_item(path: Path) -> bool:
-  return path.is_dir() and any((path / name).is_file() for name in ITEM_FILES)
 
 
 def _items(step: Path) -> list[Path]:
   if not step.is_dir():
     return []
-  return sorted((c for c in step.iterdir() if _is_item(c)), key=lambda c: c.name)
-
-
-def _steps(directory: Path) -> list[Path]:
-  """Finished step directories (orbax writes to a temporary name and renames when done)."""
-  if not directory.is_dir():
-    return []
-  steps = [c for c in directory.iterdir() if c.name.isdigit() and _items(c)]
-  return sorted(steps, key=lambda c: int(c.name))
+  return sorted((c for c in step.iterdir() if rundir.is_checkpoint_item(c)), key=lambda c: c.name)
 
 
 def _resolve(path: Path) -> tuple[list[Path], str]:
   """(candidate item directories, which step) for any of the accepted paths."""
-  if _is_item(path):
+  if rundir.is_checkpoint_item(path):
     return [path], path.parent.name
   if _items(path):
     return _items(path), path.name
-  for directory in (path, path / 'checkpoints'):
-    steps = _steps(directory)
+  for directory in (path, path / rundir.CHECKPOINT_DIR):
+    steps = [directory / str(s) for s in rundir.checkpoint_steps(directory)]
+    steps = [s for s in steps if _items(s)]  # finished steps (orbax's own test) with items
     if steps:
       return _items(steps[-1]), steps[-1].name
   return [], ''

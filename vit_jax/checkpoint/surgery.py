@@ -12,31 +12,32 @@ unexpected or misshapen key in one line with both shapes and the likely fix.
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+import chex
 import jax
-import ml_collections
 import numpy as np
 import scipy.ndimage
-from absl import logging
 
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  config_field,
+  describe,
   flatten,
   infer_config,
+  match_registry,
+  num_prefix_tokens,
   shape_str,
   square_side,
   token_grid,
   unflatten,
 )
 
-HEAD = ('head/kernel', 'head/bias')
+# The classifier, and DeiT's second one on the distillation token: fresh unless kept.
+HEAD = ('head/kernel', 'head/bias', 'head_dist/kernel', 'head_dist/bias')
 PRE_LOGITS = ('pre_logits/kernel', 'pre_logits/bias')
 PATCH_KERNEL = 'embedding/kernel'
-# The tokens prepended to the patches, in the model's order (DeiT adds `dist_token` after `cls`).
-PREFIX_TOKENS = ('cls', 'dist_token')
 
 
 @dataclasses.dataclass
@@ -66,14 +67,6 @@ class LoadReport:
 
   def __str__(self) -> str:
     return '\n'.join(self.lines())
-
-
-def _get(config: Any, name: str, default: Any = None) -> Any:
-  if config is None:
-    return default
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.get(name, default)
-  return config.get(name, default) if isinstance(config, Mapping) else default
 
 
 def resize_posemb(
@@ -147,31 +140,6 @@ def resample_patch_embedding(kernel: np.ndarray, new_hw: tuple[int, int]) -> np.
   return new.reshape(nh, nw, *kernel.shape[2:]).astype(kernel.dtype)
 
 
-def _prefix_tokens(flat: Mapping[str, Any]) -> tuple[str, ...]:
-  """The tokens a tree prepends to the patches, in order; each has a position-embedding row."""
-  return tuple(token for token in PREFIX_TOKENS if token in flat)
-
-
-def _match_prefix_rows(
-  posemb: np.ndarray,
-  old_tokens: tuple[str, ...],
-  new_tokens: tuple[str, ...],
-  init_posemb: np.ndarray | None,
-) -> np.ndarray:
-  """A (1, old prefix + grid, D) embedding with the prefix rows of `new_tokens`: the
-  checkpoint's row of each token it has, else the initial row (zeros when init is abstract)."""
-  rows = []
-  for i, token in enumerate(new_tokens):
-    if token in old_tokens:
-      j = old_tokens.index(token)
-      rows.append(posemb[:, j : j + 1])
-    elif init_posemb is not None:
-      rows.append(init_posemb[:, i : i + 1].astype(posemb.dtype))
-    else:
-      rows.append(np.zeros((1, 1, posemb.shape[2]), posemb.dtype))
-  return np.concatenate([*rows, posemb[:, len(old_tokens) :]], axis=1)
-
-
 def _is_abstract(x: Any) -> bool:
   return isinstance(x, jax.ShapeDtypeStruct)
 
@@ -179,27 +147,207 @@ def _is_abstract(x: Any) -> bool:
 class _Hints:
   """Lazily names what the checkpoint is, for error messages."""
 
-  def __init__(self, restored: Mapping[str, Any], model_config: Any):
-    self._restored = restored
-    self._model = _get(model_config, 'model_name')
+  def __init__(self, restored: Mapping[str, Any], init: Mapping[str, Any]):
+    self._restored, self._init = restored, init
     self._text: str | None = None
 
   def __str__(self) -> str:
     if self._text is None:
-      try:
-        config = infer_config(self._restored)
-      except CheckpointError:
-        config = None
-      if config is None:
-        self._text = ''
-      elif config.model_name and config.model_name != self._model:
-        self._text = f'; the checkpoint is a {config.model_name}: choose that model (--model)'
-      else:
-        t = config.transformer
-        layers = f', {t.num_layers} layers, {t.num_heads} heads' if t else ''
-        patch = 'x'.join(map(str, config.patches.size))
-        self._text = f'; the checkpoint has hidden_size {config.hidden_size}{layers}, patch {patch}'
+      self._text = self._hint()
     return self._text
+
+  def _hint(self) -> str:
+    try:
+      config = infer_config(self._restored)
+    except CheckpointError:
+      return ''
+    name = match_registry(config)
+    try:
+      model = match_registry(infer_config(self._init))
+    except CheckpointError:
+      model = None
+    if name and name != model:
+      return f'; the checkpoint is a {name}: choose that model (--model)'
+    return f'; the checkpoint has {describe(config)}'
+
+
+class _Merge:
+  """The state of one `merge_pretrained`: checkpoint keys still to place, and the output."""
+
+  def __init__(self, restored, init_params, model_config, dont_load, source):
+    self.ckpt = dict(flatten(restored))
+    self.init = flatten(init_params)
+    self.config = model_config
+    self.source = source
+    self.keep = [re.compile(p) for p in dont_load]
+    self.report = LoadReport(source=source)
+    self.hints = _Hints(self.ckpt, self.init)
+    self.out: dict[str, Any] = {}
+
+  def kept(self, key: str) -> bool:
+    return any(p.search(key) for p in self.keep)
+
+  def init_value(self, key: str) -> Any:
+    """The model's initial value of `key`; for an abstract leaf only the head has one."""
+    spec = self.init[key]
+    if not _is_abstract(spec):
+      return spec
+    if key in HEAD and key.endswith('/kernel'):
+      return np.zeros(spec.shape, spec.dtype)
+    if key in HEAD:
+      return np.full(spec.shape, config_field(self.config, 'head_bias_init', 0.0), spec.dtype)
+    raise CheckpointError(
+      f'{key} must keep its initial value but init_params holds only its shape'
+      f' {shape_str(spec.shape)}: pass concretely initialised params'
+    )
+
+  def fresh(self, key: str) -> None:
+    """`key` keeps its initial value; the checkpoint's, if any, is dropped."""
+    self.out[key] = self.init_value(key)
+    self.report.fresh.append(key)
+    self.drop(key)
+
+  def drop(self, key: str) -> None:
+    if key in self.ckpt:
+      self.report.dropped.append(key)
+      del self.ckpt[key]
+
+  def check_shapes(self) -> None:
+    """Names and shapes match, but for the head, keys kept at init and the resizable
+    embeddings; the patch embedding comes first, as the most telling."""
+    for key in sorted(self.ckpt, key=lambda k: k != PATCH_KERNEL):
+      if key not in self.init or key in HEAD or self.kept(key):
+        continue
+      old, new = tuple(self.ckpt[key].shape), tuple(self.init[key].shape)
+      resizable = (key == POSEMB and len(old) == len(new) == 3 and old[::2] == new[::2]) or (
+        key == PATCH_KERNEL and len(old) == len(new) == 4 and old[2:] == new[2:]
+      )
+      if old != new and not resizable:
+        why = str(self.hints)
+        if '/token_mixing/Dense_0/' in key:  # Mixer: S patches in, S patches out
+          why = f"; a Mixer's token-mixing MLP is sized for the {old[0]} patches it was trained on"
+          why += ': use the resolution of the checkpoint'
+        raise CheckpointError(
+          f'{self.source}: {key} has shape {shape_str(old)} in the checkpoint but'
+          f' {shape_str(new)} in the model{why}'
+        )
+
+  def place_head(self, keep_head: bool) -> None:
+    """The head: fresh unless asked to keep it; a headless model drops the checkpoint's. The
+    drop-head variant: a model without a representation layer drops `pre_logits`."""
+    for key in HEAD:
+      if key not in self.init:
+        self.drop(key)
+      elif not keep_head:
+        self.fresh(key)
+      elif key not in self.ckpt:
+        raise CheckpointError(
+          f'{self.source}: keep_head=True but the checkpoint has no {key}: use keep_head=False'
+        )
+      elif tuple(self.ckpt[key].shape) != tuple(self.init[key].shape):
+        raise CheckpointError(
+          f'{self.source}: keep_head=True but checkpoint {key}'
+          f" {shape_str(self.ckpt[key].shape)} does not fit the model's"
+          f" {shape_str(self.init[key].shape)}: set num_classes to the checkpoint's or use"
+          ' keep_head=False for a fresh head'
+        )
+    for key in PRE_LOGITS:
+      if key not in self.init:
+        self.drop(key)
+    for key in self.init:
+      if key not in self.out and self.kept(key):
+        self.fresh(key)
+
+  def resize_posemb(self, image_size, pretrained_grid) -> None:
+    """Position embeddings of another grid, or with other prefix rows (`cls`, `dist_token`)."""
+    if POSEMB not in self.ckpt or POSEMB not in self.init:
+      return
+    old, new = self.ckpt[POSEMB], self.init[POSEMB]
+    old_prefix, new_prefix = num_prefix_tokens(self.ckpt), num_prefix_tokens(self.init)
+    if tuple(old.shape) == tuple(new.shape) and old_prefix == new_prefix:
+      return
+    grid = self._grid(new, new_prefix, image_size)
+    resized = resize_posemb(old, grid, pretrained_grid, old_prefix)
+    if new_prefix != old_prefix:  # prefix rows the checkpoint lacks keep their init (or 0)
+      keep = min(old_prefix, new_prefix)
+      extra = np.zeros((1, new_prefix - keep, new.shape[2]), resized.dtype)
+      if not _is_abstract(new):
+        extra = np.asarray(self.init_value(POSEMB))[:, keep:new_prefix]
+      resized = np.concatenate([resized[:, :keep], extra, resized[:, old_prefix:]], axis=1)
+    if tuple(old.shape) != tuple(resized.shape):
+      self.report.resized.append((POSEMB, tuple(old.shape), tuple(resized.shape)))
+    self.ckpt[POSEMB] = resized
+
+  def _grid(self, posemb: Any, prefix: int, image_size) -> tuple[int, int]:
+    """The model's token grid: from `image_size`, else the square its embedding implies."""
+    if image_size is not None:
+      grid = token_grid(self.config, image_size)
+    else:
+      side = square_side(posemb.shape[1] - prefix)
+      if side is None:
+        raise CheckpointError(
+          f"{self.source}: the model's {POSEMB} {shape_str(posemb.shape)} is not a square"
+          ' grid: pass image_size=(height, width)'
+        )
+      grid = (side, side)
+    if grid[0] * grid[1] + prefix != posemb.shape[1]:
+      raise CheckpointError(
+        f'{self.source}: image_size {image_size} gives a {grid[0]}x{grid[1]} grid, but the'
+        f' model has {posemb.shape[1] - prefix} position embeddings: pass the size the model'
+        ' was initialised at'
+      )
+    return grid
+
+  def resize_patch_embedding(self, resize: bool) -> None:
+    """The patch embedding of another patch size: resampled (FlexiViT) or an error."""
+    if PATCH_KERNEL not in self.ckpt or PATCH_KERNEL not in self.init:
+      return
+    old, new = self.ckpt[PATCH_KERNEL], self.init[PATCH_KERNEL]
+    if tuple(old.shape) == tuple(new.shape):
+      return
+    if not resize:
+      raise CheckpointError(
+        f'{self.source}: {PATCH_KERNEL} has shape {shape_str(old.shape)} in the checkpoint but'
+        f' {shape_str(new.shape)} in the model: another patch size{self.hints}; or pass'
+        ' resize_patch_embedding=True to resample it (FlexiViT)'
+      )
+    self.ckpt[PATCH_KERNEL] = resample_patch_embedding(old, tuple(new.shape[:2]))
+    self.report.resized.append((PATCH_KERNEL, tuple(old.shape), tuple(new.shape)))
+
+  def check_complete(self, strict: bool) -> None:
+    """Missing and unexpected keys: errors when `strict`, else reported (missing keep init)."""
+    missing = [k for k in self.init if k not in self.out and k not in self.ckpt]
+    unexpected = [k for k in self.ckpt if k not in self.init]
+    if missing and strict:
+      key = missing[0]
+      fix = (
+        'set representation_size=None (drop-head variant)'
+        if key.startswith('pre_logits/')
+        else 'pass strict=False or dont_load to keep initial values'
+      )
+      raise CheckpointError(
+        f'{self.source}: the checkpoint lacks {len(missing)} model parameter(s), e.g. {key}'
+        f' {shape_str(self.init[key].shape)}{self.hints}; or {fix}'
+      )
+    if unexpected and strict:
+      key = unexpected[0]
+      raise CheckpointError(
+        f'{self.source}: {len(unexpected)} checkpoint parameter(s) have no place in the model,'
+        f' e.g. {key} {shape_str(self.ckpt[key].shape)}{self.hints}; or pass strict=False to'
+        ' drop them'
+      )
+    for key in missing:
+      self.out[key] = self.init_value(key)
+    self.report.missing, self.report.unexpected = missing, unexpected
+
+  def params(self) -> dict:
+    """The model's tree: every key not placed yet from the checkpoint, in the init's dtype."""
+    for key, spec in self.init.items():
+      if key not in self.out:
+        value = np.asarray(self.ckpt[key])
+        self.out[key] = value.astype(spec.dtype, copy=False) if value.dtype != spec.dtype else value
+        self.report.loaded.append(key)
+    return unflatten({k: self.out[k] for k in self.init})
 
 
 def merge_pretrained(
@@ -222,8 +370,8 @@ def merge_pretrained(
     init_params: the model's initialised tree; its leaves may be `jax.ShapeDtypeStruct`s
       (from `jax.eval_shape`) where no initial value is needed (a fresh head is zeros with
       bias `head_bias_init`, as the model initialises it).
-    model_config: the model's ConfigDict (read: `classifier`, `head_bias_init`, `model_name`,
-      and `patches`/`resnet` when `image_size` is given).
+    model_config: the model's ConfigDict (read: `head_bias_init`, and `patches`/`resnet`
+      when `image_size` is given).
     keep_head: keep the checkpoint's head; its class count must equal the model's.
     dont_load: regexes of flat keys that keep their initial values (big_vision's `dont_load`).
     strict: missing or unexpected keys are errors; with False they are reported, missing ones
@@ -239,182 +387,13 @@ def merge_pretrained(
     (params, report): `params` is a nested dict with the keys of `init_params`; loaded leaves
     are numpy arrays in the dtype of the initial leaf, leaves kept at init are the init's.
   """
-  ckpt = dict(flatten(restored))
-  init = flatten(init_params)
-  report = LoadReport(source=source)
-  hints = _Hints(ckpt, model_config)
-  keep = [re.compile(p) for p in dont_load]
-  out: dict[str, Any] = {}
-
-  def init_value(key: str) -> Any:
-    spec = init[key]
-    if not _is_abstract(spec):
-      return spec
-    if key == 'head/kernel':
-      return np.zeros(spec.shape, spec.dtype)
-    if key == 'head/bias':
-      return np.full(spec.shape, _get(model_config, 'head_bias_init', 0.0), spec.dtype)
-    raise CheckpointError(
-      f'{key} must keep its initial value but init_params holds only its shape'
-      f' {shape_str(spec.shape)}: pass concretely initialised params'
-    )
-
-  # Names and shapes must match, but for the head (below), keys kept at init, and the
-  # embeddings resized below; the patch embedding comes first, as the most telling.
-  for key in sorted(ckpt, key=lambda k: k != PATCH_KERNEL):
-    if key not in init or key in HEAD or any(p.search(key) for p in keep):
-      continue
-    old, new = tuple(ckpt[key].shape), tuple(init[key].shape)
-    resizable = (key == POSEMB and len(old) == len(new) == 3 and old[::2] == new[::2]) or (
-      key == PATCH_KERNEL and len(old) == len(new) == 4 and old[2:] == new[2:]
-    )
-    if old != new and not resizable:
-      raise CheckpointError(
-        f'{source}: {key} has shape {shape_str(old)} in the checkpoint but {shape_str(new)} in'
-        f' the model{hints}'
-      )
-
-  # The head: fresh unless asked to keep it; a headless model drops the checkpoint's.
-  for key in HEAD:
-    if key in init:
-      if keep_head:
-        if key not in ckpt:
-          raise CheckpointError(
-            f'{source}: keep_head=True but the checkpoint has no {key}: use keep_head=False'
-          )
-        if tuple(ckpt[key].shape) != tuple(init[key].shape):
-          raise CheckpointError(
-            f'{source}: keep_head=True but checkpoint {key} {shape_str(ckpt[key].shape)} does'
-            f" not fit the model's {shape_str(init[key].shape)}: set num_classes to the"
-            " checkpoint's or use keep_head=False for a fresh head"
-          )
-      else:
-        out[key] = init_value(key)
-        report.fresh.append(key)
-        if key in ckpt:
-          report.dropped.append(key)
-          del ckpt[key]
-    elif key in ckpt:
-      report.dropped.append(key)
-      del ckpt[key]
-
-  # The drop-head variant: a model without a representation layer drops `pre_logits`.
-  for key in PRE_LOGITS:
-    if key in ckpt and key not in init:
-      report.dropped.append(key)
-      del ckpt[key]
-
-  # Keys the caller keeps at init.
-  for key in init:
-    if key not in out and any(p.search(key) for p in keep):
-      out[key] = init_value(key)
-      report.fresh.append(key)
-      if key in ckpt:
-        report.dropped.append(key)
-        del ckpt[key]
-
-  if strict and 'dist_token' in ckpt and 'dist_token' not in init:
-    raise CheckpointError(
-      f'{source}: a distilled (DeiT) checkpoint: its dist_token'
-      f' {shape_str(ckpt["dist_token"].shape)} and head_dist have no place in this model, which'
-      ' has no distillation token; or pass strict=False to drop them'
-    )
-
-  # Position embeddings on another grid.
-  if POSEMB in ckpt and POSEMB in init:
-    old, new = ckpt[POSEMB], init[POSEMB]
-    old_tokens, new_tokens = _prefix_tokens(ckpt), _prefix_tokens(init)
-    old_prefix, new_prefix = len(old_tokens), len(new_tokens)
-    if tuple(old.shape) != tuple(new.shape) or old_tokens != new_tokens:
-      if image_size is not None:
-        grid = token_grid(model_config, image_size)
-      else:
-        side = square_side(new.shape[1] - new_prefix)
-        if side is None:
-          raise CheckpointError(
-            f"{source}: the model's {POSEMB} {shape_str(new.shape)} is not a square grid:"
-            ' pass image_size=(height, width)'
-          )
-        grid = (side, side)
-      if grid[0] * grid[1] + new_prefix != new.shape[1]:
-        raise CheckpointError(
-          f'{source}: image_size {image_size} gives a {grid[0]}x{grid[1]} grid, but the model'
-          f' has {new.shape[1] - new_prefix} position embeddings: pass the size the model was'
-          ' initialised at'
-        )
-      resized = resize_posemb(old, grid, pretrained_grid, old_prefix)
-      init_rows = None if _is_abstract(new) else np.asarray(init_value(POSEMB))
-      resized = _match_prefix_rows(resized, old_tokens, new_tokens, init_rows)
-      if tuple(old.shape) != tuple(resized.shape):
-        report.resized.append((POSEMB, tuple(old.shape), tuple(resized.shape)))
-      ckpt[POSEMB] = resized
-
-  # The patch embedding of another patch size (FlexiViT).
-  if PATCH_KERNEL in ckpt and PATCH_KERNEL in init:
-    old, new = ckpt[PATCH_KERNEL], init[PATCH_KERNEL]
-    if tuple(old.shape) != tuple(new.shape):
-      if resize_patch_embedding:
-        ckpt[PATCH_KERNEL] = resample_patch_embedding(old, tuple(new.shape[:2]))
-        report.resized.append((PATCH_KERNEL, tuple(old.shape), tuple(new.shape)))
-      else:
-        raise CheckpointError(
-          f'{source}: {PATCH_KERNEL} has shape {shape_str(old.shape)} in the checkpoint but'
-          f' {shape_str(new.shape)} in the model: another patch size{hints}; or pass'
-          ' resize_patch_embedding=True to resample it (FlexiViT)'
-        )
-
-  missing = [k for k in init if k not in out and k not in ckpt]
-  unexpected = [k for k in ckpt if k not in init]
-  if missing and strict:
-    key = missing[0]
-    fix = (
-      'set representation_size=None (drop-head variant)'
-      if key.startswith('pre_logits/')
-      else 'pass strict=False or dont_load to keep initial values'
-    )
-    raise CheckpointError(
-      f'{source}: the checkpoint lacks {len(missing)} model parameter(s), e.g. {key}'
-      f' {shape_str(init[key].shape)}{hints}; or {fix}'
-    )
-  if unexpected and strict:
-    key = unexpected[0]
-    raise CheckpointError(
-      f'{source}: {len(unexpected)} checkpoint parameter(s) have no place in the model, e.g.'
-      f' {key} {shape_str(ckpt[key].shape)}{hints}; or pass strict=False to drop them'
-    )
-  for key in missing:
-    out[key] = init_value(key)
-  report.missing, report.unexpected = missing, unexpected
-
-  for key, spec in init.items():
-    if key in out:
-      continue
-    value = np.asarray(ckpt[key])
-    out[key] = value.astype(spec.dtype, copy=False) if value.dtype != spec.dtype else value
-    report.loaded.append(key)
-  return unflatten({k: out[k] for k in init}), report
-
-
-def load_pretrained(
-  path: str | Path,
-  init_params: Mapping[str, Any],
-  model_config: Any,
-  keep_head: bool = False,
-  **kwargs: Any,
-) -> dict:
-  """Reads the checkpoint at `path` (any supported format) and fits it to the model.
-
-  The original vit_jax `load_pretrained` semantics (see `merge_pretrained` for the options);
-  the report of fresh, dropped, missing, unexpected and resized keys is logged.
-  """
-  from vit_jax.checkpoint import read
-
-  transformer = _get(model_config, 'transformer') or {}
-  restored, description = read(path, num_heads=_get(transformer, 'num_heads'))
-  params, report = merge_pretrained(
-    restored, init_params, model_config, keep_head, source=str(path), **kwargs
-  )
-  logging.info('load_pretrained: %s', description)
-  for line in report.lines():
-    logging.info('load_pretrained: %s', line)
-  return params
+  merge = _Merge(restored, init_params, model_config, dont_load, source)
+  merge.check_shapes()
+  merge.place_head(keep_head)
+  merge.resize_posemb(image_size, pretrained_grid)
+  merge.resize_patch_embedding(resize_patch_embedding)
+  merge.check_complete(strict)
+  params = merge.params()
+  # Leaf for leaf the model's tree (compared as plain dicts: init_params may be a FrozenDict).
+  chex.assert_trees_all_equal_shapes_and_dtypes(params, unflatten(merge.init))
+  return params, merge.report

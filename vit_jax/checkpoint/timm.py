@@ -23,12 +23,17 @@ scale, qk-norm, register tokens, pre-norm, attention pooling) is refused in one 
 
 The number of heads is not in the weights: it comes from the caller, else from the
 `config.json` timm keeps beside its weights (`model_args.num_heads`, or the architecture name).
+So does the GELU: `model_args.act_layer` ('gelu_tanh': our default tanh approximation; 'gelu',
+timm's default when the config names none: `gelu_approximate=False`). A weights file without
+config.json states no activation, and our default holds. A file without q/k/v biases
+(`qkv_bias=False`) loads with zero biases, which compute the same.
 
 Exports write `model.safetensors` and a `config.json` in timm's hub format whose `model_args`
-are the `timm.create_model` arguments that reproduce our logits, among them the tanh GELU
-(`act_layer='gelu_tanh'`; timm's default is the exact GELU) and timm's LayerNorm with
-epsilon 1e-6 (`norm_layer='layernorm'`) that the released weights were trained with:
-`timm.create_model('local-dir:DIR', pretrained=True)` loads the folder.
+are the `timm.create_model` arguments that reproduce our logits, among them the model's GELU
+(`act_layer='gelu_tanh'`, that the released weights were trained with, unless
+`gelu_approximate=False`: 'gelu') and timm's LayerNorm with epsilon 1e-6
+(`norm_layer='layernorm'`): `timm.create_model('local-dir:DIR', pretrained=True)` loads the
+folder.
 """
 
 import json
@@ -39,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from absl import logging
 
 from vit_jax.checkpoint import hf
 from vit_jax.checkpoint.npz import check_arrays
@@ -50,15 +54,21 @@ from vit_jax.checkpoint.tree import (
   check_complete,
   config_field,
   flatten,
+  gelu_fields,
   infer_config,
   natural_key,
+  num_prefix_tokens,
   shape_str,
   square_side,
   unflatten,
 )
 
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
-ACT_LAYER = 'gelu_tanh'  # flax nn.gelu(approximate=True)
+# timm's `act_layer` -> our `gelu_approximate`; timm's ViT and DeiT default to 'gelu'.
+ACT_LAYERS = {'gelu': False, 'gelu_tanh': True}
+# Architectures whose default activation differs between names (SigLIP: 'gelu_tanh' for some,
+# 'gelu' for others; CLIP: 'quick_gelu'): their GELU must be in `model_args`.
+_ARCH_ACT_VARIES = re.compile(r'siglip|quickgelu')
 NORM_LAYER = 'layernorm'  # timm.layers.LayerNorm, epsilon 1e-6 as flax's
 # The heads of timm's ViT and DeiT architectures, by the size in their names.
 HEADS_BY_SIZE = {
@@ -203,6 +213,29 @@ def _global_pool(config: Mapping[str, Any] | None) -> str | None:
   return config.get('global_pool', (config.get('model_args') or {}).get('global_pool'))
 
 
+def _gelu_approximate(config: Mapping[str, Any], source: Path) -> bool:
+  """Our `gelu_approximate` for the activation timm computes the config's model with."""
+  arch = str(config.get('architecture'))
+  act = (config.get('model_args') or {}).get('act_layer')
+  if act is None and _ARCH_ACT_VARIES.search(arch):
+    raise CheckpointError(
+      f"{source}: config.json names no act_layer, and {arch}'s depends on the variant: add"
+      " model_args.act_layer ('gelu' or 'gelu_tanh') to it"
+    )
+  act = 'gelu' if act is None else act
+  if act not in ACT_LAYERS:
+    raise CheckpointError(
+      f'{source}: act_layer={act!r}; our models compute the GELU only ({", ".join(ACT_LAYERS)})'
+    )
+  return ACT_LAYERS[act]
+
+
+def model_fields(path: Path) -> dict[str, Any]:
+  """The model fields timm's `config.json` states beyond the shapes: the GELU it computes."""
+  config = _read_config((path if path.is_dir() else path.parent) / 'config.json')
+  return {} if config is None else gelu_fields(_gelu_approximate(config, path))
+
+
 def _check_pooling(state: Mapping[str, Any], global_pool: str | None, source: str) -> None:
   """timm's `global_pool` (from its config, or implied by the tokens) is one of ours.
 
@@ -332,16 +365,26 @@ def from_timm_state_dict(
       if ours in flat:
         raise CheckpointError(f'{source}: {key!r} maps to {ours!r}, which another key already set')
       flat[ours] = array
+  if not any(k.endswith('.attn.qkv.bias') for k in state):  # qkv_bias=False
+    _zero_qkv_biases(flat)
   check_arrays(flat, source)
   _check_complete(flat, source)
   return unflatten(flat)
+
+
+def _zero_qkv_biases(flat: dict[str, np.ndarray]) -> None:
+  """Zero q/k/v biases (timm's `qkv_bias=False`) for every block with a query kernel."""
+  for key in [k for k in flat if k.endswith('/query/kernel')]:
+    kernel = flat[key]
+    for name in _QKV:
+      flat[key.replace('/query/kernel', f'/{name}/bias')] = np.zeros(kernel.shape[1:], kernel.dtype)
 
 
 def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
   """Every backbone weight is present; heads come in (weight, bias) pairs."""
   required = ['embedding/kernel', 'embedding/bias', POSEMB]
   required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in range(max(block_numbers(flat), default=-1) + 1):
+  for i in block_numbers(flat):
     required += [template.format(i=i) for template, _ in _BLOCK_MAP.values()]
     required += [f'{_ATTN.format(i=i)}/{n}/{leaf}' for n in _QKV for leaf in ('kernel', 'bias')]
   pairs = [('head/kernel', 'head/bias'), ('head_dist/kernel', 'head_dist/bias')]
@@ -369,16 +412,13 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
   )
 
   parts = [weights.name, f'{len(state)} tensors', 'qkv split into query/key/value']
-  if config is not None:
-    act = (config.get('model_args') or {}).get('act_layer', 'gelu')
-    parts.append(f'{config["architecture"]}, act_layer={act}')
-    if act != ACT_LAYER:
-      logging.info(
-        '%s: timm computes this model with act_layer=%s; our models use the tanh GELU that'
-        ' the released weights were trained with.',
-        path,
-        act,
-      )
+  if not any(k.endswith('.attn.qkv.bias') for k in state):
+    parts.append('no qkv bias: zeros')
+  if config is None:
+    parts.append('no config.json: tanh GELU')
+  else:
+    gelu = 'tanh' if _gelu_approximate(config, path) else 'exact'
+    parts.append(f'{config["architecture"]}, {gelu} GELU')
   return tree, 'timm (' + ', '.join(parts) + ')'
 
 
@@ -463,8 +503,7 @@ def _architecture(size: str | None, patch: tuple[int, int], distilled: bool) -> 
 def _image_size(flat: Mapping[str, Any], image_size: int | tuple[int, int] | None) -> list[int]:
   """[height, width]: `image_size`, or the square the position embeddings are laid out for."""
   if image_size is None:
-    num_prefix = int('cls' in flat) + int('dist_token' in flat)
-    side = square_side(flat[POSEMB].shape[1] - num_prefix)
+    side = square_side(flat[POSEMB].shape[1] - num_prefix_tokens(flat))
     if side is None:
       raise CheckpointError(
         f'{POSEMB} {shape_str(flat[POSEMB].shape)} is not a square grid: pass'
@@ -518,7 +557,7 @@ def timm_config(
     'global_pool': _GLOBAL_POOL[classifier],
     'fc_norm': False,
     'num_classes': num_classes,
-    'act_layer': ACT_LAYER,
+    'act_layer': 'gelu_tanh' if config_field(model_config, 'gelu_approximate', True) else 'gelu',
     'norm_layer': NORM_LAYER,
   }
   size = _SIZES.get((d, t.num_layers, t.num_heads))

@@ -15,9 +15,7 @@ same on every host, so every example counts exactly once.
 
 import dataclasses
 import math
-from collections.abc import Iterator
 
-import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import preprocess
@@ -203,8 +201,3 @@ def eval_dataset(
   ds = records.map(process, num_parallel_calls=tf.data.AUTOTUNE).concatenate(padding)
   ds = ds.batch(local_batch, drop_remainder=True).take(batches).prefetch(prefetch)
   return ds.with_options(_options())
-
-
-def as_numpy(ds: tf.data.Dataset) -> Iterator[dict[str, np.ndarray]]:
-  """Iterates a tf.data dataset as dicts of numpy arrays."""
-  return ds.as_numpy_iterator()

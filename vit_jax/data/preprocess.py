@@ -1,7 +1,8 @@
 """Preprocessing of the original vit_jax input pipeline, with stateless (seeded) randomness.
 
-Training: inception crop (a random box covering `area_range` of the image, aspect ratio
-3/4 to 4/3), resize to `crop` x `crop`, random horizontal flip, pixels to [-1, 1].
+Decoding: JPEG, PNG, GIF (first frame) or BMP bytes to uint8 RGB. Training: inception crop
+(a random box covering `area_range` of the image, aspect ratio 3/4 to 4/3), resize to `crop` x
+`crop`, random horizontal flip, pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
 
 Every random op takes an explicit seed, so the same example at the same stream position
@@ -10,7 +11,22 @@ gets the same augmentation in an uninterrupted and in a resumed run.
 
 import math
 
+import numpy as np
 import tensorflow as tf
+
+
+def decode(encoded: tf.Tensor) -> tf.Tensor:
+  """Encoded image bytes to uint8 (H, W, 3): grey is repeated, alpha dropped."""
+  return tf.io.decode_image(encoded, channels=3, expand_animations=False)
+
+
+def decode_file(path: str) -> np.ndarray | None:
+  """An image file decoded by `decode` (eagerly), or None when TensorFlow cannot read or
+  decode it."""
+  try:
+    return decode(tf.io.read_file(path)).numpy()
+  except tf.errors.OpError:
+    return None
 
 
 def value_range(image: tf.Tensor) -> tf.Tensor:

@@ -7,7 +7,6 @@ decodes an image to uint8 HxWx3. Nothing here is random.
 
 import abc
 import difflib
-import importlib
 import math
 import os
 import re
@@ -15,12 +14,9 @@ import re
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import digits
+from vit_jax.data import digits, preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
-# Dataset name prefixes read by another module's `source(name, data_dir)`: 'vtab/<task>' are
-# the VTAB-1k tasks, whose labels need task-specific preprocessing.
-SOURCE_PLUGINS = {'vtab': 'vit_jax.reproduce.vtab'}
 # A digits split, optionally sliced like tfds: 'train', 'train[:90%]', 'train[1000:]'.
 _DIGITS_SPLIT = re.compile(r'^(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?$')
 
@@ -57,7 +53,11 @@ class Source(abc.ABC):
 
   def decode(self, image: tf.Tensor) -> tf.Tensor:
     """A raw record's image as uint8 (H, W, 3)."""
-    return tf.io.decode_image(image, channels=3, expand_animations=False)
+    return preprocess.decode(image)
+
+  def class_names(self) -> list[str]:
+    """The name of each label, in label order (the label itself where none is known)."""
+    return [str(i) for i in range(self.num_classes)]
 
 
 class DigitsSource(Source):
@@ -147,8 +147,11 @@ class FolderSource(Source):
   def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
     return len(self._files(split)[1][process_index::process_count])
 
+  def class_names(self) -> list[str]:
+    return list(self.classes)
+
   def decode(self, image: tf.Tensor) -> tf.Tensor:
-    return tf.io.decode_image(tf.io.read_file(image), channels=3, expand_animations=False)
+    return preprocess.decode(tf.io.read_file(image))
 
 
 class TfdsSource(Source):
@@ -160,6 +163,14 @@ class TfdsSource(Source):
     label = self.builder.info.features['label']
     self.num_classes = label.num_classes
     self._counts: dict[tuple[str, int, int], int] = {}
+
+  def class_names(self) -> list[str]:
+    """The label names the builder declares, if it declares one per class."""
+    try:
+      names = list(self.builder.info.features['label'].names)
+    except (KeyError, AttributeError):  # no 'label' feature, or not a ClassLabel
+      names = []
+    return names if len(names) == self.num_classes else super().class_names()
 
   def _split(self, split: str, process_index: int, process_count: int):
     if process_count == 1:
@@ -196,14 +207,16 @@ class TfdsSource(Source):
 
 
 def get_source(dataset: str, data_dir: str | None = None) -> Source:
-  """'digits', a folder `root/<split>/<class>/*.jpg`, or a tfds name ('cifar10', 'imagenet2012')."""
+  """'digits', a folder `root/<split>/<class>/*.jpg`, a VTAB-1k task ('vtab/dtd'), or a tfds
+  name ('cifar10', 'imagenet2012')."""
   if not dataset:
     raise ValueError('No dataset: set --config.dataset (digits, a tfds name, or an image folder).')
   if dataset == 'digits':
     return DigitsSource()
-  prefix, _, name = dataset.partition('/')
-  if prefix in SOURCE_PLUGINS:
-    return importlib.import_module(SOURCE_PLUGINS[prefix]).source(name, data_dir)
+  if dataset.startswith('vtab/'):  # the VTAB-1k tasks: labels and splits of their own
+    from vit_jax.data import vtab  # it builds on this module's TfdsSource
+
+    return vtab.VtabSource(dataset.removeprefix('vtab/'), data_dir)
   if os.path.isdir(dataset):
     return FolderSource(dataset)
   if '/' in dataset or dataset.startswith('.'):

@@ -1,14 +1,25 @@
 """The model zoo: `MODEL_CONFIGS` (name -> ConfigDict) and `get_model`."""
 
+import dataclasses
 import difflib
 from typing import Any
 
+import flax.linen as nn
 import ml_collections
 
 from vit_jax.models.configs import MODEL_CONFIGS
+from vit_jax.models.mixer import MlpMixer, is_mixer
 from vit_jax.models.vit import VisionTransformer
 
-__all__ = ['MODEL_CONFIGS', 'VisionTransformer', 'get_config', 'get_model']
+__all__ = [
+  'MODEL_CONFIGS',
+  'MlpMixer',
+  'VisionTransformer',
+  'get_config',
+  'get_model',
+  'is_mixer',
+  'model_class',
+]
 
 
 def get_config(name: str) -> ml_collections.ConfigDict:
@@ -28,13 +39,17 @@ def _frozen(value: Any) -> Any:
   return value
 
 
-def model_from_config(
-  config: ml_collections.ConfigDict | dict, **overrides: Any
-) -> VisionTransformer:
+def model_class(config: ml_collections.ConfigDict | dict) -> type[nn.Module]:
+  """`MlpMixer` for a Mixer config (it has `num_blocks`), else `VisionTransformer`."""
+  return MlpMixer if is_mixer(config) else VisionTransformer
+
+
+def model_from_config(config: ml_collections.ConfigDict | dict, **overrides: Any) -> nn.Module:
   """Builds the module from a config whose fields are constructor arguments.
 
   Overrides replace fields; a dict override of a nested field (e.g.
-  `transformer={'dropout_rate': 0.0}`) updates only the keys it names.
+  `transformer={'dropout_rate': 0.0}`) updates only the keys it names. A field the model
+  class does not have is a TypeError that lists the fields it has.
   """
   kwargs = dict(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config)
   for key, value in overrides.items():
@@ -46,9 +61,16 @@ def model_from_config(
     else:
       kwargs[key] = value
   kwargs.setdefault('num_classes', None)
-  return VisionTransformer(**{k: _frozen(v) for k, v in kwargs.items()})
+  cls = model_class(kwargs)
+  fields = {f.name for f in dataclasses.fields(cls) if f.init} - {'parent', 'name'}
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise TypeError(
+      f'{cls.__name__} has no field {", ".join(unknown)}; its fields: {sorted(fields)}'
+    )
+  return cls(**{k: _frozen(v) for k, v in kwargs.items()})
 
 
-def get_model(name: str, **overrides: Any) -> VisionTransformer:
+def get_model(name: str, **overrides: Any) -> nn.Module:
   """The registered model `name`, e.g. `get_model('ViT-B_16', num_classes=1000)`."""
   return model_from_config(get_config(name), **overrides)

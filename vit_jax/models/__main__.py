@@ -1,19 +1,30 @@
 """Prints the model zoo: the paper's Table 1 reproduced from the code.
 
-python -m vit_jax.models --table [--resolution 224] [--num_classes 1000] [--xla_flops]
+python -m vit_jax.models [--resolution 224] [--num_classes 1000] [--xla_flops]
 """
 
 from absl import app, flags
 
-from vit_jax.models import MODEL_CONFIGS, get_model, stats
+from vit_jax.models import MODEL_CONFIGS, get_model, is_mixer, stats
 
-_TABLE = flags.DEFINE_bool('table', True, 'Print the table of registered models.')
 _RESOLUTION = flags.DEFINE_integer('resolution', 224, 'Input resolution in pixels.')
 _NUM_CLASSES = flags.DEFINE_integer('num_classes', 1000, 'Head width.')
 _XLA_FLOPS = flags.DEFINE_bool('xla_flops', False, "Add XLA's cost-analysis FLOPs (slower).")
 
 # The paper's Table 1 "Params" column, per variant (hidden size D).
 PAPER_PARAMS_M = {768: ('ViT-Base', 86), 1024: ('ViT-Large', 307), 1280: ('ViT-Huge', 632)}
+
+
+def _architecture(config) -> dict:
+  """The table's shape columns; for a Mixer, MLP is the channel MLP (tokens MLP in the note)."""
+  if is_mixer(config):
+    arch = (config.num_blocks, config.hidden_dim, config.channels_mlp_dim, '-')
+    note = f'Mixer, tokens MLP {config.tokens_mlp_dim}'
+  else:
+    t = config.transformer
+    arch = (t.num_layers, config.hidden_size, t.mlp_dim, t.num_heads)
+    note = 'distillation token and head' if config.get('distilled') else ''
+  return {**dict(zip(('layers', 'hidden', 'mlp', 'heads'), arch, strict=True)), 'note': note}
 
 
 def table_rows(resolution: int = 224, num_classes: int = 1000, xla_flops: bool = False):
@@ -24,19 +35,16 @@ def table_rows(resolution: int = 224, num_classes: int = 1000, xla_flops: bool =
     params = stats.count_params(stats.param_shapes(model, resolution))
     row = {
       'model': name,
-      'layers': config.transformer.num_layers,
-      'hidden': config.hidden_size,
-      'mlp': config.transformer.mlp_dim,
-      'heads': config.transformer.num_heads,
+      **_architecture(config),
       'patch': config.patches.size[0],
       'params': params,
       'gflops': stats.forward_flops(config, resolution, num_classes) / 1e9,
       'paper': '',
-      'note': '',
     }
     if xla_flops:
       row['xla_gflops'] = stats.xla_forward_flops(model, resolution) / 1e9
-    if config.resnet is None and config.hidden_size in PAPER_PARAMS_M:
+    plain_vit = not is_mixer(config) and config.resnet is None and not config.get('distilled')
+    if plain_vit and config.hidden_size in PAPER_PARAMS_M:
       variant, paper = PAPER_PARAMS_M[config.hidden_size]
       row['paper'] = f'{paper}M'
       diff = params / 1e6 - paper
@@ -73,8 +81,6 @@ def format_table(rows) -> str:
 
 def main(argv):
   del argv
-  if not _TABLE.value:
-    return
   rows = table_rows(_RESOLUTION.value, _NUM_CLASSES.value, _XLA_FLOPS.value)
   print(
     f'Registered models at {_RESOLUTION.value} px with {_NUM_CLASSES.value} classes '

@@ -1,26 +1,23 @@
-"""Model hyperparameters of the original vit_jax registry (`configs/models.py`).
+"""Model hyperparameters of the original vit_jax registry (`configs/models.py`), and relatives.
 
-Each entry is an `ml_collections.ConfigDict` whose fields are `VisionTransformer`'s
-constructor arguments. Values follow the original code exactly, including its quirks
-(R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths from S/16).
+Each entry is an `ml_collections.ConfigDict` whose fields are the constructor arguments of
+`VisionTransformer` (or of `MlpMixer` for the Mixer-* entries). Values follow the original
+code exactly, including its quirks (R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths
+from S/16). Beyond the original registry: Mixer-S (for the released GSAM files) and the
+distilled DeiT models.
 """
-
-from collections.abc import Callable
 
 import ml_collections
 
 MODEL_CONFIGS: dict[str, ml_collections.ConfigDict] = {}
 
 
-def _register(get_config: Callable[[], ml_collections.ConfigDict]):
-  """Adds a config to the registry under its `model_name`."""
-  config = get_config().lock()
-  MODEL_CONFIGS[config.model_name] = config
-  return get_config
+def _register(name: str, config: ml_collections.ConfigDict) -> None:
+  """Adds a config to the registry; the name is its key, not a field of the model."""
+  MODEL_CONFIGS[name] = config.lock()
 
 
 def _vit(
-  name: str,
   patch: int,
   hidden: int,
   mlp: int,
@@ -30,7 +27,6 @@ def _vit(
   classifier: str = 'token',
 ) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.model_name = name
   config.patches = ml_collections.ConfigDict({'size': (patch, patch)})
   config.hidden_size = hidden
   config.transformer = ml_collections.ConfigDict(
@@ -61,25 +57,56 @@ _SIZES = {
   'H_14': (14, 1280, 5120, 16, 32, 0.1),
 }
 
-_register(lambda: _vit('testing', 16, 10, 10, 2, 1, 0.1))
-_register(lambda: _vit('testing-unpooled', 16, 10, 10, 2, 1, 0.1, classifier='unpooled'))
+_register('testing', _vit(16, 10, 10, 2, 1, 0.1))
+_register('testing-unpooled', _vit(16, 10, 10, 2, 1, 0.1, classifier='unpooled'))
 for _size, _args in _SIZES.items():
-  _register(lambda s=_size, a=_args: _vit(f'ViT-{s}', *a))
+  _register(f'ViT-{_size}', _vit(*_args))
 for _size in ('S_16', 'S_32', 'B_16', 'B_32'):
-  _register(lambda s=_size: _vit(f'ViT-{s}-gap-norep', *_SIZES[s], classifier='gap'))
+  _register(f'ViT-{_size}-gap-norep', _vit(*_SIZES[_size], classifier='gap'))
 
 
 def _hybrid(
-  name: str, vit_size: str, patch: int, stages: tuple[int, ...], dropout: float
+  vit_size: str, patch: int, stages: tuple[int, ...], dropout: float
 ) -> ml_collections.ConfigDict:
-  config = _vit(name, patch, *_SIZES[vit_size][1:5], dropout)
+  config = _vit(patch, *_SIZES[vit_size][1:5], dropout)
   config.resnet = ml_collections.ConfigDict({'num_layers': stages, 'width_factor': 1})
   return config
 
 
 # The stem alone is /4, each stage after the first /2; `patch` applies to the feature map.
-_register(lambda: _hybrid('R+ViT-Ti_16', 'Ti_16', 8, (), 0.0))
-_register(lambda: _hybrid('R26+ViT-S_32', 'S_16', 1, (2, 2, 2, 2), 0.0))
-_register(lambda: _hybrid('R26+ViT-B_32', 'B_32', 1, (2, 2, 2, 2), 0.0))
-_register(lambda: _hybrid('R50+ViT-B_16', 'B_16', 1, (3, 4, 9), 0.1))
-_register(lambda: _hybrid('R50+ViT-L_32', 'L_16', 1, (3, 4, 6, 3), 0.1))
+_register('R+ViT-Ti_16', _hybrid('Ti_16', 8, (), 0.0))
+_register('R26+ViT-S_32', _hybrid('S_16', 1, (2, 2, 2, 2), 0.0))
+_register('R26+ViT-B_32', _hybrid('B_32', 1, (2, 2, 2, 2), 0.0))
+_register('R50+ViT-B_16', _hybrid('B_16', 1, (3, 4, 9), 0.1))
+_register('R50+ViT-L_32', _hybrid('L_16', 1, (3, 4, 6, 3), 0.1))
+
+
+def _mixer(
+  patch: int, hidden: int, blocks: int, tokens_mlp: int, channels_mlp: int
+) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.patches = ml_collections.ConfigDict({'size': (patch, patch)})
+  config.hidden_dim = hidden
+  config.num_blocks = blocks
+  config.tokens_mlp_dim = tokens_mlp
+  config.channels_mlp_dim = channels_mlp
+  return config
+
+
+# MLP-Mixer paper Table 1: (hidden C, blocks, tokens MLP D_S, channels MLP D_C). The original
+# registry has B_16, B_32 and L_16; the S sizes are the released GSAM files'.
+_MIXER_SIZES = {'S': (512, 8, 256, 2048), 'B': (768, 12, 384, 3072), 'L': (1024, 24, 512, 4096)}
+for _size, _patch in (('B', 16), ('B', 32), ('L', 16), ('S', 8), ('S', 16), ('S', 32)):
+  _register(f'Mixer-{_size}_{_patch}', _mixer(_patch, *_MIXER_SIZES[_size]))
+
+
+def _deit(size: str) -> ml_collections.ConfigDict:
+  """DeiT with the distillation token (Touvron et al.): the ViT of `size` plus `dist_token`
+  and `head_dist`, as timm's `deit_*_distilled_patch16_224`. (DeiT without it is ViT-*_16.)"""
+  config = _vit(*_SIZES[size])
+  config.distilled = True
+  return config
+
+
+for _size in ('Ti_16', 'S_16', 'B_16'):
+  _register(f'DeiT-{_size}-distilled', _deit(_size))

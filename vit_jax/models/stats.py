@@ -3,14 +3,15 @@
 import math
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.mixer import is_mixer
 
 
-def param_shapes(model: VisionTransformer, resolution: int | tuple[int, int] = 224) -> Any:
+def param_shapes(model: nn.Module, resolution: int | tuple[int, int] = 224) -> Any:
   """The parameter tree as ShapeDtypeStructs (`jax.eval_shape`: nothing is allocated)."""
   h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
   images = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
@@ -27,6 +28,37 @@ def _conv_out(size: int, stride: int) -> int:
   return -(-size // stride)  # SAME padding
 
 
+def _resnet_flops(config: ml_collections.ConfigDict, size: int) -> tuple[int, int, int]:
+  """(FLOPs, feature-map side, channels) of a hybrid's ResNet stem on a `size` px image."""
+  width = int(64 * config.resnet.width_factor)
+  size = _conv_out(size, 2)
+  flops = 2 * size * size * 7 * 7 * 3 * width  # conv_root
+  size, channels = _conv_out(size, 2), width  # max-pool
+  for stage, units in enumerate(config.resnet.num_layers):
+    w = width * 2**stage
+    for unit in range(units):
+      stride = 2 if stage > 0 and unit == 0 else 1
+      out = _conv_out(size, stride)
+      flops += 2 * size * size * channels * w  # conv1, 1x1
+      flops += 2 * out * out * 9 * w * w  # conv2, 3x3 strided
+      flops += 2 * out * out * w * 4 * w  # conv3, 1x1
+      if channels != 4 * w or stride != 1:
+        flops += 2 * out * out * channels * 4 * w  # conv_proj
+      size, channels = out, 4 * w
+  return flops, size, channels
+
+
+def _mixer_flops(config: ml_collections.ConfigDict, resolution: int, num_classes: int) -> int:
+  """Stem, per block the token-mixing MLP (S -> D_S -> S for each of C channels) and the
+  channel-mixing MLP (C -> D_C -> C for each of S patches), head."""
+  ph, pw = config.patches.size
+  s = _conv_out(resolution, ph) * _conv_out(resolution, pw)
+  c = config.hidden_dim
+  flops = 2 * s * ph * pw * 3 * c
+  flops += config.num_blocks * 2 * 2 * s * c * (config.tokens_mlp_dim + config.channels_mlp_dim)
+  return flops + 2 * c * num_classes
+
+
 def forward_flops(
   config: ml_collections.ConfigDict, resolution: int = 224, num_classes: int = 1000
 ) -> int:
@@ -35,43 +67,33 @@ def forward_flops(
   Elementwise work (norms, softmax, GELU, residuals) is left out, as in the paper's
   compute figures; XLA's cost analysis counts it too and lands ~0.4% higher for B/16.
   """
+  if is_mixer(config):
+    return _mixer_flops(config, resolution, num_classes)
   d = config.hidden_size
-  flops = 0
-  size, channels = resolution, 3
+  flops, size, channels = 0, resolution, 3
   if config.resnet is not None:
-    width = int(64 * config.resnet.width_factor)
-    size = _conv_out(size, 2)
-    flops += 2 * size * size * 7 * 7 * channels * width  # conv_root
-    size, channels = _conv_out(size, 2), width  # max-pool
-    for stage, units in enumerate(config.resnet.num_layers):
-      w = width * 2**stage
-      for unit in range(units):
-        stride = 2 if stage > 0 and unit == 0 else 1
-        out = _conv_out(size, stride)
-        flops += 2 * size * size * channels * w  # conv1, 1x1
-        flops += 2 * out * out * 9 * w * w  # conv2, 3x3 strided
-        flops += 2 * out * out * w * 4 * w  # conv3, 1x1
-        if channels != 4 * w or stride != 1:
-          flops += 2 * out * out * channels * 4 * w  # conv_proj
-        size, channels = out, 4 * w
+    flops, size, channels = _resnet_flops(config, resolution)
 
   ph, pw = config.patches.size
   patches = (size // ph) * (size // pw)
   flops += 2 * patches * ph * pw * channels * d
+  distilled = config.get('distilled', False)
   if config.transformer is not None:
-    t = patches + (1 if config.classifier in ('token', 'token_unpooled') else 0)
+    t = patches + int(config.classifier in ('token', 'token_unpooled')) + int(distilled)
     m = config.transformer.mlp_dim
     per_block = 2 * t * d * 4 * d + 2 * 2 * t * t * d + 2 * 2 * t * d * m
     flops += config.transformer.num_layers * per_block
+    if config.classifier == 'map':  # one probe query: q and out, k and v of t tokens, MLP
+      flops += 2 * 2 * d * d + 2 * 2 * t * d * d + 2 * 2 * t * d + 2 * 2 * d * m
   width = d
   if config.representation_size is not None:
     flops += 2 * d * config.representation_size
     width = config.representation_size
-  tokens = 1 if config.classifier in ('token', 'gap') else patches
-  return flops + 2 * tokens * width * num_classes
+  tokens = 1 if config.classifier in ('token', 'gap', 'map') else patches
+  return flops + (2 if distilled else 1) * 2 * tokens * width * num_classes
 
 
-def xla_forward_flops(model: VisionTransformer, resolution: int = 224) -> float:
+def xla_forward_flops(model: nn.Module, resolution: int = 224) -> float:
   """Forward FLOPs per image from XLA's cost analysis of the lowered (uncompiled) program."""
   params = param_shapes(model, resolution)
   images = jax.ShapeDtypeStruct((1, resolution, resolution, 3), jnp.float32)

@@ -12,6 +12,14 @@ is the checkpoint interface:
   Transformer/encoder_norm
   pre_logits                             optional Dense + tanh (the representation layer)
   head                                   zero-initialised classifier
+
+Options beyond the original, with the names of the checkpoints that use them:
+
+  dist_token, head_dist                  DeiT's distillation token and its head
+                                         (`distilled=True`; Touvron et al., arXiv:2012.12877)
+  MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}
+                                         big_vision's attention pooling (`classifier='map'`)
+  (no position-embedding parameter)      big_vision's fixed 2-D sin-cos (`posemb='sincos2d'`)
 """
 
 import functools
@@ -28,7 +36,8 @@ from vit_jax.models import resnet
 
 Dtype = Any
 
-CLASSIFIERS = ('token', 'gap', 'unpooled', 'token_unpooled')
+CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+POSEMBS = ('learn', 'sincos2d')
 ATTENTION_IMPLS = ('xla', 'fused')
 # Which activations a rematerialised encoder block keeps for the backward pass.
 REMAT_POLICIES = {
@@ -182,6 +191,32 @@ def _elementwise_dtype(dtype: Dtype) -> Dtype:
   return jnp.float32 if _is_mixed(dtype) else dtype
 
 
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
+  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained)."""
+  return nn.LayerNorm(
+    epsilon=1e-6, dtype=_elementwise_dtype(dtype), param_dtype=param_dtype, name=name
+  )
+
+
+def posemb_sincos_2d(
+  h: int, w: int, width: int, temperature: float = 10_000.0, dtype: Dtype = jnp.float32
+) -> jnp.ndarray:
+  """big_vision's fixed 2-D position embedding (1, h*w, width) for a row-major token grid.
+
+  Per token at (row y, column x): [sin(x w), cos(x w), sin(y w), cos(y w)] with frequencies
+  w_i = temperature^(-i / (width/4 - 1)), i < width/4 (MoCo v3's layout); computed in float32.
+  """
+  if width % 4 or width < 8:
+    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, >= 8: {width}')
+  y, x = jnp.mgrid[:h, :w]
+  quarter = width // 4
+  omega = 1.0 / temperature ** (jnp.arange(quarter, dtype=jnp.float32) / (quarter - 1))
+  y = jnp.einsum('m,d->md', y.reshape(-1).astype(jnp.float32), omega)
+  x = jnp.einsum('m,d->md', x.reshape(-1).astype(jnp.float32), omega)
+  pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
+  return pe[None].astype(dtype)
+
+
 def corner_aligned_resize_matrix(size_in: int, size_out: int) -> np.ndarray:
   """(size_out, size_in) matrix of 1-D linear resizing with the end points aligned.
 
@@ -246,10 +281,12 @@ class AddPositionEmbs(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense, GELU (tanh approximation, as the released weights were trained), Dense."""
+  """Dense, GELU, Dense. The GELU is the tanh approximation the released weights were trained
+  with, or with `gelu_approximate=False` the exact one (PyTorch's, timm's default)."""
 
   mlp_dim: int
   dropout_rate: float = 0.0
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -262,7 +299,7 @@ class MlpBlock(nn.Module):
       bias_init=nn.initializers.normal(stddev=1e-6),
     )
     out_dim = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim, name='Dense_0')(x), approximate=True)
+    x = nn.gelu(dense(self.mlp_dim, name='Dense_0')(x), approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim, name='Dense_1')(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -284,7 +321,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
+  def __call__(
+    self, x: jnp.ndarray, deterministic: bool, kv: jnp.ndarray | None = None
+  ) -> jnp.ndarray:
+    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`)."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
@@ -294,8 +334,10 @@ class MultiHeadDotProductAttention(nn.Module):
       **_matmul_kwargs(self.dtype, self.param_dtype),
       kernel_init=nn.initializers.xavier_uniform(),
     )
+    kv = x if kv is None else kv
     q, k, v = (
-      dense(features=(self.num_heads, head_dim), name=n)(x) for n in ('query', 'key', 'value')
+      dense(features=(self.num_heads, head_dim), name=n)(y)
+      for n, y in (('query', x), ('key', kv), ('value', kv))
     )  # each (batch, tokens, heads, head_dim)
 
     use_dropout = not deterministic and self.dropout_rate > 0
@@ -330,6 +372,7 @@ class Encoder1DBlock(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   attention_impl: str = 'xla'
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -355,6 +398,7 @@ class Encoder1DBlock(nn.Module):
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
       dropout_rate=self.dropout_rate,
+      gelu_approximate=self.gelu_approximate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name='MlpBlock_0',
@@ -384,10 +428,9 @@ class Encoder(nn.Module):
   recomputation so that it saves no memory (ViT-L/16: the same compiled memory with and
   without remat).
 
-  Called with `capture` (block indices, see `block_indices`), it returns
-  `(encoded, {i: output of block i})`, the raw block outputs before the final LayerNorm;
-  unrolled blocks stop after the last one captured, and `encoded` is None unless the last
-  block is captured.
+  Returns `(encoded, {i: output of block i})` for the blocks `capture` names (see
+  `block_indices`; their raw outputs, before the final LayerNorm). Unrolled blocks stop after
+  the last one captured, and `encoded` is then None unless it is the last block.
   """
 
   num_layers: int
@@ -398,7 +441,9 @@ class Encoder(nn.Module):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
   posemb_grid: tuple[int, int] | None = None
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -410,27 +455,37 @@ class Encoder(nn.Module):
     train: bool,
     grid: tuple[int, int] | None = None,
     capture: Sequence[int] | None = None,
-  ) -> Any:
+  ) -> tuple[jnp.ndarray | None, dict[int, jnp.ndarray]]:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
         f'remat_policy={self.remat_policy!r}; expected one of {list(REMAT_POLICIES)}'
       )
+    if self.learned_posemb:
+      x = AddPositionEmbs(
+        param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
+      )(x, grid)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    capture = () if capture is None else block_indices(capture, self.num_layers)
+    x, captured = self._blocks(x, train, capture)
+    if capture and max(capture) < self.num_layers - 1:
+      return None, captured
+    return layer_norm('encoder_norm', self.dtype, self.param_dtype)(x), captured
+
+  def _blocks(
+    self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
+  ) -> tuple[jnp.ndarray, dict[int, jnp.ndarray]]:
+    """The encoder blocks (all of them, or up to the last captured), and the captured outputs."""
     block_args = {
       'mlp_dim': self.mlp_dim,
       'num_heads': self.num_heads,
       'dropout_rate': self.dropout_rate,
       'attention_dropout_rate': self.attention_dropout_rate,
       'attention_impl': self.attention_impl,
+      'gelu_approximate': self.gelu_approximate,
       'dtype': self.dtype,
       'param_dtype': self.param_dtype,
     }
     policy = REMAT_POLICIES[self.remat_policy]
-    x = AddPositionEmbs(
-      param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
-    )(x, grid)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    capture = () if capture is None else block_indices(capture, self.num_layers)
-    captured = {}
     if self.scan_layers:
       body = _ScanBlock
       if self.remat_policy != 'none':
@@ -441,26 +496,52 @@ class Encoder(nn.Module):
         split_rngs={'params': True, 'dropout': True},
         length=self.num_layers,
       )(**block_args, deterministic=not train, emit=bool(capture), name='encoderblock')(x, None)
-      captured = {i: outputs[i] for i in capture}
-    else:
-      block = Encoder1DBlock
-      if self.remat_policy != 'none':
-        # Argument 2 (counting self) is `deterministic`, a Python bool.
-        block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
-      # With `capture`, the blocks after the last one captured are not run.
-      for i in range(max(capture, default=self.num_layers - 1) + 1):
-        x = block(**block_args, name=f'encoderblock_{i}')(x, not train)
-        if i in capture:
-          captured[i] = x
-    if capture and max(capture) < self.num_layers - 1:
-      return None, captured
-    x = nn.LayerNorm(
-      epsilon=1e-6,
-      dtype=_elementwise_dtype(self.dtype),
+      return x, {i: outputs[i] for i in capture}
+    block = Encoder1DBlock
+    if self.remat_policy != 'none':
+      # Argument 2 (counting self) is `deterministic`, a Python bool.
+      block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
+    captured = {}
+    for i in range(max(capture, default=self.num_layers - 1) + 1):
+      x = block(**block_args, name=f'encoderblock_{i}')(x, not train)
+      if i in capture:
+        captured[i] = x
+    return x, captured
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision `MAPHead`): a learned probe token attends over
+  the encoder's tokens (no LayerNorm first), then y + MLP(LN(y)); returns the probe (batch, D).
+  """
+
+  num_heads: int
+  mlp_dim: int
+  attention_impl: str = 'xla'
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    n, _, d = x.shape
+    probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
+    probe = jnp.tile(probe.astype(x.dtype), (n, 1, 1))
+    y = MultiHeadDotProductAttention(
+      num_heads=self.num_heads,
+      attention_impl=self.attention_impl,
+      dtype=self.dtype,
       param_dtype=self.param_dtype,
-      name='encoder_norm',
-    )(x)
-    return (x, captured) if capture else x
+      name='MultiHeadDotProductAttention_0',
+    )(probe, True, kv=x)
+    z = layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
+    mlp = MlpBlock(
+      self.mlp_dim,
+      gelu_approximate=self.gelu_approximate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='MlpBlock_0',
+    )
+    return (y + mlp(z, deterministic=True))[:, 0]
 
 
 class VisionTransformer(nn.Module):
@@ -474,8 +555,18 @@ class VisionTransformer(nn.Module):
     hidden_size: D, the token width.
     resnet: {'num_layers': units per stage, 'width_factor'} for hybrids, else None.
     representation_size: width of the `pre_logits` Dense + tanh layer, or None.
-    classifier: 'token' (class token), 'gap' (mean of tokens), 'unpooled' or
-      'token_unpooled' (return every token, with or without a class token).
+    classifier: 'token' (class token), 'gap' (mean of tokens), 'map' (big_vision's
+      attention pooling, `MAPHead_0`), 'unpooled' or 'token_unpooled' (return every token,
+      with or without a class token). Only 'token' and 'token_unpooled' add a class token.
+    posemb: 'learn' (the learned `Transformer/posembed_input`) or 'sincos2d' (big_vision's
+      fixed 2-D sin-cos embedding, no parameter, added to the patch tokens before any class
+      token is prepended, as big_vision does).
+    distilled: DeiT's distillation token `dist_token` after `cls` (the position embedding
+      covers both) and a second head `head_dist` on it; needs classifier='token'. The output
+      is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
+      returns the pair (class head, distillation head) for a distillation loss
+      (`vit_jax.losses`). Without a head: the mean of the two tokens' features (with
+      `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `mixed_einsum`); norms, softmax, GELU, residuals
@@ -485,21 +576,27 @@ class VisionTransformer(nn.Module):
     scan_layers: run the encoder blocks as one `nn.scan` over stacked parameters
       (`Transformer/encoderblock/...`, leading axis = layer). Convert the released layout
       with `stack_encoder_blocks` (and back with `unstack_encoder_blocks`).
-    posemb_grid: None (default): the position embeddings have one row per input token, so
+    posemb_grid: None (default): learned position embeddings have one row per input token, so
       the model runs at the size it was initialised at. (rows, cols): they are stored for
       that patch grid and resized on the fly (`resize_posemb_grid`, the resize that
       `checkpoint.load_pretrained` applies) to the grid of each input, whose sides must be
       multiples of the patch: a model trained at 224 px with 16-px patches, built with
-      `posemb_grid=(14, 14)`, applies to 384x384 or 224x320 images unchanged.
+      `posemb_grid=(14, 14)`, applies to 384x384 or 224x320 images unchanged. (sincos2d
+      embeddings are computed for each input's grid anyway.)
+    gelu_approximate: True (default): the tanh approximation of the GELU, as the released
+      weights were trained (flax's `nn.gelu` default); False: the exact GELU, the default of
+      PyTorch, timm and Hugging Face (`hidden_act='gelu'`), for weights trained with it.
 
   Called with `intermediate_blocks=(i, j, ...)` (block indices, negative from the end), the
-  model returns a dict of features instead of logits, from one forward pass that stops after
-  the last block asked for and never runs the head: `embedding` (B, h, w, D), the patch
-  embedding; `encoderblock_{i}` (B, h, w, D), the patch tokens after block i, before the final
+  model returns a dict of features instead of its output, from one forward pass that stops
+  after the last block asked for: `embedding` (B, h, w, D), the patch embedding;
+  `encoderblock_{i}` (B, h, w, D), the patch tokens after block i, before the final
   LayerNorm (timm's `forward_intermediates`, big_vision's `out['block{i}']`), with
-  `encoderblock_{i}/prefix` (B, P, D) holding the class token where the model has one; and,
-  when the last block is asked for, `encoded` (B, h, w, D) (and `encoded/prefix`), the
-  normalised encoder output the classifier pools.
+  `encoderblock_{i}/prefix` (B, P, D) holding the P prefix tokens (class, distillation) where
+  the model has them. When the last block is asked for, the whole encoder runs, and the dict
+  also holds `encoded` (B, h, w, D) (and `encoded/prefix`), the normalised encoder output,
+  and `output`, what the call returns without `intermediate_blocks` (the head's logits, or
+  the pooled features of a model without a head).
   """
 
   num_classes: int | None
@@ -510,35 +607,90 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   classifier: str = 'token'
   head_bias_init: float = 0.0
-  model_name: str | None = None
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  posemb: str = 'learn'
+  distilled: bool = False
   posemb_grid: tuple[int, int] | None = None
+  gelu_approximate: bool = True
 
-  @nn.compact
-  def __call__(
-    self,
-    inputs: jnp.ndarray,
-    *,
-    train: bool,
-    intermediate_blocks: Sequence[int] | None = None,
-  ) -> Any:
-    """NHWC images in [-1, 1] -> logits (float32), features without a head, or the dict of
-    `intermediate_blocks` (see the class docstring)."""
+  def _check_options(self, both_heads: bool, intermediate_blocks: Any) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
+    if self.posemb not in POSEMBS:
+      raise ValueError(f'posemb={self.posemb!r}; expected one of {POSEMBS}')
+    if self.distilled and (self.classifier != 'token' or self.representation_size is not None):
+      raise ValueError(
+        f"distilled=True needs classifier='token' and no representation_size; got"
+        f' classifier={self.classifier!r}, representation_size={self.representation_size}'
+      )
+    if self.transformer is None and (self.distilled or self.classifier == 'map'):
+      raise ValueError("distilled=True and classifier='map' need a transformer (it is None)")
+    if both_heads and not self.distilled:
+      raise ValueError('both_heads=True needs a distilled model (distilled=True)')
+    if intermediate_blocks is not None and self.transformer is None:
+      raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
+
+  def _prepend_tokens(self, x: jnp.ndarray) -> jnp.ndarray:
+    """[cls, dist_token, patches], as many of the first two as the options ask for."""
+    n, _, c = x.shape
+    inits = {'cls': nn.initializers.zeros} if self.classifier in ('token', 'token_unpooled') else {}
+    if self.distilled:
+      inits['dist_token'] = nn.initializers.normal(stddev=0.02)  # DeiT: truncated normal 0.02
+    tokens = [self.param(k, init, (1, 1, c), self.param_dtype) for k, init in inits.items()]
+    tokens = [jnp.tile(t.astype(x.dtype), (n, 1, 1)) for t in tokens]
+    return jnp.concatenate([*tokens, x], axis=1)
+
+  def _pool(self, x: jnp.ndarray) -> jnp.ndarray:
+    """The encoder's tokens -> the head's input, per `classifier` ('unpooled': unchanged)."""
+    if self.classifier == 'token':
+      return x[:, 0]
+    if self.classifier == 'gap':
+      return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
+    if self.classifier == 'map':
+      return MAPHead(
+        num_heads=self.transformer['num_heads'],
+        mlp_dim=self.transformer['mlp_dim'],
+        attention_impl=self.attention_impl,
+        gelu_approximate=self.gelu_approximate,
+        dtype=self.dtype,
+        param_dtype=self.param_dtype,
+        name='MAPHead_0',
+      )(x)
+    return x
+
+  def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
+    return nn.Dense(
+      self.num_classes,
+      **_matmul_kwargs(self.dtype, self.param_dtype),
+      kernel_init=nn.initializers.zeros,
+      bias_init=nn.initializers.constant(self.head_bias_init),
+      name=name,
+    )(x)
+
+  def _distilled_output(self, x: jnp.ndarray, both_heads: bool) -> Any:
+    """DeiT: the class token's head and the distillation token's head (or their mean)."""
+    x_cls, x_dist = x[:, 0], x[:, 1]
+    if not self.num_classes:  # the features each head reads, or their mean
+      pair = (x_cls.astype(jnp.float32), x_dist.astype(jnp.float32))
+      return pair if both_heads else (pair[0] + pair[1]) / 2
+    logits = self._head(x_cls).astype(jnp.float32)
+    logits_dist = self._head(x_dist, 'head_dist').astype(jnp.float32)
+    return (logits, logits_dist) if both_heads else (logits + logits_dist) / 2
+
+  def _embed_patches(self, inputs: jnp.ndarray) -> jnp.ndarray:
+    """NHWC images -> (B, h, w, D) patch embeddings (after the ResNet stem of hybrids)."""
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
     x = inputs.astype(self.dtype if self.resnet is not None else _elementwise_dtype(self.dtype))
     if self.resnet is not None:
       x = resnet.resnet_stem(
         x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype, self.param_dtype
       )
-
     patch = tuple(self.patches['size'])
-    x = nn.Conv(
+    return nn.Conv(
       features=self.hidden_size,
       kernel_size=patch,
       strides=patch,
@@ -548,33 +700,12 @@ class VisionTransformer(nn.Module):
       name='embedding',
     )(x)
 
-    if self.transformer is not None:
-      embedding = x
-      n, h, w, c = x.shape
-      x = jnp.reshape(x, (n, h * w, c))
-      if self.classifier in ('token', 'token_unpooled'):
-        cls = self.param('cls', nn.initializers.zeros, (1, 1, c), self.param_dtype)
-        x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], axis=1)
-      x = Encoder(
-        **self.transformer,
-        attention_impl=self.attention_impl,
-        remat_policy=self.remat_policy,
-        scan_layers=self.scan_layers,
-        posemb_grid=self.posemb_grid,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='Transformer',
-      )(x, train=train, grid=(h, w), capture=intermediate_blocks)
-      if intermediate_blocks is not None:
-        return _feature_dict(embedding, *x)
-    elif intermediate_blocks is not None:
-      raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
-
-    if self.classifier == 'token':
-      x = x[:, 0]
-    elif self.classifier == 'gap':
-      x = jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
-
+  def _output(self, x: jnp.ndarray, both_heads: bool) -> Any:
+    """The encoder's tokens (or the patch embedding without a transformer) -> the output:
+    pooled, through `pre_logits` and the head where the model has them."""
+    if self.distilled:
+      return self._distilled_output(x, both_heads)
+    x = self._pool(x)
     if self.representation_size is not None:
       x = nn.Dense(
         self.representation_size,
@@ -582,16 +713,52 @@ class VisionTransformer(nn.Module):
         name='pre_logits',
       )(x)
       x = jnp.tanh(x)
-
     if self.num_classes:
-      x = nn.Dense(
-        self.num_classes,
-        **_matmul_kwargs(self.dtype, self.param_dtype),
-        kernel_init=nn.initializers.zeros,
-        bias_init=nn.initializers.constant(self.head_bias_init),
-        name='head',
-      )(x)
+      x = self._head(x)
     return x.astype(jnp.float32)
+
+  @nn.compact
+  def __call__(
+    self,
+    inputs: jnp.ndarray,
+    *,
+    train: bool,
+    both_heads: bool = False,
+    intermediate_blocks: Sequence[int] | None = None,
+  ) -> Any:
+    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
+
+    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits,
+    or without a head the pair of features they read. `intermediate_blocks`: the dict of
+    features described in the class docstring.
+    """
+    self._check_options(both_heads, intermediate_blocks)
+    embedding = self._embed_patches(inputs)
+    if self.transformer is None:
+      return self._output(embedding, both_heads)
+    n, h, w, c = embedding.shape
+    x = jnp.reshape(embedding, (n, h * w, c))
+    if self.posemb == 'sincos2d':
+      x = x + posemb_sincos_2d(h, w, c, dtype=x.dtype)
+    x = self._prepend_tokens(x)
+    encoded, blocks = Encoder(
+      **self.transformer,
+      attention_impl=self.attention_impl,
+      remat_policy=self.remat_policy,
+      scan_layers=self.scan_layers,
+      learned_posemb=self.posemb == 'learn',
+      posemb_grid=self.posemb_grid,
+      gelu_approximate=self.gelu_approximate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='Transformer',
+    )(x, train=train, grid=(h, w), capture=intermediate_blocks)
+    if intermediate_blocks is None:
+      return self._output(encoded, both_heads)
+    features = _feature_dict(embedding, encoded, blocks)
+    if encoded is not None:
+      features['output'] = self._output(encoded, both_heads)
+    return features
 
 
 def block_indices(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:

@@ -17,23 +17,18 @@ Errors (an unknown dataset or task, unfinished dev runs, no runs found) end with
 on stderr and exit status 1.
 """
 
-import os
 import sys
-
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+import configs
 from vit_jax import hugepages
 
 COMMANDS = ('compute', 'sweep', 'vtab', 'report')
 FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file(
-  'config',
-  None,
-  'Experiment config (sweep, vtab), e.g. configs/vit.py:b16,cifar10.',
-  lock_config=False,
+_CONFIG = configs.define_config_flag(
+  'config', 'Experiment config (sweep, vtab), e.g. configs/vit.py:b16,cifar10.', lock_config=False
 )
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Sweep or VTAB folder (holds one run dir per run).')
 _LRS = flags.DEFINE_list(

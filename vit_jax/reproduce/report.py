@@ -18,7 +18,6 @@ and listed apart.
 import csv
 import dataclasses
 import io
-import json
 import os
 import re
 import statistics
@@ -26,9 +25,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax import files, rundir
 from vit_jax.reproduce import paper, sweep, vtab
-from vit_jax.reproduce.sweep import CONFIG_FILE, METRICS_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +66,7 @@ def infer_pretrain(config: dict) -> str:
   Files named like the original release (`ViT-B_16.npz`, `R50+ViT-B_16.npz`) with nothing else
   in their path are the `imagenet21k` checkpoints, the training code's default download.
   """
-  resolved = (config.get('_resolved') or {}).get('pretrained_path')
+  resolved = rundir.resolved(config).get('pretrained_path')
   path = resolved or config.get('pretrained_path') or ''
   if not path and config.get('pretrained_dir'):
     path = os.path.join(config['pretrained_dir'], f'{config.get("model_name", "")}.npz')
@@ -94,25 +92,21 @@ def infer_pretrain(config: dict) -> str:
 
 def read_run(path: str, pretrain: str | None = None) -> Run | None:
   """The run in `path`, or None when it has no evaluation yet."""
-  with open(os.path.join(path, CONFIG_FILE)) as f:
-    config = json.load(f)
-  evaluation = sweep.last_evaluation(os.path.join(path, METRICS_FILE))
+  config = rundir.read_config(path)
+  evaluation = rundir.last_evaluation(path)
   if evaluation is None:
     return None
-  accuracy, step = evaluation
   model_config = config.get('model') or {}
   pp = config.get('pp') or {}
   return Run(
     path=path,
-    model=config.get('model_name') or model_config.get('model_name', '?'),
+    model=config.get('model_name') or '?',
     dataset=config.get('dataset', '?'),
     pretrain=pretrain or infer_pretrain(config),
     dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
-    accuracy=100 * accuracy,
-    step=step,
-    total_steps=int(
-      (config.get('_resolved') or {}).get('total_steps') or config.get('total_steps') or 0
-    ),
+    accuracy=100 * float(evaluation['accuracy_test']),
+    step=int(evaluation['step']),
+    total_steps=rundir.total_steps(config),
     eval_split=str(pp.get('test', 'test')),
     train_split=str(pp.get('train', 'train')),
     crop=int(pp.get('crop', 0)),
@@ -129,9 +123,9 @@ def find_runs(paths: Iterable[str]) -> list[str]:
       raise ValueError(
         f'{root!r} is not a directory; pass run directories or folders holding them.'
       )
-    for folder, dirs, names in os.walk(root):
-      dirs[:] = sorted(d for d in dirs if d != 'checkpoints')
-      if CONFIG_FILE in names and METRICS_FILE in names:
+    for folder, dirs, _ in os.walk(root):
+      dirs[:] = sorted(d for d in dirs if d != rundir.CHECKPOINT_DIR)
+      if rundir.is_run(folder):
         found.append(folder)
   return sorted(found)
 
@@ -161,8 +155,8 @@ class Row:
     return None if self.paper is None else self.ours - self.paper
 
 
-def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
-  """Rows for the test-split runs; and notes on what was left out (dev runs, incomplete runs)."""
+def _left_out(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
+  """The runs a table reports (test-split evaluations), and notes on the others."""
   notes = []
   dev = [r for r in runs if r.is_dev]
   if dev:
@@ -177,24 +171,31 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       'Not finished (their last evaluation is used): '
       + ', '.join(f'{r.path} (step {r.step}/{r.total_steps})' for r in incomplete)
     )
-  groups: dict[tuple, list[Run]] = {}
-  vtab_groups: dict[tuple, dict[str, list[float]]] = {}
-  for r in test_runs:
-    if r.dataset.startswith('vtab/'):
-      task = r.dataset.split('/', 1)[1]
-      vtab_groups.setdefault((r.model, r.pretrain, r.dropout), {}).setdefault(task, []).append(
-        r.accuracy / 100
-      )
-    else:
-      groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
+  return test_runs, notes
 
+
+def _beside_the_paper(
+  base: dict, refs: Sequence[paper.Reference], note: str, paper_note: bool
+) -> list[Row]:
+  """One row per paper reference of `base` (the note adds the reference's own with
+  `paper_note`), or one row without the paper when it has none."""
+  if not refs:
+    return [Row(**base, note=note)]
+  rows = []
+  for ref in refs:
+    both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '') if paper_note else note
+    rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
+  return rows
+
+
+def _dataset_rows(runs: Sequence[Run]) -> list[Row]:
+  """Runs of one (model, pretraining, dataset, dropout) averaged, beside the paper's."""
+  groups: dict[tuple, list[Run]] = {}
+  for r in runs:
+    groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
   rows = []
   for (model, pretrain, dataset, dropout), members in sorted(groups.items()):
     mean, std = _mean_std([m.accuracy for m in members])
-    std = std if len(members) > 1 else None  # one run has no spread
-    crops = sorted({m.crop for m in members})
-    note = f'{"/".join(map(str, crops))} px'
-    refs = paper.references(model, pretrain, dataset, dropout)
     base = dict(
       model=model,
       pretrain=pretrain,
@@ -202,14 +203,24 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       dropout=dropout,
       runs=len(members),
       ours=mean,
-      ours_std=std,
+      ours_std=std if len(members) > 1 else None,  # one run has no spread
     )
-    if not refs:
-      rows.append(Row(**base, note=note))
-    for ref in refs:
-      both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '')
-      rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
-  for (model, pretrain, dropout), accuracies in sorted(vtab_groups.items()):
+    note = f'{"/".join(map(str, sorted({m.crop for m in members})))} px'
+    refs = paper.references(model, pretrain, dataset, dropout)
+    rows += _beside_the_paper(base, refs, note, paper_note=True)
+  return rows
+
+
+def _vtab_rows(runs: Sequence[Run], notes: list[str]) -> list[Row]:
+  """The mean of the 19 VTAB tasks per (model, pretraining, dropout), when all 19 ran."""
+  groups: dict[tuple, dict[str, list[float]]] = {}
+  for r in runs:
+    task = r.dataset.split('/', 1)[1]
+    groups.setdefault((r.model, r.pretrain, r.dropout), {}).setdefault(task, []).append(
+      r.accuracy / 100
+    )
+  rows = []
+  for (model, pretrain, dropout), accuracies in sorted(groups.items()):
     summary = vtab.summarize(accuracies)
     if not summary['complete']:
       notes.append(
@@ -227,15 +238,16 @@ def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
       ours_std=summary['std'] if runs_per_task > 1 else None,
     )
     refs = paper.references(model, pretrain, 'vtab')
-    if not refs:
-      rows.append(Row(**base, note='mean of 19 tasks'))
-    for ref in refs:
-      rows.append(
-        Row(
-          **base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note='mean of 19 tasks'
-        )
-      )
-  return rows, notes
+    rows += _beside_the_paper(base, refs, 'mean of 19 tasks', paper_note=False)
+  return rows
+
+
+def build_rows(runs: Sequence[Run]) -> tuple[list[Row], list[str]]:
+  """Rows for the test-split runs; and notes on what was left out (dev runs, incomplete runs)."""
+  test_runs, notes = _left_out(runs)
+  vtab_runs = [r for r in test_runs if r.dataset.startswith('vtab/')]
+  others = [r for r in test_runs if not r.dataset.startswith('vtab/')]
+  return _dataset_rows(others) + _vtab_rows(vtab_runs, notes), notes
 
 
 def _pm(mean: float | None, std: float | None) -> str:

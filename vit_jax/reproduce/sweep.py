@@ -36,11 +36,10 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from vit_jax import files
+from vit_jax import files, rundir
+from vit_jax.train.spec import with_overrides
 
 SWEEP_FILE, SUMMARY_FILE = 'sweep.json', 'summary.md'
-# The files of a run directory (vit_jax.train) that results are read from.
-CONFIG_FILE, METRICS_FILE = 'config.json', 'metrics.jsonl'
 STAGES = ('dev', 'final', 'all', 'summary')
 
 
@@ -164,63 +163,23 @@ def final_runs(sweep: Sweep, workdir: str, lr: float) -> list[RunSpec]:
   return [RunSpec('final', lr, seed, run_dir(workdir, 'final', lr, seed)) for seed in sweep.seeds]
 
 
-def with_overrides(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]):
-  """An unlocked copy of `config` with dotted keys ('pp.train') set."""
-  config = ml_collections.ConfigDict(config.to_dict())
-  for key, value in overrides.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for parent in parents:
-      node = node[parent]
-    if leaf not in node:
-      raise ValueError(f'The config has no key {key!r} for the sweep to set.')
-    node[leaf] = value
-  return config
-
-
 # ----------------------------------------------------------------------------------------
 # Reading results from run directories.
 # ----------------------------------------------------------------------------------------
 
 
-def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
-
-
-def last_evaluation(metrics_path: str) -> tuple[float, int] | None:
-  """(accuracy_test, step) of the last evaluation in a run's metrics.jsonl, or None."""
-  last = None
-  with open(metrics_path) as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(
-          f'{metrics_path}:{n} is not JSON ({e.msg}); expected one object a line.'
-        ) from e
-      if 'accuracy_test' in record:
-        last = (float(record['accuracy_test']), int(record.get('step', 0)))
-  return last
-
-
 def run_result(workdir: str) -> dict | None:
   """{'accuracy', 'step', 'total_steps', 'split'} of a finished run, or None if unfinished."""
-  config_path = os.path.join(workdir, CONFIG_FILE)
-  metrics_path = os.path.join(workdir, METRICS_FILE)
-  if not (os.path.exists(config_path) and os.path.exists(metrics_path)):
+  if not rundir.is_run(workdir):
     return None
-  config = _read_json(config_path)
-  total = int((config.get('_resolved') or {}).get('total_steps') or config.get('total_steps') or 0)
-  last = last_evaluation(metrics_path)
-  if last is None or total <= 0 or last[1] < total:
+  config = rundir.read_config(workdir)
+  total = rundir.total_steps(config)
+  last = rundir.last_evaluation(workdir)
+  if last is None or total <= 0 or int(last['step']) < total:
     return None
-  accuracy, step = last
   return {
-    'accuracy': accuracy,
-    'step': step,
+    'accuracy': float(last['accuracy_test']),
+    'step': int(last['step']),
     'total_steps': total,
     'split': config['pp']['test'],
   }
@@ -352,9 +311,9 @@ TrainFn = Callable[[ml_collections.ConfigDict, str], Any]
 
 
 def _train_fn() -> TrainFn:
-  from vit_jax import train
+  from vit_jax.train import train_and_evaluate
 
-  return train.train_and_evaluate
+  return train_and_evaluate
 
 
 def run_specs(

@@ -1,0 +1,118 @@
+"""The compiled training steps: one step against a hand-computed optax update, and the
+per-device shard_map step against the jit step on 1 and 8 devices."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import TINY
+
+from configs import digits as digits_config
+from vit_jax import optim, parallel
+from vit_jax.train import setup, spec, steps
+
+
+def _spec(**overrides) -> spec.RunSpec:
+  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  return spec.from_config(spec.with_overrides(digits_config.get_config(), dotted))
+
+
+def _batches(n: int, batch: int = 32, seed: int = 0) -> list[dict[str, np.ndarray]]:
+  rng = np.random.default_rng(seed)
+  return [
+    {
+      'image': rng.uniform(-1, 1, (batch, 8, 8, 3)).astype(np.float32),
+      'label': rng.integers(0, 10, batch).astype(np.int32),
+    }
+    for _ in range(n)
+  ]
+
+
+def _state(run: spec.RunSpec, model, tx, seed: int = 0) -> dict:
+  params = model.init(jax.random.key(seed), jnp.zeros((1, 8, 8, 3)), train=False)['params']
+  rng = np.random.default_rng(seed)  # random weights everywhere (the head starts at zero)
+  params = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), params)
+  return {
+    'params': params,
+    'opt_state': tx.init(params),
+    'step': jnp.zeros((), jnp.int32),
+    'rng': jax.random.key_data(jax.random.key(run.init.seed + 1)),
+  }
+
+
+def test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulation():
+  """Two steps of the trainer's step (4 micro-batches) against the update written out here:
+  full-batch cross-entropy gradient, clipped to global norm 0.05, momentum 0.9, and the
+  warmup-cosine learning rate at steps 1 and 2."""
+  run = _spec(
+    optimizer='sgd', momentum=0.9, grad_norm_clip=0.05, base_lr=0.1, warmup_steps=2,
+    total_steps=10, weight_decay=0.0, accum_steps=4,
+  )  # fmt: skip
+  model = setup.build_model(run.model, num_classes=10)
+  tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
+  step_fn = jax.jit(steps.make_train_step(model, tx, schedule, run.step, 10, run.data.batch))
+  state = _state(run, model, tx)
+  params = jax.tree.map(np.asarray, state['params'])
+  momentum = jax.tree.map(np.zeros_like, params)
+
+  def loss(p, batch):
+    logits = model.apply({'params': p}, batch['image'], train=True)
+    log_p = jax.nn.log_softmax(logits)
+    return -jnp.mean(log_p[jnp.arange(len(batch['label'])), batch['label']])
+
+  # lr(s) = 0.1 * min(1, s / 2) * (1 + cos(pi * (s - 2) / 8)) / 2 for s >= 2, warmup before.
+  for s, batch, lr in zip((1, 2), _batches(2), (0.05, 0.1), strict=True):
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
+    grads = jax.tree.map(np.asarray, grads)
+    norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in jax.tree.leaves(grads)))
+    assert norm > 0.05  # the clipping does something
+    clipped = jax.tree.map(lambda g, n=norm: g * (0.05 / n), grads)
+    momentum = jax.tree.map(lambda m, g: g + 0.9 * m, momentum, clipped)
+    params = jax.tree.map(lambda p, m, lr=lr: p - lr * m, params, momentum)
+
+    state, metrics = step_fn(state, batch)
+    assert int(state['step']) == s
+    np.testing.assert_allclose(metrics['loss'], value, rtol=1e-6)
+    np.testing.assert_allclose(metrics['grad_norm'], norm, rtol=1e-5)  # before clipping
+    np.testing.assert_allclose(metrics['learning_rate'], lr, rtol=1e-6)
+    assert bool(metrics['params_finite'])
+    for a, b in zip(jax.tree.leaves(state['params']), jax.tree.leaves(params), strict=True):
+      np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def _train(run: spec.RunSpec, devices, batches) -> tuple[dict, list[float]]:
+  """The spec's compiled step (jit or shard_map) on a mesh of `devices`, over `batches`."""
+  mesh = parallel.create_mesh(devices)
+  model = setup.build_model(run.model, num_classes=10)
+  tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
+  state = _state(run, model, tx)
+  shardings = parallel.tree_shardings(state, mesh, run.step.sharding)
+  step_fn = steps.train_step_for(run, model, tx, schedule, 10, mesh, shardings)
+  state = jax.device_put(state, shardings)
+  losses = []
+  for batch in batches:
+    state, metrics = step_fn(state, parallel.global_batch(batch, parallel.batch_sharding(mesh)))
+    losses.append(float(metrics['loss']))
+  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(state['params']))[0]
+  return {'/'.join(str(k.key) for k in path): np.asarray(x) for path, x in flat}, losses
+
+
+@pytest.mark.parametrize('devices', [1, 8])
+def test_shard_map_step_equals_the_jit_step(devices):
+  """Per-device loss and gradient, explicit pmean: the jit step's parameters after 4 steps
+  of SGD with momentum and clipping, with dropout (per-example keys) and 2 micro-batches
+  per device. (SGD: Adam would scale the rounding noise of the attention key bias, whose
+  gradient is zero, up to a full step; see conftest.ZERO_GRADIENT.)"""
+  overrides = dict(
+    model__transformer__dropout_rate=0.1, accum_steps=2, total_steps=10, warmup_steps=1,
+    optimizer='sgd', base_lr=0.1, weight_decay=0.0,
+  )  # fmt: skip
+  batches = _batches(4)
+  mesh_devices = jax.devices()[:devices]
+  jit_params, jit_losses = _train(_spec(**overrides), mesh_devices, batches)
+  sm_params, sm_losses = _train(_spec(step='shard_map', **overrides), mesh_devices, batches)
+  np.testing.assert_allclose(sm_losses, jit_losses, atol=1e-6, rtol=0)
+  assert len(set(np.round(jit_losses, 4))) == 4  # the steps trained
+  assert sm_params.keys() == jit_params.keys()
+  for k in jit_params:
+    np.testing.assert_allclose(sm_params[k], jit_params[k], atol=1e-6, rtol=0, err_msg=k)

@@ -1,0 +1,1 @@
+"""Vision Transformers in JAX/Flax: models, checkpoints, data, training, benchmarks, the paper."""

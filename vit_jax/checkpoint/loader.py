@@ -1,0 +1,255 @@
+"""Any checkpoint into a runnable model: `fit`, the one loader behind predict, visualize, convert
+and fine-tuning.
+
+  fitted = fit('ViT-B_16.npz')                          # the model the weights describe
+  fitted = fit('ViT-B_16.npz', 'ViT-B_16', num_classes=10, resolution=384)
+  logits = fitted.model().apply({'params': fitted.params}, images, train=False)
+
+The checkpoint is read in any format `formats.read` knows; the model is a registry name, a
+model config (the constructor fields), or by default the architecture read off the shapes;
+the parameters are fitted to it by `surgery.merge_pretrained` (head, pre_logits, position
+embeddings on another grid), every mismatch a one-line error. What the file states beyond its
+shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set on the model.
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import flax.linen as nn
+import ml_collections
+from absl import logging
+
+from vit_jax.checkpoint import formats, tree
+from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
+from vit_jax.checkpoint.tree import CheckpointError
+from vit_jax.models import get_config, is_mixer, model_from_config, stats
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+  """What a checkpoint holds, read off its shapes.
+
+  Attributes:
+    config: the architecture (`tree.infer_config`: model fields, `num_classes` and
+      `representation_size` included), and the fields the file states beyond its shapes
+      (`gelu_approximate=False` where its config names the exact GELU).
+    name: the registered model of this architecture, or None.
+    resolution: the square image size its position embeddings are laid out for, or None.
+    arrays, parameters: how many arrays and scalars it holds.
+    description: its format, in one line.
+  """
+
+  config: ml_collections.ConfigDict
+  name: str | None
+  resolution: int | None
+  arrays: int
+  parameters: int
+  description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Fitted:
+  """A checkpoint fitted to a model, ready to apply.
+
+  Attributes:
+    params: the model's parameter tree (numpy), head included when the model has one.
+    config: the model's constructor fields, `num_classes` included: `model()` builds it.
+    name: the registered model name, or None for an architecture outside the registry.
+    resolution: the input size in pixels the parameters are fitted to (None: `init_params`
+      was given without it and its grid is not square).
+    found: what the checkpoint holds.
+    report: what the surgery did with every key.
+  """
+
+  params: dict[str, Any]
+  config: ml_collections.ConfigDict
+  name: str | None
+  resolution: int | tuple[int, int] | None
+  found: Found
+  report: LoadReport
+
+  def model(self, **overrides: Any) -> nn.Module:
+    """The module, e.g. `model(num_classes=None)` for the pre-logits features."""
+    return model_from_config(self.config, **overrides)
+
+  @property
+  def patch_pixels(self) -> int:
+    """The side in input pixels of one token's patch."""
+    return tree.patch_pixels(self.config)
+
+  @property
+  def grid(self) -> tuple[int, int]:
+    """(rows, cols) of patch tokens at `resolution`."""
+    return tree.token_grid(self.config, self.resolution)
+
+
+def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | None]:
+  """(an unlocked copy of the config, its registry name) of a name, a config or None."""
+  if model is None:
+    return None, None
+  if isinstance(model, str):
+    try:
+      return get_config(model), model
+    except KeyError as e:
+      raise CheckpointError(e.args[0]) from None
+  fields = model.to_dict() if isinstance(model, ml_collections.ConfigDict) else dict(model)
+  config = ml_collections.ConfigDict(fields)
+  return config, tree.match_registry(config)
+
+
+def _found(restored: Mapping[str, Any], description: str, fields: Mapping[str, Any]) -> Found:
+  flat = tree.flatten(restored)
+  config = tree.infer_config(flat)
+  config.update(fields)
+  return Found(
+    config=config,
+    name=tree.match_registry(config),
+    resolution=tree.native_resolution(flat, config),
+    arrays=len(flat),
+    parameters=tree.count_params(flat),
+    description=description,
+  )
+
+
+def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
+  """A registered model given by name must have the checkpoint's architecture."""
+  mine, theirs = tree.architecture(config), tree.architecture(found.config)
+  if any_patch:  # FlexiViT: the patch embedding is resampled to the model's
+    mine, theirs = mine[1:], theirs[1:]
+  if mine != theirs:
+    holds = found.name or 'an unregistered architecture'
+    raise CheckpointError(
+      f'--model {name} does not fit the checkpoint, which holds {holds}'
+      f' ({tree.describe(found.config)}); leave --model out to use that.'
+    )
+
+
+def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str) -> None:
+  """A model config given as is keeps its fields; a file that states others is logged."""
+  for key, value in fields.items():
+    if config.get(key) != value:
+      logging.warning(
+        '%s: the file states %s=%s, the model config given %s; the config holds',
+        source,
+        key,
+        value,
+        config.get(key),
+      )
+
+
+def _resolution(
+  resolution: int | tuple[int, int] | None, config: Any, native: int | None, source: str
+) -> int | tuple[int, int]:
+  """The requested size, else the checkpoint's; a multiple of the model's patch pixels."""
+  if resolution is None:
+    if native is None:
+      raise CheckpointError(
+        f'{source}: cannot tell the trained resolution (the position embeddings are sincos2d'
+        ' or not a square grid): pass --resolution'
+      )
+    resolution = native
+  stride = tree.patch_pixels(config)
+  sides = (resolution,) if isinstance(resolution, int) else tuple(resolution)
+  if any(side <= 0 or side % stride for side in sides):
+    raise CheckpointError(
+      f'--resolution {resolution} is not a positive multiple of the patch stride {stride}'
+      ' of this model'
+    )
+  return resolution
+
+
+def fit(
+  path: str | os.PathLike,
+  model: str | Mapping[str, Any] | ml_collections.ConfigDict | None = None,
+  num_classes: int | None = None,
+  resolution: int | tuple[int, int] | None = None,
+  *,
+  keep_head: bool | None = None,
+  init_params: Mapping[str, Any] | None = None,
+  **surgery: Any,
+) -> Fitted:
+  """Reads the checkpoint at `path` and fits it to a runnable model.
+
+  Args:
+    path: a checkpoint in any format `vit_jax.checkpoint.read` knows.
+    model: a registry name (checked against the checkpoint's architecture), a model config
+      (its constructor fields, used as given: fine-tuning drops a `pre_logits` its model has
+      no place for), or None: the architecture read off the shapes. A name or None keeps the
+      checkpoint's `pre_logits`.
+    num_classes: head classes; None: the checkpoint's; 0: no head (with `init_params`: its
+      head's).
+    resolution: input pixels (an int, or (height, width)); None: the checkpoint's, or with
+      `init_params` the square its position embeddings imply. Another size resizes the
+      checkpoint's position embeddings.
+    keep_head: keep the checkpoint's head; None: when its class count is the model's.
+    init_params: the model's initialised tree (concrete leaves are the initial values of
+      keys the checkpoint does not give), whose head sets the class count; None: the
+      model's shapes at `resolution` (`jax.eval_shape`, nothing allocated).
+    **surgery: `merge_pretrained` options: `dont_load`, `strict`, `pretrained_grid`,
+      `resize_patch_embedding`.
+
+  Raises:
+    CheckpointError: an unreadable file, or a checkpoint that does not fit; one line.
+  """
+  source = str(path)
+  config, name = _model_config(model)
+  transformer = None if config is None else config.get('transformer')
+  heads = transformer.num_heads if transformer else None
+  fmt = formats.detect_format(path)
+  restored, description = fmt.read(Path(path), num_heads=heads)
+  fields = fmt.fields(Path(path))
+  found = _found(restored, description, fields)
+  if config is None:
+    config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
+  elif isinstance(model, str):
+    _check_fits(name, config, found, surgery.get('resize_patch_embedding', False))
+    config.update(fields)  # the registry's architecture, computed as the file says
+  else:
+    _warn_unlike(config, fields, source)
+  if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
+    config.representation_size = found.config.representation_size
+  image_size = resolution
+  if init_params is None:
+    config.num_classes = found.config.num_classes if num_classes is None else num_classes or None
+    resolution = image_size = _resolution(resolution, config, found.resolution, source)
+    init_params = stats.param_shapes(model_from_config(config), resolution)
+  else:  # the tree is the model: its head and its grid
+    head = tree.flatten(init_params).get('head/kernel')
+    config.num_classes = None if head is None else int(head.shape[-1])
+    resolution = resolution or tree.native_resolution(init_params, config)
+  if keep_head is None:
+    keep_head = bool(found.config.num_classes) and config.num_classes == found.config.num_classes
+  params, report = merge_pretrained(
+    restored, init_params, config, keep_head, image_size=image_size, source=source, **surgery
+  )
+  return Fitted(params, config, name, resolution, found, report)
+
+
+def load_pretrained(
+  path: str | os.PathLike,
+  init_params: Mapping[str, Any],
+  model_config: Any,
+  keep_head: bool = False,
+  **kwargs: Any,
+) -> dict:
+  """The original vit_jax `load_pretrained`: the checkpoint at `path` fitted to an initialised
+  tree of `model_config` (fresh head by default); the surgery's report is logged.
+
+  `image_size` places the position embeddings on a non-square grid; the other options are
+  `merge_pretrained`'s.
+  """
+  fitted = fit(
+    path,
+    model_config,
+    resolution=kwargs.pop('image_size', None),
+    keep_head=keep_head,
+    init_params=init_params,
+    **kwargs,
+  )
+  logging.info('load_pretrained: %s', fitted.found.description)
+  for line in fitted.report.lines():
+    logging.info('load_pretrained: %s', line)
+  return fitted.params

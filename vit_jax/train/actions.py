@@ -1,0 +1,295 @@
+"""The periodic actions of the training loop, built on clu's `periodic_actions`.
+
+Called after every step, each action decides by itself whether it is due (every N steps,
+and at the last step):
+  Progress     clu's ReportProgress: writes the training line of metrics.jsonl (loss,
+               learning rate, gradient norm, img/s without compilation, evaluation and
+               checkpoint time) and draws the progress line.
+  Evaluator    an exact pass over the test split (PeriodicCallback).
+  Saver        an orbax checkpoint of the state (PeriodicCallback).
+  Profile      clu's Profile: a trace of `profile_steps` steps for TensorBoard's profile plugin.
+Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics of the
+steps so far and stops the run at the first non-finite one, so no bad state is ever saved.
+"""
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from clu import metric_writers, periodic_actions, profiler
+
+from vit_jax import rundir
+from vit_jax.train import state as state_lib
+
+EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
+
+
+class NonFiniteGuard:
+  """Keeps each step's metrics on the device until they are needed (no sync per step)."""
+
+  def __init__(self, checkpoints: state_lib.Checkpoints):
+    self._pending: list[tuple[int, dict]] = []
+    self._checkpoints = checkpoints
+
+  def add(self, step: int, metrics: dict) -> None:
+    self._pending.append((step, metrics))
+
+  def check(self) -> dict | None:
+    """The last step's metrics on the host; FloatingPointError at a non-finite step."""
+    fetched = jax.device_get([m for _, m in self._pending])
+    for (step, _), m in zip(self._pending, fetched, strict=True):
+      if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm']) and m['params_finite']):
+        self._checkpoints.wait()
+        last = self._checkpoints.last_saved
+        kept = f'step {last}' if last is not None else 'none yet'
+        raise FloatingPointError(
+          f'Non-finite loss ({float(m["loss"])}), gradient or parameters at step {step}: run '
+          f'stopped. Last good checkpoint ({kept}) in {self._checkpoints.directory} is '
+          'untouched; lower --config.base_lr (or check the data) and rerun to resume from it.'
+        )
+    self._pending.clear()
+    return fetched[-1] if fetched else None
+
+
+# ----------------------------------------------------------------------------------------
+# Metric writers: metrics.jsonl and TensorBoard, on the first process.
+# ----------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+  return value if isinstance(value, int | float) else np.asarray(value).item()
+
+
+class JsonlWriter(metric_writers.MetricWriter):
+  """A clu MetricWriter of scalars to the run's metrics.jsonl; other kinds are not logged."""
+
+  def __init__(self, log: rundir.MetricsLog):
+    self._log = log
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    self._log.write(step, {k: _plain(v) for k, v in scalars.items()})
+
+  def write_summaries(self, step, values, metadata=None):
+    del step, values, metadata
+
+  def write_images(self, step, images):
+    del step, images
+
+  def write_videos(self, step, videos):
+    del step, videos
+
+  def write_audios(self, step, audios, *, sample_rate):
+    del step, audios, sample_rate
+
+  def write_texts(self, step, texts):
+    del step, texts
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    del step, arrays, num_buckets
+
+  def write_hparams(self, hparams):
+    del hparams
+
+  def flush(self):
+    pass
+
+  def close(self):
+    self._log.close()
+
+
+def make_writer(workdir: str, resume_step: int | None) -> metric_writers.MetricWriter:
+  """metrics.jsonl and TensorBoard events on process 0; nothing on the others."""
+  if jax.process_index() != 0:
+    return metric_writers.MultiWriter([])
+  writers = [JsonlWriter(rundir.MetricsLog(workdir, resume_step))]
+  try:
+    writers.append(metric_writers.SummaryWriter(workdir))
+  except Exception as e:  # TensorBoard is optional for a run
+    logging.warning('No TensorBoard events: %s', e)
+  return metric_writers.MultiWriter(writers)
+
+
+# ----------------------------------------------------------------------------------------
+# Progress: the training line of the metrics, and the progress line.
+# ----------------------------------------------------------------------------------------
+
+
+def _format_time(seconds: float) -> str:
+  seconds = int(max(0, seconds))
+  h, rest = divmod(seconds, 3600)
+  return f'{h}h{rest // 60:02d}m' if h else f'{rest // 60}m{rest % 60:02d}s'
+
+
+class Progress(periodic_actions.ReportProgress):
+  """clu's ReportProgress that also writes each reported step's training metrics and draws
+  `[####....] step S/T | loss L | R img/s | ETA E` (in place on a terminal), on process 0.
+
+  It is first called right after the first step, which includes compilation: that step is
+  reported without img/s, and img/s counts from there on, leaving out the time spent in
+  `timed` parts (evaluation, checkpoints).
+  """
+
+  def __init__(self, *, total_steps, batch, every_steps, guard, writer, stream=None):
+    super().__init__(num_train_steps=total_steps, every_steps=every_steps, every_secs=None)
+    self._batch, self._guard, self._metrics = batch, guard, writer
+    self._paused_at_last = 0.0
+    self._rate: float | None = None
+    self.stream = stream or sys.stdout
+    self.enabled = jax.process_index() == 0
+    self.tty = self.enabled and self.stream.isatty()
+
+  def _should_trigger(self, step: int, t: float) -> bool:
+    # ReportProgress never reports its first call; this one writes that step's metrics too.
+    return periodic_actions.PeriodicAction._should_trigger(self, step, t)
+
+  def _img_per_sec(self, step: int, t: float) -> float | None:
+    paused = sum(self._time_per_part.values())
+    since, self._paused_at_last = paused - self._paused_at_last, paused
+    if step == self._previous_step:  # the first call: compilation is in its time
+      return None
+    elapsed = max(1e-9, t - self._previous_time - since)
+    return (step - self._previous_step) * self._batch / elapsed
+
+  def _apply(self, step: int, t: float):
+    last = self._guard.check()
+    img_per_sec = self._img_per_sec(step, t)
+    if img_per_sec is not None:
+      self._rate = img_per_sec
+      super()._apply(step, t)  # clu: steps/s and ETA in the work unit's notes
+    scalars = {
+      'loss': float(last['loss']),
+      'learning_rate': float(last['learning_rate']),
+      'grad_norm': float(last['grad_norm']),
+    }
+    if img_per_sec is not None:
+      scalars['img_per_sec'] = img_per_sec
+    self._metrics.write_scalars(step, scalars)
+    self._draw(step, scalars['loss'])
+
+  def _draw(self, step: int, loss: float) -> None:
+    if not self.enabled:
+      return
+    total, rate = self._num_train_steps, self._rate
+    filled = int(20 * step / total)
+    bar = '#' * filled + '.' * (20 - filled)
+    speed = f'{rate:.0f} img/s' if rate else '- img/s'
+    eta = _format_time((total - step) * self._batch / rate) if rate else '-'
+    line = f'[{bar}] step {step}/{total} | loss {loss:.4f} | {speed} | ETA {eta}'
+    self.stream.write(('\r' + line) if self.tty else line + '\n')
+    self.stream.flush()
+
+  def message(self, text: str) -> None:
+    """A line of its own (after the progress line on a terminal), on process 0."""
+    if self.enabled:
+      self.stream.write(('\n' if self.tty else '') + text + '\n')
+      self.stream.flush()
+
+
+# ----------------------------------------------------------------------------------------
+# Evaluation and checkpoints, as clu PeriodicCallbacks that receive the state.
+# ----------------------------------------------------------------------------------------
+
+
+def every(
+  steps: int, total_steps: int, callback: Callable[..., Any]
+) -> periodic_actions.PeriodicCallback:
+  """`callback(step=, t=, state=)` every `steps` steps (0: never) and at the last step."""
+  return periodic_actions.PeriodicCallback(
+    every_steps=steps or None, on_steps=[total_steps], callback_fn=callback
+  )
+
+
+class Evaluator:
+  """Evaluates the state's parameters (`evaluate(params)`) and writes the result."""
+
+  def __init__(self, evaluate: Callable, guard, writer, progress: Progress):
+    self._evaluate, self._guard, self._writer, self._progress = evaluate, guard, writer, progress
+    self.last: dict[str, Any] = {}
+
+  def __call__(self, step: int, t: float, state: dict[str, Any]) -> None:
+    del t
+    with self._progress.timed('eval', wait_jax_async_dispatch=False):
+      self._guard.check()
+      self.last = self._evaluate(state['params'])
+      self._writer.write_scalars(step, {k: self.last[k] for k in EVAL_KEYS})
+      self._progress.message(
+        f'step {step}: accuracy_test {self.last["accuracy_test"]:.4f} '
+        f'(top-5 {self.last["accuracy_test_top5"]:.4f}, {self.last["num_test"]} examples)'
+      )
+
+
+class Saver:
+  """Saves the state, with its data position, once every earlier step has proved finite."""
+
+  def __init__(self, checkpoints: state_lib.Checkpoints, guard, progress, batch, data_shards):
+    self._checkpoints, self._guard, self._progress = checkpoints, guard, progress
+    self._batch, self._data_shards = batch, data_shards
+
+  def __call__(self, step: int, t: float, state: dict[str, Any]) -> None:
+    del t
+    with self._progress.timed('checkpoint', wait_jax_async_dispatch=False):
+      self._guard.check()
+      meta = state_lib.checkpoint_meta(step, self._batch, self._data_shards)
+      self._checkpoints.save(step, state, meta)
+
+
+# ----------------------------------------------------------------------------------------
+# Profiling and preemption.
+# ----------------------------------------------------------------------------------------
+
+
+class Profile(periodic_actions.Profile):
+  """clu's Profile, once: a trace of `num_profile_steps` steps after `first_profile`, in
+  `logdir/plugins/profile/<time>/` (TensorBoard's profile plugin opens it)."""
+
+  def __init__(self, logdir: str, num_profile_steps: int, first_profile: int):
+    super().__init__(
+      logdir=logdir,
+      num_profile_steps=num_profile_steps,
+      profile_duration_ms=None,
+      first_profile=first_profile,
+      every_secs=None,
+    )
+
+  def close(self) -> None:
+    """Ends a trace the run stopped in the middle of (preemption, an error)."""
+    if self._session_running:
+      self._end_session(profiler.stop())
+
+
+def make_profile(workdir: str, steps: int, start: int, total_steps: int) -> Profile | None:
+  """A profile of `steps` steps after the first two of this run (fewer if the run is shorter)."""
+  if not steps:
+    return None
+  first = max(start + 1, min(start + 2, total_steps - steps))
+  steps = min(steps, total_steps - first)
+  if steps < 1:
+    logging.warning('No profile: %d step(s) left to train.', total_steps - start)
+    return None
+  return Profile(workdir, steps, first)
+
+
+class Preemption:
+  """Turns SIGTERM into a flag the loop checks after each step (main thread only)."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)

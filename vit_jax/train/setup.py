@@ -1,0 +1,187 @@
+"""A run spec resolved against the world: the dataset, the devices, the pretrained file.
+
+`prepare` does every check that needs the data or the files, before any compute, and
+fills in what the spec leaves to them (the number of classes, the steps of `total_epochs`).
+Errors are one-line ValueErrors.
+"""
+
+import csv
+import dataclasses
+import difflib
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import data as data_lib
+from vit_jax import parallel, rundir
+from vit_jax.models import VisionTransformer, model_from_config
+from vit_jax.train import spec as spec_lib
+
+DOWNLOAD_ROOTS = {'augreg': 'gs://vit_models/augreg', 'default': 'gs://vit_models/imagenet21k'}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What a run needs, resolved and checked: `spec.data.num_classes` and
+  `spec.loop.total_steps` hold the resolved values."""
+
+  spec: spec_lib.RunSpec
+  source: data_lib.Source
+  model: Any
+  mesh: jax.sharding.Mesh
+  pp_train: data_lib.Preprocessing
+  pp_eval: data_lib.Preprocessing
+  pretrained_path: str | None
+
+  @property
+  def num_classes(self) -> int:
+    return self.spec.data.num_classes
+
+  @property
+  def total_steps(self) -> int:
+    return self.spec.loop.total_steps
+
+
+def _augreg_filename(pretrained_dir: str, model: str) -> str:
+  """The i21k AugReg file of `model` with the best final upstream validation accuracy."""
+  index = os.path.join(pretrained_dir, 'index.csv')
+  if not os.path.exists(index):
+    raise ValueError(
+      f'{index} not found: download it with `gsutil cp {DOWNLOAD_ROOTS["augreg"]}/index.csv '
+      f'{pretrained_dir}/`, or give a full file name as configs/augreg.py:FILENAME.'
+    )
+  with open(index, newline='') as f:
+    rows = [
+      r for r in csv.DictReader(f) if r['filename'].split('-')[0] == model and r['ds'] == 'i21k'
+    ]
+  if not rows:
+    raise ValueError(f'No i21k checkpoint of {model!r} in {index}.')
+  return max(rows, key=lambda r: float(r['final_val']))['filename']
+
+
+def _pretrained_candidate(init: spec_lib.Init, model_name: str) -> tuple[str, str] | None:
+  """(path, download root) of the pretrained file the spec names, or None (from scratch)."""
+  if init.pretrained_path:
+    return init.pretrained_path, DOWNLOAD_ROOTS['default']
+  if not init.pretrained_dir:
+    return None
+  name, root = model_name, DOWNLOAD_ROOTS['default']
+  if init.model_or_filename:
+    name, root = init.model_or_filename, DOWNLOAD_ROOTS['augreg']
+    if '-' not in name:  # a model: its best i21k checkpoint by index.csv
+      if init.pretrained_dir.startswith('gs://'):
+        raise ValueError(
+          f'AugReg model {name!r}: download {root}/index.csv and the file it selects into DIR '
+          f'and set --config.pretrained_dir=DIR, or name the file: configs/augreg.py:FILENAME.'
+        )
+      name = _augreg_filename(init.pretrained_dir, name)
+  return os.path.join(init.pretrained_dir, f'{name}.npz'), root
+
+
+def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
+  """The pretrained file to fine-tune from, or None to train from scratch.
+
+  `pretrained_path` if set, else `{pretrained_dir}/{name}.npz` with `name` the model name,
+  or the AugReg file given (or selected by index.csv) in `model_or_filename`.
+  """
+  candidate = _pretrained_candidate(spec.init, spec.model.name)
+  if candidate is None:
+    return None
+  path, root = candidate
+  if path.startswith('gs://') or not os.path.exists(path):
+    file = os.path.basename(path)
+    url = path if path.startswith('gs://') else f'{root}/{file}'
+    raise ValueError(
+      f'Pretrained checkpoint {path} not found: download it with `gsutil cp {url} DIR/` and set '
+      f"--config.pretrained_dir=DIR (or --config.pretrained_path=FILE; --config.pretrained_dir='' "
+      'trains from scratch).'
+    )
+  return path
+
+
+def _source(data: spec_lib.Data) -> tuple[data_lib.Source, int]:
+  """The dataset and the number of classes; its splits checked for examples."""
+  source = data_lib.get_source(data.dataset, data.tfds_data_dir or None)
+  num_classes = data.num_classes or source.num_classes
+  if num_classes < source.num_classes:
+    raise ValueError(
+      f'config.num_classes={num_classes} < the {source.num_classes} classes of {source.name}.'
+    )
+  pc, pi = jax.process_count(), jax.process_index()
+  for split in (data.pp.train, data.pp.test):
+    try:
+      if source.num_examples(split, pi, pc) == 0:
+        raise ValueError(f'split {split!r} of {source.name!r} is empty')
+    except ValueError as e:
+      raise ValueError(f'Dataset {source.name!r}, split {split!r}: {str(e).splitlines()[0]}') from e
+  return source, num_classes
+
+
+def _total_steps(spec: spec_lib.RunSpec, source: data_lib.Source) -> int:
+  total_steps = spec.loop.total_steps
+  if spec.loop.total_epochs:
+    n_train = source.num_examples(spec.data.pp.train, 0, 1)
+    total_steps = math.ceil(spec.loop.total_epochs * n_train / spec.data.batch)
+  if total_steps <= 0:
+    raise ValueError(
+      'config.total_steps is not set: give --config.total_steps=N (or total_epochs).'
+    )
+  return total_steps
+
+
+def build_model(model: spec_lib.Model, num_classes: int) -> VisionTransformer:
+  """The module of the spec's model fields; a misspelt field names the closest one."""
+  fields = model.constructor_fields()
+  try:
+    return model_from_config(fields, num_classes=num_classes, dtype=jnp.dtype(model.dtype))
+  except (TypeError, KeyError) as e:
+    raise ValueError(f'Bad model config: {e}{_field_hint(fields)}') from e
+
+
+def _field_hint(fields: dict[str, Any]) -> str:
+  known = {f.name for f in dataclasses.fields(VisionTransformer)} - {'parent', 'name'}
+  for key in fields:
+    close = difflib.get_close_matches(key, known, n=1)
+    if key not in known and close:
+      return f' (model.{key}: did you mean model.{close[0]}?)'
+  return ''
+
+
+def _check_batches(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh) -> None:
+  data = spec.data
+  parallel.check_batch(data.batch, mesh, spec.step.accum_steps, 'batch')
+  if data.data_shards:
+    data_lib.check_data_shards(data.data_shards, data.batch, jax.process_count())
+  parallel.check_batch(data.batch_eval, mesh, 1, 'batch_eval')
+
+
+def prepare(
+  spec: spec_lib.RunSpec, workdir: str, devices: Sequence[jax.Device] | None = None
+) -> Setup:
+  """Checks the data, batch split and files against `spec`; one-line ValueErrors, no compute."""
+  resuming = rundir.latest_step(workdir) is not None
+  pretrained_path = None if resuming else resolve_pretrained_path(spec)
+  source, num_classes = _source(spec.data)
+  total_steps = _total_steps(spec, source)
+  mesh = parallel.create_mesh(devices)
+  _check_batches(spec, mesh)
+  model = build_model(spec.model, num_classes)
+  spec = dataclasses.replace(
+    spec,
+    data=dataclasses.replace(spec.data, num_classes=num_classes),
+    loop=dataclasses.replace(spec.loop, total_steps=total_steps),
+  )
+  pp = spec.data.pp
+  return Setup(
+    spec=spec,
+    source=source,
+    model=model,
+    mesh=mesh,
+    pp_train=data_lib.Preprocessing(pp.crop, pp.area_min, pp.flip, pp.subpixel),
+    pp_eval=data_lib.Preprocessing(crop=pp.crop),
+    pretrained_path=pretrained_path,
+  )

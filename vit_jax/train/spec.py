@@ -1,0 +1,339 @@
+"""The run spec: every training config key, its type, default and meaning, defined once.
+
+An experiment config (`configs/*.py`, an `ml_collections.ConfigDict` with `--config.X=...`
+overrides) is resolved once by `from_config` into a frozen `RunSpec`; each part of training
+receives the section it needs (`spec.optim` for the optimizer, `spec.data` for the input
+pipeline, `spec.loop` for the periodic actions, ...), never the ConfigDict.
+
+The config stays flat, as in the original vit_jax (`--config.base_lr`, `--config.pp.crop`):
+the fields of each section below are its top-level keys, a nested section (`pp`) is a nested
+dict, and `config.model` holds the model's constructor fields (checked by the model).
+`configs/common.py` starts every experiment from `default_config()`, these defaults.
+"""
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from vit_jax import optim, parallel
+
+DTYPES = ('float32', 'bfloat16')
+LOSSES = ('softmax_xent', 'sigmoid_xent')
+STEPS = ('jit', 'shard_map')
+
+
+@dataclasses.dataclass(frozen=True)
+class Pp:
+  """`config.pp`: splits and preprocessing."""
+
+  # tfds split strings (or 'train'/'test' folders) for training and evaluation.
+  train: str = 'train'
+  test: str = 'test'
+  # Output size; inception-crop area floor; random flip; crop box between pixels.
+  crop: int = 384
+  area_min: float = 0.05
+  flip: bool = True
+  subpixel: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The model and its compute dtype."""
+
+  # Registry name (vit_jax.models.MODEL_CONFIGS) of the model: names the pretrained file and
+  # the model in reports.
+  name: str = dataclasses.field(default='', metadata={'key': 'model_name'})
+  # The model's constructor fields (from the registry); overridable per field on the command
+  # line (`--config.model.transformer.dropout_rate=0.1`). None: not chosen yet.
+  fields: Mapping[str, Any] | None = dataclasses.field(default=None, metadata={'key': 'model'})
+  # Compute dtype: 'float32', or 'bfloat16' for mixed precision (parameters stay float32).
+  # float16 is refused: it needs loss scaling, which this trainer does not do.
+  dtype: str = 'float32'
+
+  def constructor_fields(self) -> dict[str, Any]:
+    """`fields` as keyword arguments of the module."""
+    return dict(self.fields or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class Init:
+  """Where the first weights come from."""
+
+  # Seed of the initialisation, the dropout keys and the data order.
+  seed: int = 0
+  # Pretrained checkpoints: `{pretrained_dir}/{model_name}.npz` (download from
+  # gs://vit_models/imagenet21k), or one file in `pretrained_path` (any format
+  # vit_jax.checkpoint reads). Both empty: train from scratch.
+  pretrained_dir: str = '.'
+  pretrained_path: str = ''
+  # AugReg: a model ('B_16', best i21k checkpoint by index.csv) or a full file name.
+  model_or_filename: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """The dataset, the batches and the input pipeline."""
+
+  # 'digits' (bundled), a tfds name, or a folder `{train,test}/<class>/*.jpg`.
+  dataset: str = ''
+  # tensorflow_datasets data directory ('' = tfds default).
+  tfds_data_dir: str = ''
+  # Classes; 0 = from the dataset.
+  num_classes: int = 0
+  pp: Pp = Pp()
+  # Global batch sizes (over all hosts and devices).
+  batch: int = 512
+  batch_eval: int = 512
+  shuffle_buffer: int = 50_000
+  prefetch: int = 2
+  # The training stream is read as this many shards, split over the processes (0 = one per
+  # process). The batches depend on it, not on the process count: fix it to the largest
+  # process count a run will use to make it reproducible (and resumable) on any of them.
+  data_shards: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+  """The optimizer and the learning-rate schedule (vit_jax/optim.py)."""
+
+  # 'sgd' (momentum) for fine-tuning, 'adam' for pretraining.
+  optimizer: str = 'sgd'
+  momentum: float = 0.9
+  b1: float = 0.9
+  b2: float = 0.999
+  # Decoupled weight decay (AdamW convention, see vit_jax/optim.py) on `weight_decay_pattern`.
+  weight_decay: float = 0.0
+  weight_decay_pattern: str = r'.*/kernel'
+  # Clip gradients to this global norm (0 = no clipping).
+  grad_norm_clip: float = 1.0
+  # dtype of the first moment (SGD momentum, Adam mu): 'float32' or 'bfloat16'.
+  optim_dtype: str = 'float32'
+  base_lr: float = 0.03
+  # 'cosine', 'linear' (to `linear_end`) or 'constant', after `warmup_steps` of linear warmup.
+  decay_type: str = 'cosine'
+  warmup_steps: int = 500
+  linear_end: float = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """The compiled training step: loss, micro-batches, parallelism."""
+
+  # 'softmax_xent', or 'sigmoid_xent' (per-class sigmoid, summed over classes).
+  loss: str = 'softmax_xent'
+  label_smoothing: float = 0.0
+  # Split each batch into this many micro-batches and average their gradients (saves memory).
+  accum_steps: int = 8
+  # 'jit': one program for the global batch, partitioned by GSPMD (replicated or FSDP).
+  # 'shard_map': the per-device step, gradients averaged by an explicit pmean (replicated).
+  step: str = 'jit'
+  # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
+  sharding: Any = 'replicate'
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+  """How long, and the periodic actions of the loop."""
+
+  # Steps; set by the dataset preset unless given. total_epochs > 0 sets them from the
+  # training split's size instead.
+  total_steps: int = 0
+  total_epochs: float = 0.0
+  # Evaluate every so many steps (and at the end); log progress; checkpoint (0 = only at the end).
+  eval_every: int = 100
+  progress_every: int = 10
+  checkpoint_every: int = 1_000
+  keep_checkpoints: int = 3
+  # Trace this many steps (after the first two) for TensorBoard's profile plugin (0 = none).
+  profile_steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+  """A resolved training config: one section per part of training."""
+
+  model: Model = Model()
+  init: Init = Init()
+  data: Data = Data()
+  optim: Optim = Optim()
+  step: Step = Step()
+  loop: Loop = Loop()
+
+
+# ----------------------------------------------------------------------------------------
+# The flat config keys of the sections, and their conversion.
+# ----------------------------------------------------------------------------------------
+
+
+def _key(field: dataclasses.Field) -> str:
+  return field.metadata.get('key', field.name)
+
+
+def _sections() -> dict[str, tuple[str, dataclasses.Field]]:
+  """Config key -> (section name, field of that section)."""
+  keys = {}
+  for section in dataclasses.fields(RunSpec):
+    for field in dataclasses.fields(section.type):
+      keys[_key(field)] = (section.name, field)
+  return keys
+
+
+SECTIONS = _sections()
+_HINTS = {f.name: typing.get_type_hints(f.type) for f in dataclasses.fields(RunSpec)}
+# The keys a config may have, with their place: one definition, the dataclasses above.
+CONFIG_KEYS = frozenset(SECTIONS)
+PP_KEYS = frozenset(f.name for f in dataclasses.fields(Pp))
+
+
+def _unknown(key: str, known: frozenset[str], prefix: str = '') -> ValueError:
+  close = difflib.get_close_matches(key, known, n=1)
+  hint = f' Did you mean {prefix + close[0]!r}?' if close else ''
+  return ValueError(f'Unknown config key {prefix + key!r}.{hint}')
+
+
+def _convert(key: str, value: Any, kind: Any) -> Any:
+  """`value` as the field's type (ints are floats where a float is wanted); a clear error."""
+  origin = typing.get_origin(kind)
+  if kind in (int, float, str, bool):
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+      return value
+    if kind is float and numeric:
+      return float(value)
+    if kind is int and numeric and float(value).is_integer():
+      return int(value)
+    raise ValueError(f'config.{key}={value!r}; expected {kind.__name__}.')
+  if origin in (typing.Union, types.UnionType):  # the model's fields: a mapping or None
+    if value is None:
+      return None
+    if not isinstance(value, Mapping):
+      raise ValueError(f'config.{key}={value!r}; expected the model fields (a dict).')
+    return ml_collections.FrozenConfigDict(value)
+  return value
+
+
+def _nested(key: str, kind: type, value: Any) -> Any:
+  """A nested section (`pp`) from its dict; unknown keys rejected."""
+  if not isinstance(value, Mapping):
+    raise ValueError(f'config.{key}={value!r}; expected a dict of {sorted(PP_KEYS)}.')
+  known = frozenset(f.name for f in dataclasses.fields(kind))
+  for name in value:
+    if name not in known:
+      raise _unknown(name, known, prefix=f'{key}.')
+  hints = typing.get_type_hints(kind)
+  fields = {k: _convert(f'{key}.{k}', v, hints[k]) for k, v in value.items()}
+  return kind(**fields)
+
+
+def _as_dict(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
+  if isinstance(config, ml_collections.ConfigDict):
+    return config.to_dict()
+  return dict(config)
+
+
+def from_config(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunSpec:
+  """The RunSpec of `config`: defaults for missing keys, unknown keys and values rejected.
+
+  Every error is one line that names the key (and the closest known key for a misspelling).
+  """
+  values = _as_dict(config)
+  for key in values:
+    if key not in CONFIG_KEYS:
+      raise _unknown(key, CONFIG_KEYS)
+  sections: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(RunSpec)}
+  for key, value in values.items():
+    section, field = SECTIONS[key]
+    kind = _HINTS[section][field.name]
+    if dataclasses.is_dataclass(kind):
+      converted = _nested(key, kind, value)
+    else:
+      converted = _convert(key, value, kind)
+    sections[section][field.name] = converted
+  spec = RunSpec(**{f.name: f.type(**sections[f.name]) for f in dataclasses.fields(RunSpec)})
+  check(spec)
+  return spec
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise ValueError(f'config.{key}={value!r}; expected one of {allowed}.')
+
+
+def check(spec: RunSpec) -> None:
+  """The checks that need no data, device or file: one-line ValueErrors."""
+  if spec.model.fields is None:
+    raise ValueError('config.model is not set: use configs/vit.py:MODEL,DATASET or set the model.')
+  if spec.model.dtype == 'float16':
+    raise ValueError(
+      "config.dtype='float16' is not supported: float16 training needs loss scaling, which this "
+      "trainer does not do; use 'bfloat16' (the same speed, float32's range)."
+    )
+  _one_of('dtype', spec.model.dtype, DTYPES)
+  _one_of('optim_dtype', spec.optim.optim_dtype, DTYPES)
+  _one_of('loss', spec.step.loss, LOSSES)
+  _one_of('decay_type', spec.optim.decay_type, optim.DECAY_TYPES)
+  _one_of('optimizer', spec.optim.optimizer, optim.OPTIMIZERS)
+  _one_of('step', spec.step.step, STEPS)
+  rules = parallel.parse_rules(spec.step.sharding)
+  if spec.step.step == 'shard_map' and any(rule != 'replicate' for _, rule in rules):
+    raise ValueError(
+      "config.step='shard_map' runs on replicated parameters; FSDP (config.sharding="
+      f"{spec.step.sharding!r}) needs config.step='jit'."
+    )
+  positive = {
+    'accum_steps': spec.step.accum_steps,
+    'batch': spec.data.batch,
+    'batch_eval': spec.data.batch_eval,
+  }
+  for key, value in positive.items():
+    if value < 1:
+      raise ValueError(f'config.{key}={value}; expected a positive integer.')
+  if spec.loop.profile_steps < 0:
+    raise ValueError(f'config.profile_steps={spec.loop.profile_steps}; expected >= 0.')
+
+
+# ----------------------------------------------------------------------------------------
+# Back to a config: the defaults, config.json, overrides.
+# ----------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+  if dataclasses.is_dataclass(value):
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+  if isinstance(value, ml_collections.ConfigDict):
+    return value.to_dict()
+  return value
+
+
+def to_dict(spec: RunSpec) -> dict[str, Any]:
+  """The flat config of `spec` (every key), as plain Python values: what config.json holds."""
+  out = {}
+  for key, (section, field) in SECTIONS.items():
+    out[key] = _plain(getattr(getattr(spec, section), field.name))
+  return out
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every key at its default: the config that `configs/common.py` starts from."""
+  return ml_collections.ConfigDict(to_dict(RunSpec()))
+
+
+def with_overrides(
+  config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+) -> ml_collections.ConfigDict:
+  """An unlocked copy of `config` with dotted keys ('pp.train') set; unknown keys rejected."""
+  config = ml_collections.ConfigDict(config.to_dict())
+  for key, value in overrides.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for parent in parents:
+      node = node[parent]
+    if leaf not in node:
+      raise ValueError(f'The config has no key {key!r} to set.')
+    node[leaf] = value
+  return config

@@ -1,0 +1,185 @@
+"""The train state: its shapes and shardings, a fresh start (scratch or pretrained), and the
+orbax checkpoints it is saved to and restored from.
+
+State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`.
+A checkpoint holds two items: `state`, and `meta` (JSON: the step, the data position, the
+global batch and the number of data shards the training stream was read as).
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import data as data_lib
+from vit_jax import parallel, rundir
+from vit_jax.train.setup import Setup
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The state's abstract arrays (with their shardings), and the shardings alone."""
+
+  abstract: dict[str, Any]
+  shardings: dict[str, Any]
+
+
+def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
+  """Shapes of the state under `jax.eval_shape`, placed by the spec's sharding rules."""
+  crop, mesh = setup.pp_train.crop, setup.mesh
+  params = jax.eval_shape(
+    lambda r: setup.model.init(r, jnp.zeros((1, crop, crop, 3)), train=False)['params'], init_rng
+  )
+  abstract = {
+    'params': params,
+    'opt_state': jax.eval_shape(tx.init, params),
+    'step': jax.ShapeDtypeStruct((), jnp.int32),
+    'rng': jax.ShapeDtypeStruct((2,), jnp.uint32),
+  }
+  rules = setup.spec.step.sharding
+  shardings = {
+    'params': parallel.tree_shardings(abstract['params'], mesh, rules),
+    'opt_state': parallel.tree_shardings(abstract['opt_state'], mesh, rules),
+    'step': parallel.replicated(mesh),
+    'rng': parallel.replicated(mesh),
+  }
+  placed = jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+  )
+  return Layout(abstract=placed, shardings=shardings)
+
+
+def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
+  """The pretrained file fitted to the model (checkpoint surgery), placed on the mesh."""
+  from vit_jax.checkpoint import load_pretrained
+
+  host_params = jax.device_get(jax.jit(init)(init_rng))
+  model_config = setup.spec.model.fields
+  loaded = load_pretrained(setup.pretrained_path, host_params, model_config, keep_head=False)
+  abstract = lay.abstract['params']
+  loaded = jax.tree.map(lambda x, a: np.asarray(x, dtype=a.dtype), loaded, abstract)
+  return jax.tree.map(
+    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx, x=x: x[idx]),
+    loaded,
+    lay.shardings['params'],
+  )
+
+
+def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[str, Any]:
+  """A fresh state on the mesh: initialised from scratch, or a pretrained file merged in."""
+  crop = setup.pp_train.crop
+  dummy = jnp.zeros((1, crop, crop, 3), jnp.float32)
+  shardings = lay.shardings
+
+  def init(rng):
+    return setup.model.init(rng, dummy, train=False)['params']
+
+  if setup.pretrained_path is None:
+
+    def init_both(rng):
+      params = init(rng)
+      return params, tx.init(params)
+
+    out = (shardings['params'], shardings['opt_state'])
+    params, opt_state = jax.jit(init_both, out_shardings=out)(init_rng)
+  else:
+    params = _pretrained_params(setup, init, init_rng, lay)
+    opt_state = jax.jit(tx.init, out_shardings=shardings['opt_state'])(params)
+  return {
+    'params': params,
+    'opt_state': opt_state,
+    'step': jax.device_put(jnp.zeros((), jnp.int32), shardings['step']),
+    'rng': jax.device_put(jax.random.key_data(dropout_rng), shardings['rng']),
+  }
+
+
+class Checkpoints:
+  """The run's orbax CheckpointManager: async saves, the last `keep` kept."""
+
+  def __init__(self, workdir: str, keep: int):
+    import orbax.checkpoint as ocp
+
+    self._ocp = ocp
+    self.directory = rundir.checkpoint_dir(workdir)
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=max(1, keep),
+      create=True,
+      enable_async_checkpointing=True,
+      cleanup_tmp_directories=True,
+    )
+    self.manager = ocp.CheckpointManager(
+      self.directory, options=options, item_names=('state', 'meta')
+    )
+    self.last_saved: int | None = self.manager.latest_step()
+    self._closed = False
+
+  def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    args = self._ocp.args
+    items = args.Composite(state=args.StandardSave(state), meta=args.JsonSave(meta))
+    self.manager.save(step, args=items, force=True)
+    self.last_saved = step
+
+  def restore(self, step: int, lay: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, meta) of `step`; a checkpoint that does not fit the config is a one-line error."""
+    args = self._ocp.args
+    items = args.Composite(state=args.StandardRestore(lay.abstract), meta=args.JsonRestore())
+    try:
+      restored = self.manager.restore(step, args=items)
+    except Exception as e:  # orbax raises many kinds on a structure or shape mismatch
+      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise ValueError(
+        f'Cannot resume from {self.directory}/{step} ({reason}): the checkpoint does '
+        'not fit this config (model, optimizer or dtype changed?); use a new --workdir.'
+      ) from e
+    return restored['state'], restored['meta']
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    if not self._closed:
+      self._closed = True
+      self.manager.wait_until_finished()
+      self.manager.close()
+
+
+def checkpoint_meta(step: int, batch: int, data_shards: int) -> dict[str, int]:
+  return {
+    'step': step,
+    'data_position': step * batch,
+    'global_batch': batch,
+    'data_shards': data_shards,
+  }
+
+
+def check_resumable(meta: dict[str, Any], batch: int) -> None:
+  saved = int(meta.get('global_batch', batch))
+  if saved != batch:
+    raise ValueError(
+      f'The checkpoint was written with batch {saved}, the config says {batch}: resume with '
+      f'--config.batch={saved}.'
+    )
+
+
+def data_shards_for(configured: int, batch: int, meta: dict) -> tuple[int, str | None]:
+  """How many shards the training stream has, and a note when a resumed stream changes.
+
+  config.data_shards if set; else the checkpoint's, so a run resumed on another number of
+  processes continues the same stream (if they divide it); else one shard per process.
+  """
+  processes = jax.process_count()
+  saved = int(meta.get('data_shards') or 0)
+  shards = configured
+  if not shards:
+    shards = saved if saved and saved % processes == 0 else processes
+  data_lib.check_data_shards(shards, batch, processes)
+  note = None
+  if saved and saved != shards:
+    note = (
+      f'The checkpoint read its training data as {saved} shards, this run reads {shards} '
+      f'({processes} processes): the example order differs from here on. Set '
+      f'--config.data_shards={saved} with a process count that divides it to continue it exactly.'
+    )
+  return shards, note

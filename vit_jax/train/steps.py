@@ -1,0 +1,193 @@
+"""The compiled steps: the training step (jit or per-device shard_map) and the evaluation step.
+
+The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` and a batch
+`{'image': f32 (B, H, W, 3), 'label': int32 (B,)}`. Both training steps compute the same
+update: the mean loss over the global batch (in `accum_steps` micro-batches), its gradient,
+the optax update, and the metrics `loss`, `grad_norm`, `learning_rate`, `params_finite`.
+
+  jit        one program for the global batch; GSPMD partitions it over the mesh from the
+             state's shardings (replicated or FSDP), and inserts the gradient reduction.
+  shard_map  the original vit_jax's pmapped `update_fn` in today's JAX: each device computes
+             the loss and gradient of its own rows, an explicit `lax.pmean` averages the
+             gradients, and every device applies the same update to its replica.
+
+Nothing here imports TensorFlow: `vit_jax.benchmark` times this step on machines without it.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from vit_jax import optim, parallel
+from vit_jax.train import spec as spec_lib
+
+State = dict[str, Any]
+Batch = dict[str, jax.Array]
+StepFn = Callable[[State, Batch], tuple[State, dict[str, jax.Array]]]
+
+
+def uses_dropout(model) -> bool:
+  """Whether the model drops out in training (then each example gets its own key)."""
+  t = getattr(model, 'transformer', None) or {}
+  return bool(t.get('dropout_rate', 0.0) or t.get('attention_dropout_rate', 0.0))
+
+
+def make_loss_fn(model, step: spec_lib.Step, num_classes: int):
+  """loss(params, images, labels, example_ids, rng) -> mean loss over the examples.
+
+  With dropout, each example gets its own key fold_in(rng, global example id), so the
+  masks do not depend on how the batch is split over devices or micro-batches.
+  """
+  dropout = uses_dropout(model)
+
+  def forward(params, images, ids, rng):
+    variables = {'params': params}
+    if not dropout:
+      return model.apply(variables, images, train=True)
+
+    def one(image, i):
+      key = jax.random.fold_in(rng, i)
+      return model.apply(variables, image[None], train=True, rngs={'dropout': key})[0]
+
+    return jax.vmap(one)(images, ids)
+
+  def loss_fn(params, images, labels, ids, rng):
+    logits = forward(params, images, ids, rng)
+    targets = jax.nn.one_hot(labels, num_classes)
+    if step.loss == 'sigmoid_xent':
+      return optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1).mean()
+    if step.label_smoothing:
+      targets = optax.smooth_labels(targets, step.label_smoothing)
+    return optax.softmax_cross_entropy(logits, targets).mean()
+
+  return loss_fn
+
+
+def _loss_and_grad(
+  loss_fn, accum_steps: int, params, state: State, batch: Batch, first_id, axis=None
+):
+  """Mean loss and gradient over `batch`, whose first example has the global id `first_id`;
+  `axis`: the mesh axis the per-device results vary over (in the shard_map step)."""
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
+  size = batch['label'].shape[0]
+  ids = first_id + jnp.arange(size, dtype=jnp.int32)
+
+  def loss_and_grad(params, images, labels, ids):
+    return jax.value_and_grad(loss_fn)(params, images, labels, ids, rng)
+
+  data = (batch['image'], batch['label'], ids)
+  return optim.accumulate_gradient(loss_and_grad, params, data, accum_steps, axis)
+
+
+def _apply(tx, schedule, state: State, loss, grads) -> tuple[State, dict[str, jax.Array]]:
+  """The optimizer update and the step's metrics."""
+  step = state['step']
+  updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+  params = optax.apply_updates(state['params'], updates)
+  new_state = {'params': params, 'opt_state': opt_state, 'step': step + 1, 'rng': state['rng']}
+  finite = jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])
+  metrics = {
+    'loss': loss,
+    'grad_norm': optax.tree.norm(grads),
+    'learning_rate': schedule(step + 1),
+    'params_finite': jnp.all(finite),
+  }
+  return new_state, metrics
+
+
+def make_train_step(
+  model, tx, schedule, step: spec_lib.Step, num_classes: int, batch_size: int
+) -> StepFn:
+  """The step on one global batch of `batch_size`, for `jax.jit` (GSPMD)."""
+  loss_fn = make_loss_fn(model, step, num_classes)
+
+  def train_step(state, batch):
+    first_id = state['step'].astype(jnp.int32) * batch_size
+    loss, grads = _loss_and_grad(loss_fn, step.accum_steps, state['params'], state, batch, first_id)
+    return _apply(tx, schedule, state, loss, grads)
+
+  return train_step
+
+
+def make_shard_map_train_step(
+  model, tx, schedule, step: spec_lib.Step, num_classes: int, batch_size: int, mesh: Mesh
+) -> StepFn:
+  """The same step written per device: `jax.shard_map` over the data axis.
+
+  Each device sees its rows of the batch and a replica of the state. The parameters are
+  cast to device-varying before differentiating, so `grad` returns this device's gradient
+  (differentiating the replicated parameters directly would already sum it over devices,
+  and a pmean of that sum is N times the mean); `lax.pmean` then averages the gradients,
+  as the original's `update_fn` did under pmap. Micro-batch j of a device takes its rows
+  j, j + accum_steps, ...: over all devices exactly the jit step's micro-batch j.
+  """
+  loss_fn = make_loss_fn(model, step, num_classes)
+  axis = parallel.DATA_AXIS
+
+  def per_device(state, batch):
+    local = batch['label'].shape[0]
+    offset = jax.lax.axis_index(axis).astype(jnp.int32) * local
+    first_id = state['step'].astype(jnp.int32) * batch_size + offset
+    params = jax.lax.pcast(state['params'], axis, to='varying')
+    loss, grads = _loss_and_grad(loss_fn, step.accum_steps, params, state, batch, first_id, axis)
+    loss, grads = jax.lax.pmean((loss, grads), axis)
+    return _apply(tx, schedule, state, loss, grads)
+
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
+
+
+def compile_train_step(
+  fn: StepFn, shardings: Any, batch_sharding: NamedSharding, mesh: Mesh
+) -> Callable:
+  """`fn` under jax.jit with the state's shardings; the old state is donated."""
+  return jax.jit(
+    fn,
+    in_shardings=(shardings, batch_sharding),
+    out_shardings=(shardings, parallel.replicated(mesh)),
+    donate_argnums=(0,),
+  )
+
+
+def train_step_for(
+  spec: spec_lib.RunSpec, model, tx, schedule, num_classes: int, mesh: Mesh, shardings: Any
+) -> Callable:
+  """The compiled training step that `spec.step.step` selects ('jit' or 'shard_map')."""
+  args = (model, tx, schedule, spec.step, num_classes, spec.data.batch)
+  if spec.step.step == 'shard_map':
+    fn = make_shard_map_train_step(*args, mesh)
+  else:
+    fn = make_train_step(*args)
+  return compile_train_step(fn, shardings, parallel.batch_sharding(mesh), mesh)
+
+
+def make_eval_step(model, num_classes: int):
+  """Masked sums over one batch: top-1 and top-5 hits, loss, and the number of real examples."""
+  k = min(5, num_classes)
+
+  def eval_step(params, batch):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+    labels, mask = batch['label'], batch['mask']
+    top1 = jnp.argmax(logits, -1) == labels
+    topk = jnp.any(jax.lax.top_k(logits, k)[1] == labels[:, None], axis=-1)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    return {
+      'correct': jnp.sum(top1 * mask),
+      'correct_top5': jnp.sum(topk * mask),
+      'loss': jnp.sum(jnp.where(mask > 0, loss, 0.0)),
+      'count': jnp.sum(mask),
+    }
+
+  return eval_step
+
+
+def compile_eval_step(model, num_classes: int, params_shardings: Any, mesh: Mesh) -> Callable:
+  return jax.jit(
+    make_eval_step(model, num_classes),
+    in_shardings=(params_shardings, parallel.batch_sharding(mesh)),
+    out_shardings=parallel.replicated(mesh),
+  )
