@@ -516,6 +516,24 @@ def _head_warning(loaded: LoadedModel, checkpoint) -> str | None:
   return None
 
 
+def _write_features(
+  out: str,
+  predictions: Sequence[Prediction],
+  loaded: LoadedModel,
+  checkpoint: str,
+  block: int | None,
+) -> None:
+  meta = {
+    'checkpoint': str(checkpoint),
+    'model': loaded.model_name,
+    'resolution': loaded.resolution,
+  }
+  if block is not None:
+    meta['block'] = block  # patch tokens after it, before the final LayerNorm
+  npy, sidecar, shape = save_features(out, predictions, meta)
+  print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -559,15 +577,7 @@ def run(
 
   predictions, errors = predict_files(loaded, images, k, batch_size, features_block)
   if features and predictions:
-    meta = {
-      'checkpoint': str(checkpoint),
-      'model': loaded.model_name,
-      'resolution': loaded.resolution,
-    }
-    if features_block is not None:
-      meta['block'] = features_block  # patch tokens after it, before the final LayerNorm
-    npy, sidecar, shape = save_features(features, predictions, meta)
-    print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
+    _write_features(features, predictions, loaded, checkpoint, features_block)
   if as_json:
     print(json.dumps(_as_json(loaded, predictions, errors, warning, checkpoint), indent=1))
   elif not warning:

@@ -100,11 +100,15 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
   return config, tree.match_registry(config)
 
 
-def _found(restored: Mapping[str, Any], description: str, fields: Mapping[str, Any]) -> Found:
+def _read(path: str | os.PathLike, heads: int | None) -> tuple[dict, Found, dict[str, Any]]:
+  """(the tree, what it is, the model fields the file states beyond its shapes)."""
+  fmt = formats.detect_format(path)
+  restored, description = fmt.read(Path(path), num_heads=heads)
+  fields = fmt.fields(Path(path))
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
   config.update(fields)
-  return Found(
+  found = Found(
     config=config,
     name=tree.match_registry(config),
     resolution=tree.native_resolution(flat, config),
@@ -112,6 +116,7 @@ def _found(restored: Mapping[str, Any], description: str, fields: Mapping[str, A
     parameters=tree.count_params(flat),
     description=description,
   )
+  return restored, found, fields
 
 
 def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
@@ -198,10 +203,7 @@ def fit(
   config, name = _model_config(model)
   transformer = None if config is None else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  fmt = formats.detect_format(path)
-  restored, description = fmt.read(Path(path), num_heads=heads)
-  fields = fmt.fields(Path(path))
-  found = _found(restored, description, fields)
+  restored, found, fields = _read(path, heads)
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
   elif isinstance(model, str):
