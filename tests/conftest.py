@@ -16,6 +16,12 @@ import jax
 import numpy as np
 import pytest
 
+from vit_jax.benchmark import allow_torchvision_import
+
+# The oracles transformers and timm import torchvision, whose PyPI build needs this beside the
+# CPU torch.
+allow_torchvision_import()
+
 
 def randomize(params, seed: int = 0, scale: float = 0.2):
   """Every leaf replaced by N(0, scale) noise (float32), so no weight is left at a zero init."""

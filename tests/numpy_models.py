@@ -6,6 +6,7 @@ names from flat `{'a/b': array}` dicts; nothing here imports `vit_jax`.
 """
 
 import numpy as np
+import scipy.special
 
 EPS = 1e-6  # flax LayerNorm
 
@@ -20,9 +21,14 @@ def gelu_tanh(x):
   return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def mlp(x, p, prefix):
-  """Dense_0, tanh-GELU, Dense_1 over the last axis."""
-  h = gelu_tanh(x @ p[f'{prefix}/Dense_0/kernel'] + p[f'{prefix}/Dense_0/bias'])
+def gelu_exact(x):
+  """x Phi(x), Phi the standard normal CDF (PyTorch's `nn.GELU()`)."""
+  return 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(2)))
+
+
+def mlp(x, p, prefix, gelu=gelu_tanh):
+  """Dense_0, GELU (the tanh approximation unless told), Dense_1 over the last axis."""
+  h = gelu(x @ p[f'{prefix}/Dense_0/kernel'] + p[f'{prefix}/Dense_0/bias'])
   return h @ p[f'{prefix}/Dense_1/kernel'] + p[f'{prefix}/Dense_1/bias']
 
 
@@ -58,14 +64,20 @@ def attention(xq, xkv, p, prefix):
 
 
 def encoder(
-  x, p, blocks, mha='MultiHeadDotProductAttention_0', ln2='LayerNorm_1', mlp_='MlpBlock_0'
+  x,
+  p,
+  blocks,
+  mha='MultiHeadDotProductAttention_0',
+  ln2='LayerNorm_1',
+  mlp_='MlpBlock_0',
+  gelu=gelu_tanh,
 ):
   """Pre-norm blocks `blocks` (prefixes), then `Transformer/encoder_norm`. The module names
   inside a block are the caller's (pre-Linen on disk: _1, LayerNorm_2, MlpBlock_3)."""
   for b in blocks:
     y = layer_norm(x, p, f'{b}/LayerNorm_0')
     x = x + attention(y, y, p, f'{b}/{mha}')
-    x = x + mlp(layer_norm(x, p, f'{b}/{ln2}'), p, f'{b}/{mlp_}')
+    x = x + mlp(layer_norm(x, p, f'{b}/{ln2}'), p, f'{b}/{mlp_}', gelu)
   return layer_norm(x, p, 'Transformer/encoder_norm')
 
 
@@ -105,21 +117,21 @@ def _blocks(p, prefix='Transformer/encoderblock_'):
   return [f'{prefix}{i}' for i in range(depth)]
 
 
-def deit(p, images):
+def deit(p, images, gelu=gelu_tanh):
   """DeiT (Touvron et al.): [cls, dist_token, patches] + position embedding, the ViT encoder
   (our Linen names), `head` on token 0 and `head_dist` on token 1: returns both logits."""
   x, _ = patchify(images, p['embedding/kernel'], p['embedding/bias'])
   n = x.shape[0]
   prefix = [np.repeat(p[name], n, axis=0) for name in ('cls', 'dist_token')]
   x = np.concatenate([*prefix, x], axis=1) + p['Transformer/posembed_input/pos_embedding']
-  x = encoder(x, p, _blocks(p))
+  x = encoder(x, p, _blocks(p), gelu=gelu)
   return (
     x[:, 0] @ p['head/kernel'] + p['head/bias'],
     x[:, 1] @ p['head_dist/kernel'] + p['head_dist/bias'],
   )
 
 
-def big_vision_vit(p, images, pool):
+def big_vision_vit(p, images, pool, gelu=gelu_tanh):
   """big_vision's ViT (`models/vit.py`) on a flat dict in its own layout (no `params/`
   prefix, unscanned): position embedding (`pos_embedding`, or sincos2d when the dict has none)
   added to the patches, then the class token for pool 'tok'; encoder; pooling 'gap', 'tok' or
@@ -130,11 +142,11 @@ def big_vision_vit(p, images, pool):
   x = x + (p['pos_embedding'] if 'pos_embedding' in p else sincos2d(h, w, d))
   if pool == 'tok':
     x = np.concatenate([np.repeat(p['cls'], n, axis=0), x], axis=1)
-  x = encoder(x, p, _blocks(p))
+  x = encoder(x, p, _blocks(p), gelu=gelu)
   if pool == 'map':
     probe = np.repeat(p['MAPHead_0/probe'], n, axis=0)
     y = attention(probe, x, p, 'MAPHead_0/MultiHeadDotProductAttention_0')
-    y = y + mlp(layer_norm(y, p, 'MAPHead_0/LayerNorm_0'), p, 'MAPHead_0/MlpBlock_0')
+    y = y + mlp(layer_norm(y, p, 'MAPHead_0/LayerNorm_0'), p, 'MAPHead_0/MlpBlock_0', gelu)
     x = y[:, 0]
   else:
     x = x.mean(axis=1) if pool == 'gap' else x[:, 0]

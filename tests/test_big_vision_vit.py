@@ -5,7 +5,7 @@ file loads alone, and what was left out is named."""
 
 import numpy as np
 import pytest
-from numpy_models import big_vision_vit, sincos2d
+from numpy_models import big_vision_vit, gelu_exact, sincos2d
 
 from vit_jax import checkpoint, predict
 from vit_jax.checkpoint import tree
@@ -120,6 +120,20 @@ def test_file_loads_into_the_inferred_model_with_big_vision_logits(
   images = _images()
   want = _oracle(params, pool, images)
   assert np.abs(want).max() > 0.3 and np.abs(want[0] - want[1]).max() > 0.1  # worth comparing
+  np.testing.assert_allclose(_logits(loaded, config, images), want, atol=1e-5, rtol=0)
+
+
+def test_exact_gelu_reaches_the_encoder_and_the_map_head(tmp_path):
+  """`gelu_approximate=False`: every MLP (blocks and MAP head) computes x Phi(x)."""
+  params = big_vision_params('map')
+  np.savez(tmp_path / 'bv.npz', **on_disk(params))
+  loaded = checkpoint.load(tmp_path / 'bv.npz')
+  config = tree.infer_config(loaded)
+  config.gelu_approximate = False
+  images = _images()
+  as64 = {k: v.astype(np.float64) for k, v in params.items()}
+  want = big_vision_vit(as64, images.astype(np.float64), 'map', gelu=gelu_exact)
+  assert np.abs(want - _oracle(params, 'map', images)).max() > 1e-4  # 10x the tolerance
   np.testing.assert_allclose(_logits(loaded, config, images), want, atol=1e-5, rtol=0)
 
 

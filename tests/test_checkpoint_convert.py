@@ -164,7 +164,7 @@ def test_bad_sources_exit_1(tmp_path, capsys, testing_npz):
 def test_usage_errors_exit_2(capsys):
   status, _, err = _run(capsys, 'only_src')
   assert status == 2 and 'SRC, DST and --to are required' in err
-  with pytest.raises(flags.IllegalFlagValueError, match=r'one of <npz\|hf>'):
+  with pytest.raises(flags.IllegalFlagValueError, match=r'one of <npz\|hf\|timm>'):
     _run(capsys, 'a', 'b', '--to=onnx')
 
 

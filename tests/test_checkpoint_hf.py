@@ -52,12 +52,12 @@ def _hf_config(**kw):
   return transformers.ViTConfig(**{**base, **kw})
 
 
-def _randomise(hf_model, seed=0):
+def _randomise(hf_model, seed=0, scale=0.1):
   """Every weight replaced by noise, so nothing sits at an initial value (zeros, ones)."""
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for p in hf_model.parameters():
-      p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+      p.copy_(scale * torch.randn(p.shape, generator=gen))
   return hf_model.eval()
 
 
@@ -130,6 +130,37 @@ def test_save_pretrained_model_loads_into_ours_with_equal_logits(tmp_path):
   ours = np.asarray(_apply(model)(fitted, images))
   assert np.abs(theirs).max() > 0.1
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
+def test_hidden_act_gelu_is_the_exact_gelu_both_ways(tmp_path):
+  """transformers' default hidden_act='gelu' (the hub configs of Google's ViTs say it): fit
+  computes the exact GELU with transformers' logits, and exports hidden_act='gelu' again."""
+  config = _hf_config(num_labels=5, hidden_act='gelu')
+  hf = _randomise(transformers.ViTForImageClassification(config), scale=0.5)
+  hf.save_pretrained(tmp_path / 'hf')
+  fitted = checkpoint.fit(tmp_path / 'hf')
+  assert fitted.config.gelu_approximate is False and 'exact GELU' in fitted.found.description
+  images = _images(32)
+  with torch.no_grad():
+    theirs = hf(pixel_values=_torch_images(images)).logits.numpy()
+  ours = np.asarray(_apply(fitted.model())(fitted.params, images))
+  np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+  tanh = np.asarray(_apply(fitted.model(gelu_approximate=True))(fitted.params, images))
+  assert np.abs(tanh - theirs).max() > 1e-4  # 10x the tolerance
+
+  checkpoint.export_hf(fitted.params, fitted.config, tmp_path / 'back')
+  assert json.loads((tmp_path / 'back' / 'config.json').read_text())['hidden_act'] == 'gelu'
+  again = transformers.ViTForImageClassification.from_pretrained(tmp_path / 'back').eval()
+  with torch.no_grad():
+    np.testing.assert_array_equal(again(pixel_values=_torch_images(images)).logits, theirs)
+
+
+def test_another_hidden_act_is_refused(tmp_path):
+  hf = _randomise(transformers.ViTModel(_hf_config(hidden_act='relu')))
+  hf.save_pretrained(tmp_path / 'hf')
+  with pytest.raises(checkpoint.CheckpointError, match=r"hidden_act='relu'.*GELU only") as e:
+    checkpoint.fit(tmp_path / 'hf')
+  assert '\n' not in str(e.value)
 
 
 def test_vitmodel_pooler_loads_as_pre_logits(tmp_path):

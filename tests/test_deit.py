@@ -2,6 +2,8 @@
 against the DeiT equations in numpy, the fine-tuning surgery with two prefix tokens,
 training through the trainer, and predict's mean of the two heads."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -9,6 +11,7 @@ import numpy as np
 import pytest
 import scipy.ndimage
 from numpy_models import deit as numpy_deit
+from numpy_models import gelu_exact
 
 from configs import digits as digits_config
 from vit_jax import checkpoint, losses, predict, train
@@ -66,6 +69,18 @@ def test_both_heads_and_their_mean_equal_the_deit_equations(random_params):
   # Inference (and training without both_heads) averages the two heads, as DeiT does.
   mean = model.apply({'params': params}, images, train=False)
   np.testing.assert_allclose(mean, (want_cls + want_dist) / 2, atol=1e-5, rtol=0)
+
+
+def test_exact_gelu_option_equals_the_deit_equations_with_erf(random_params):
+  """DeiT was trained with PyTorch's exact GELU: `gelu_approximate=False` computes it."""
+  model = _small(gelu_approximate=False)
+  params, images = random_params(stats.param_shapes(model, 32), scale=0.5), _images()
+  flat = {k: np.asarray(v, np.float64) for k, v in tree.flatten(params).items()}
+  want = numpy_deit(flat, images.astype(np.float64), gelu=gelu_exact)
+  assert np.abs(want[0] - _numpy(params, images)[0]).max() > 1e-4  # 10x the tolerance
+  got = model.apply({'params': params}, images, train=False, both_heads=True)
+  for g, w in zip(got, want, strict=True):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=0)
 
 
 def test_without_a_head_the_features_are_the_mean_of_both_tokens(random_params):
@@ -184,3 +199,9 @@ def test_predict_gives_the_mean_of_both_heads(tmp_path, random_params):
   np.testing.assert_allclose(features[:, :32] @ head['kernel'] + head['bias'], want_cls, atol=1e-5)
   got = predict._logits(loaded, features)
   np.testing.assert_allclose(got, (want_cls + want_dist) / 2, atol=1e-5, rtol=0)
+  # --features_block: the same features from the pass that also gives the block's tokens.
+  both, grid = predict.run_padded(
+    functools.partial(predict._features_and_block, block=0), loaded.model, loaded.params, images, 3
+  )
+  np.testing.assert_allclose(both, features, atol=1e-6, rtol=0)
+  assert grid.shape == (3, 4, 4, 32)

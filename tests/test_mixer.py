@@ -174,6 +174,8 @@ def test_predict_infers_the_model_and_resolution(tmp_path):
   features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 4)
   want = numpy_mixer({k: v.astype(np.float64) for k, v in flat.items()}, images.astype(np.float64))
   np.testing.assert_allclose(predict._logits(loaded, features), want, atol=1e-5)
+  with pytest.raises(ValueError, match='has no transformer encoder blocks'):
+    predict.feature_block(loaded, 0)  # --features_block: a Mixer has no encoder blocks
 
 
 def test_fine_tunes_through_the_trainer_from_a_released_file(tmp_path):

@@ -276,3 +276,41 @@ def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random
     for pred, probs in zip(predictions, expected, strict=True):
       assert pred.names == [['ant', 'bee', 'cat'][int(np.argmax(probs))]]
       np.testing.assert_allclose(pred.probabilities, [probs.max()], atol=1e-5)
+
+
+def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params):
+  params = _params(random_params, num_classes=4, resolution=64, seed=4)  # a 4x4 grid
+  path = _save(params, tmp_path / 'c.npz')
+  images = _images(tmp_path, 3)
+  out = tmp_path / 'block.npy'
+  assert predict.run(path, images, features=str(out), features_block=-1, batch_size=2) == 0
+  grids = np.load(out, allow_pickle=False)
+  assert grids.shape == (3, 4, 4, 10) and grids.dtype == np.float32
+  assert json.loads(out.with_suffix('.json').read_text())['block'] == 0  # 'testing': one block
+  # The block's output by hand: the unpooled model's tokens are LayerNorm(block output).
+  unpooled = get_model('testing', num_classes=None, classifier='token_unpooled')
+  x = np.stack([predict.preprocess(predict.read_image(p), 64) for p in images])
+  backbone = {k: v for k, v in params.items() if k != 'head'}
+  tokens = np.asarray(unpooled.apply({'params': backbone}, x, train=False))[:, 1:]
+  grid = grids.reshape(3, 16, 10).astype(np.float64)
+  norm = params['Transformer']['encoder_norm']
+  normed = (grid - grid.mean(-1, keepdims=True)) / np.sqrt(grid.var(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(normed * norm['scale'] + norm['bias'], tokens, atol=1e-5)
+  # One pass gives the block and the predictions: those of a run without the block.
+  loaded = predict.load(path)
+  with_block, _ = predict.predict_files(loaded, images, k=2, block=-1)
+  without, _ = predict.predict_files(loaded, images, k=2)
+  for a, b in zip(with_block, without, strict=True):
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(a.features, b.features, atol=1e-6, rtol=0)
+
+
+def test_features_block_out_of_range_is_a_one_line_error(tmp_path, random_params, capsys):
+  path = _save(_params(random_params, num_classes=4), tmp_path / 'c.npz')
+  images = _images(tmp_path, 1)
+  assert predict.run(path, images, features=str(tmp_path / 'f.npy'), features_block=1) == 2
+  err = capsys.readouterr().err.strip()
+  assert 'not a block index of a model with 1 blocks' in err and '\n' not in err
+  assert predict.run(path, images, features_block=0) == 2
+  assert '--features OUT.npy' in capsys.readouterr().err

@@ -1,12 +1,12 @@
-r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout and Hugging Face.
+r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout, Hugging Face and timm.
 
-  python -m vit_jax.convert SRC DST --to={npz,hf} [--model=NAME] [--num_classes=K] \
+  python -m vit_jax.convert SRC DST --to={npz,hf,timm} [--model=NAME] [--num_classes=K] \
       [--resolution=R]
   python -m vit_jax.convert --list [QUERY]     # the released checkpoints and their --model
 
 SRC is any format `vit_jax.checkpoint.read` reads (original/AugReg/big_vision .npz, a Hugging
-Face directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits layer
-is kept when the checkpoint has one. The checkpoint is fitted to the model by
+Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits
+layer is kept when the checkpoint has one. The checkpoint is fitted to the model by
 `vit_jax.checkpoint.fit`: `--model` (default: the architecture read off the weights), with
 `--num_classes` classes (default: the checkpoint's; a different count gives a fresh zero head,
 0 drops the head) at `--resolution` pixels (default: the checkpoint's; another resizes the
@@ -15,6 +15,7 @@ and wrote, and on any failure exits with status 1 and a one-line reason, leaving
 bad usage exits with status 2.
 """
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -24,7 +25,7 @@ from vit_jax import checkpoint
 from vit_jax.checkpoint import catalog, tree
 from vit_jax.models import is_mixer
 
-USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf} (or --list [QUERY])'
+USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf,timm} (or --list [QUERY])'
 
 
 def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
@@ -35,16 +36,29 @@ def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
 
 
 def _write_hf(fitted: checkpoint.Fitted, dst: str) -> str:
-  checkpoint.export_hf(fitted.params, fitted.config, dst, image_size=fitted.resolution)
-  arch = 'ViTForImageClassification' if fitted.config.num_classes else 'ViTModel'
+  path = checkpoint.export_hf(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  config = json.loads((path / 'config.json').read_text())
   return (
-    f'hf ({arch}, model.safetensors + config.json, hidden_act=gelu_pytorch_tanh,'
-    ' layer_norm_eps=1e-6)'
+    f'hf ({config["architectures"][0]}, model.safetensors + config.json,'
+    f' hidden_act={config["hidden_act"]}, layer_norm_eps={config["layer_norm_eps"]:g})'
+  )
+
+
+def _write_timm(fitted: checkpoint.Fitted, dst: str) -> str:
+  path = checkpoint.export_timm(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  args = json.loads((path / 'config.json').read_text())['model_args']
+  return (
+    'timm (model.safetensors + config.json with the create_model arguments,'
+    f' act_layer={args["act_layer"]!r}, norm_layer={args["norm_layer"]!r})'
   )
 
 
 # Output format -> writer(fitted, dst) -> a description of what was written.
-WRITERS: dict[str, Callable[[checkpoint.Fitted, str], str]] = {'npz': _write_npz, 'hf': _write_hf}
+WRITERS: dict[str, Callable[[checkpoint.Fitted, str], str]] = {
+  'npz': _write_npz,
+  'hf': _write_hf,
+  'timm': _write_timm,
+}
 
 
 def _read_line(src: str, found: checkpoint.Found) -> str:

@@ -1,7 +1,7 @@
 """Top-k predictions with class names, and pre-logits embeddings, for image files.
 
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
-      [--json] [--features OUT.npy] [--batch_size 32] IMAGE...
+      [--json] [--features OUT.npy [--features_block K]] [--batch_size 32] IMAGE...
 
 Images get the evaluation preprocessing of the input pipeline (`vit_jax.data.preprocess`):
 decode to RGB, resize to the crop size (`tf.image.resize`: bilinear, half-pixel centres, no
@@ -45,7 +45,7 @@ from PIL import Image
 from vit_jax import checkpoint as ckpt
 from vit_jax import data, files, rundir
 from vit_jax.data.preprocess import decode_file, eval_image
-from vit_jax.models import is_mixer
+from vit_jax.models import is_mixer, vit
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
@@ -300,22 +300,51 @@ def load(
 
 @dataclasses.dataclass
 class Prediction:
-  """The top-k of one image; `features` is its pre-logits representation."""
+  """The top-k of one image; `features` is its pre-logits representation, `block_features`
+  the (h, w, D) patch tokens after the block asked for, if any."""
 
   image: str
   indices: np.ndarray
   probabilities: np.ndarray
   features: np.ndarray
   names: list[str] | None = None
+  block_features: np.ndarray | None = None
+
+
+def _apply(model: nn.Module, params: dict[str, Any], images: jax.Array, **kwargs: Any) -> Any:
+  """`model.apply`; a distilled model gives its two tokens' features (`both_heads`)."""
+  if getattr(model, 'distilled', False):
+    kwargs['both_heads'] = True
+  return model.apply({'params': params}, images, train=False, **kwargs)
+
+
+def _side_by_side(output: Any) -> jax.Array:
+  """The headless model's output as one array: a distilled model's two tokens side by side."""
+  return jnp.concatenate(output, axis=-1) if isinstance(output, tuple) else output
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _features(model: nn.Module, params: dict[str, Any], images: jax.Array) -> jax.Array:
   """The headless model's output; a distilled model's two tokens side by side."""
-  if getattr(model, 'distilled', False):
-    both = model.apply({'params': params}, images, train=False, both_heads=True)
-    return jnp.concatenate(both, axis=-1)
-  return model.apply({'params': params}, images, train=False)
+  return _side_by_side(_apply(model, params, images))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _features_and_block(
+  model: nn.Module, params: dict[str, Any], images: jax.Array, block: int
+) -> tuple[jax.Array, jax.Array]:
+  """`_features` and the patch tokens (B, h, w, D) after block `block` (>= 0, before the final
+  LayerNorm), from one forward pass."""
+  out = _apply(model, params, images, intermediate_blocks=(block, -1))
+  return _side_by_side(out['output']), out[f'encoderblock_{block}']
+
+
+def feature_block(loaded: LoadedModel, block: int) -> int:
+  """`block` (negative from the end) as the index of one of the model's encoder blocks."""
+  transformer = getattr(loaded.model, 'transformer', None)
+  if not isinstance(loaded.model, vit.VisionTransformer) or transformer is None:
+    raise ValueError(f'--features_block: {loaded.model_name} has no transformer encoder blocks')
+  return vit.block_indices((block,), transformer['num_layers'])[0]
 
 
 def batches(
@@ -374,14 +403,25 @@ def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def predict_files(
-  loaded: LoadedModel, paths: Sequence[str], k: int = 5, batch_size: int = 32
+  loaded: LoadedModel,
+  paths: Sequence[str],
+  k: int = 5,
+  batch_size: int = 32,
+  block: int | None = None,
 ) -> tuple[list[Prediction], list[str]]:
-  """Predicts every readable image; returns the predictions and one error line per bad file."""
+  """Predicts every readable image; returns the predictions and one error line per bad file.
+
+  With `block` (see `feature_block`), each prediction also holds that block's patch tokens.
+  """
   errors: list[str] = []
   batch_size = max(1, min(batch_size, len(paths)))
   predictions = []
+  fn = _features
+  if block is not None:
+    fn = functools.partial(_features_and_block, block=feature_block(loaded, block))
   for names, images in batches(paths, loaded.resolution, batch_size, errors):
-    features = run_padded(_features, loaded.model, loaded.params, images, batch_size)
+    out = run_padded(fn, loaded.model, loaded.params, images, batch_size)
+    features, grids = out if block is not None else (out, None)
     logits = _logits(loaded, features)
     if logits is None:
       indices, probs = np.zeros((len(names), 0), np.int64), np.zeros((len(names), 0))
@@ -391,7 +431,8 @@ def predict_files(
       labels = None
       if loaded.class_names is not None:
         labels = [loaded.class_names[j] for j in indices[i]]
-      predictions.append(Prediction(name, indices[i], probs[i], features[i], labels))
+      grid = None if grids is None else grids[i]
+      predictions.append(Prediction(name, indices[i], probs[i], features[i], labels, grid))
   return predictions, errors
 
 
@@ -408,15 +449,19 @@ def _features_path(out: str | os.PathLike) -> Path:
 
 def save_features(
   out: str | os.PathLike, predictions: Sequence[Prediction], metadata: dict[str, Any]
-) -> tuple[Path, Path]:
-  """Writes the features (N, D) float32 to `out` (.npy) and the file list to `out` .json."""
+) -> tuple[Path, Path, tuple[int, ...]]:
+  """Writes the features to `out` (.npy, float32) and the file list to `out` .json: the
+  pre-logits (N, D), or the block's patch tokens (N, h, w, D) where predictions hold them.
+  Returns the two paths and the array's shape."""
   out = _features_path(out)
-  array = np.stack([p.features for p in predictions]).astype(np.float32)
+  grids = [p.block_features for p in predictions]
+  stack = grids if all(g is not None for g in grids) else [p.features for p in predictions]
+  array = np.stack(stack).astype(np.float32)
   sidecar = out.with_suffix('.json')
   meta = {**metadata, 'shape': list(array.shape), 'files': [p.image for p in predictions]}
   files.atomic_write(out, lambda f: np.save(f, array, allow_pickle=False))
   files.atomic_write_text(sidecar, json.dumps(meta, indent=1) + '\n')
-  return out, sidecar
+  return out, sidecar, array.shape
 
 
 def _as_json(loaded: LoadedModel, predictions, errors, warning, checkpoint) -> dict[str, Any]:
@@ -471,6 +516,24 @@ def _head_warning(loaded: LoadedModel, checkpoint) -> str | None:
   return None
 
 
+def _write_features(
+  out: str,
+  predictions: Sequence[Prediction],
+  loaded: LoadedModel,
+  checkpoint: str,
+  block: int | None,
+) -> None:
+  meta = {
+    'checkpoint': str(checkpoint),
+    'model': loaded.model_name,
+    'resolution': loaded.resolution,
+  }
+  if block is not None:
+    meta['block'] = block  # patch tokens after it, before the final LayerNorm
+  npy, sidecar, shape = save_features(out, predictions, meta)
+  print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -480,6 +543,7 @@ def run(
   as_json: bool = False,
   features: str | None = None,
   batch_size: int = 32,
+  features_block: int | None = None,
 ) -> int:
   """The command line's work; returns the exit status (1 if anything failed)."""
   if not images:
@@ -491,11 +555,15 @@ def run(
   try:
     if features:
       _features_path(features)
+    if features_block is not None and not features:
+      raise ValueError('--features_block: give --features OUT.npy to write the block features to')
   except ValueError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   try:
     loaded = load(checkpoint, model_name, resolution)
+    if features_block is not None:
+      features_block = feature_block(loaded, features_block)
   except (OSError, ValueError, KeyError) as e:
     print(f'error: {checkpoint}: {e}'.replace('\n', ' '), file=sys.stderr)
     return 2
@@ -507,16 +575,9 @@ def run(
       print(json.dumps(_as_json(loaded, [], [], warning, checkpoint), indent=1))
     return 1
 
-  predictions, errors = predict_files(loaded, images, k, batch_size)
+  predictions, errors = predict_files(loaded, images, k, batch_size, features_block)
   if features and predictions:
-    meta = {
-      'checkpoint': str(checkpoint),
-      'model': loaded.model_name,
-      'resolution': loaded.resolution,
-    }
-    npy, sidecar = save_features(features, predictions, meta)
-    shape = (len(predictions), predictions[0].features.shape[-1])
-    print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
+    _write_features(features, predictions, loaded, checkpoint, features_block)
   if as_json:
     print(json.dumps(_as_json(loaded, predictions, errors, warning, checkpoint), indent=1))
   elif not warning:
@@ -542,6 +603,12 @@ def define_flags() -> None:
   flags.DEFINE_string(
     'features', None, 'Write the pre-logits features to this .npy (file list beside it: .json).'
   )
+  flags.DEFINE_integer(
+    'features_block',
+    None,
+    'With --features: write the patch tokens (N, h, w, D) after this encoder block instead'
+    ' (0-based; -1 is the last), before the final LayerNorm.',
+  )
   flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.')
 
 
@@ -551,7 +618,17 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   data.hide_accelerators_from_tensorflow()
   sys.exit(
-    run(f.checkpoint, argv[1:], f.model, f.resolution, f.top_k, f.json, f.features, f.batch_size)
+    run(
+      f.checkpoint,
+      argv[1:],
+      f.model,
+      f.resolution,
+      f.top_k,
+      f.json,
+      f.features,
+      f.batch_size,
+      f.features_block,
+    )
   )
 
 

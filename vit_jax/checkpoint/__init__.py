@@ -4,10 +4,11 @@ params = load(path)                            # our names, numpy arrays, format
 fitted = fit(path, 'ViT-B_16', 10, 384)        # a runnable model: params fitted, config
 params = load_pretrained(path, init_params, model_config)  # fine-tuning surgery
 save_npz(params, 'out.npz')                    # the released Google layout
-export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json
+export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json, transformers
+export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json, timm
 """
 
-from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, surgery, tree
+from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, surgery, timm, tree
 from vit_jax.checkpoint.formats import FORMATS, Format, detect_format, load, read
 from vit_jax.checkpoint.hf import export_hf, from_hf_state_dict, to_hf_state_dict
 from vit_jax.checkpoint.loader import Fitted, Found, fit, load_pretrained
@@ -18,6 +19,7 @@ from vit_jax.checkpoint.surgery import (
   resample_patch_embedding,
   resize_posemb,
 )
+from vit_jax.checkpoint.timm import export_timm, from_timm_state_dict, to_timm_state_dict
 from vit_jax.checkpoint.tree import CheckpointError, flatten, infer_config, unflatten
 
 __all__ = [
@@ -30,10 +32,12 @@ __all__ = [
   'catalog',
   'detect_format',
   'export_hf',
+  'export_timm',
   'fit',
   'flatten',
   'formats',
   'from_hf_state_dict',
+  'from_timm_state_dict',
   'hf',
   'infer_config',
   'load',
@@ -46,7 +50,9 @@ __all__ = [
   'resize_posemb',
   'save_npz',
   'surgery',
+  'timm',
   'to_hf_state_dict',
+  'to_timm_state_dict',
   'tree',
   'unflatten',
 ]

@@ -1,6 +1,6 @@
 """Which format a checkpoint file is, and reading it into our tree.
 
-Formats are detected by `FORMATS`, a list of (name, detect, read) tried in order.
+Formats are detected by `FORMATS`, a list of (name, detect, read, fields) tried in order.
 """
 
 import dataclasses
@@ -8,25 +8,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vit_jax.checkpoint import hf, npz, orbax
+from vit_jax.checkpoint import hf, npz, orbax, timm
 from vit_jax.checkpoint.tree import CheckpointError
+
+
+def _no_fields(path: Path) -> dict[str, Any]:
+  del path
+  return {}
 
 
 @dataclasses.dataclass(frozen=True)
 class Format:
-  """A checkpoint format: `detect(path) -> bool`, `read(path, **kw) -> (tree, description)`.
+  """A checkpoint format: `detect(path) -> bool`, `read(path, **kw) -> (tree, description)`,
+  `fields(path) -> {model field: value}`.
 
-  `read` takes keyword options it may ignore (`num_heads`, which Hugging Face files need
-  when they have no config.json) and returns our tree of numpy arrays.
+  `read` takes keyword options it may ignore (`num_heads`, which Hugging Face and timm files
+  need when they have no config.json) and returns our tree of numpy arrays. `fields` gives
+  the model fields the file states that its shapes cannot tell (the GELU its config names:
+  `gelu_approximate=False` for the exact one), only those that differ from the defaults.
   """
 
   name: str
   detect: Callable[[Path], bool]
   read: Callable[..., tuple[dict, str]]
+  fields: Callable[[Path], dict[str, Any]] = _no_fields
 
 
 FORMATS: list[Format] = [
-  Format('hf', hf.detect, hf.read),
+  # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
+  Format('timm', timm.detect, timm.read, timm.model_fields),
+  Format('hf', hf.detect, hf.read, hf.model_fields),
   Format('npz', npz.detect, npz.read),
   Format('orbax', orbax.detect, orbax.read),
 ]
@@ -42,7 +53,8 @@ def detect_format(path: str | Path) -> Format:
       return fmt
   raise CheckpointError(
     f'{path}: unknown checkpoint layout; expected a Google .npz (original, AugReg, big_vision),'
-    ' a .safetensors/.bin file or a Hugging Face directory (config.json + model.safetensors)'
+    ' a .safetensors/.bin file, or a Hugging Face or timm directory (config.json +'
+    ' model.safetensors)'
   )
 
 
@@ -57,7 +69,9 @@ def load(path: str | Path, **kwargs: Any) -> dict:
   Formats: Google .npz (original and AugReg with pre-Linen names and (1,1,1,C) GroupNorm;
   big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`),
   Hugging Face directories and .safetensors files (4.x and 5.x key names; `num_heads=` is
-  needed when there is no config.json), PyTorch .bin via `torch.load(weights_only=True)`, and
-  orbax training checkpoints (a run, `checkpoints/`, step or item directory; params only).
+  needed when there is no config.json), timm VisionTransformer and DeiT state dicts (fused
+  qkv; `num_heads=` is needed without timm's config.json), PyTorch .bin/.pth via
+  `torch.load(weights_only=True)`, and orbax training checkpoints (a run, `checkpoints/`,
+  step or item directory; params only).
   """
   return read(path, **kwargs)[0]

@@ -13,9 +13,13 @@ The 5.x in-memory names (`layers.{i}.attention.q_proj`, `mlp.fc1`, ...), as writ
 a 5.x `state_dict()` directly, are read too. Kernels are transposed (PyTorch stores (out, in))
 and the attention kernels reshaped to our (D, heads, head_dim) layout, so the number of heads
 comes from `config.json` (or the caller). `pooler.dense` is our `pre_logits` (Dense + tanh on
-the class token). Exports write the 4.x names, `model.safetensors` and a `config.json` with
-`hidden_act='gelu_pytorch_tanh'` and `layer_norm_eps=1e-6`, the GELU and epsilon the released
-weights were trained with (the hub configs say 'gelu' and 1e-12, which shifts logits).
+the class token). `config.json`'s `hidden_act` sets the model's GELU: 'gelu' is the exact one
+(`gelu_approximate=False`), 'gelu_pytorch_tanh' (or 'gelu_new', 'gelu_fast') the tanh
+approximation of our default; without a config.json the default holds. Exports write the 4.x
+names, `model.safetensors` and a `config.json` with the model's GELU (`gelu_pytorch_tanh`
+unless `gelu_approximate=False`: the released weights were trained with it, though the hub
+configs of Google's ViTs say 'gelu') and `layer_norm_eps=1e-6` (the hub configs say 1e-12,
+which shifts logits slightly).
 """
 
 import json
@@ -27,7 +31,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -35,7 +38,11 @@ from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  block_numbers,
+  check_complete,
+  config_field,
   flatten,
+  gelu_fields,
   infer_config,
   natural_key,
   shape_str,
@@ -51,6 +58,8 @@ WEIGHT_FILES = (
 )
 TORCH_SUFFIXES = ('.bin', '.pth', '.pt')
 HIDDEN_ACT = 'gelu_pytorch_tanh'  # flax nn.gelu(approximate=True)
+# `hidden_act` -> our `gelu_approximate` (transformers' ViTConfig default is 'gelu').
+HIDDEN_ACTS = {'gelu': False, 'gelu_pytorch_tanh': True, 'gelu_new': True, 'gelu_fast': True}
 LAYER_NORM_EPS = 1e-6  # flax LayerNorm default
 
 # transformers 5.x in-memory names -> the 4.x names on disk (after the `vit.` prefix).
@@ -175,7 +184,7 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
   return {k: _torch_to_numpy(v, k, path) for k, v in state.items()}
 
 
-def _read_weights(path: Path) -> dict[str, np.ndarray]:
+def read_state_dict(path: Path) -> dict[str, np.ndarray]:
   """The tensors of one file or of a sharded checkpoint (its *.index.json)."""
   if path.name.endswith('.index.json'):
     try:
@@ -184,7 +193,7 @@ def _read_weights(path: Path) -> dict[str, np.ndarray]:
       raise CheckpointError(f'{path}: not a valid shard index ({e})') from None
     state: dict[str, np.ndarray] = {}
     for shard in shards:
-      state.update(_read_weights(path.parent / shard))
+      state.update(read_state_dict(path.parent / shard))
     return state
   if not path.is_file():
     raise CheckpointError(f'{path}: missing weights file')
@@ -203,6 +212,28 @@ def _read_config(path: Path) -> dict[str, Any] | None:
   return config
 
 
+def _config_of(path: Path) -> dict[str, Any] | None:
+  """The `config.json` of a model directory, or beside a weights file; None if there is none."""
+  return _read_config((path if path.is_dir() else path.parent) / 'config.json')
+
+
+def _gelu_approximate(config: Mapping[str, Any], source: Path) -> bool:
+  """Our `gelu_approximate` for the config's `hidden_act`; another activation is an error."""
+  act = config.get('hidden_act', 'gelu')
+  if act not in HIDDEN_ACTS:
+    raise CheckpointError(
+      f'{source}: config.json says hidden_act={act!r}; our models compute the GELU only'
+      f' ({", ".join(HIDDEN_ACTS)})'
+    )
+  return HIDDEN_ACTS[act]
+
+
+def model_fields(path: Path) -> dict[str, Any]:
+  """The model fields `config.json` states beyond the shapes: the GELU of its `hidden_act`."""
+  config = _config_of(path)
+  return {} if config is None else gelu_fields(_gelu_approximate(config, path))
+
+
 def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, source: str) -> int:
   if num_heads is None:
     raise CheckpointError(
@@ -217,7 +248,10 @@ def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, 
   return num_heads
 
 
-def _to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
+def torch_to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
+  """A PyTorch weight in our layout: `kind` is 'copy', 'linear' ((out, in) -> (in, out)),
+  'conv' (OIHW -> HWIO), or an attention kernel split into `heads`: 'qkv_kernel', 'qkv_bias',
+  'out_kernel'."""
   if kind == 'copy':
     return w
   if kind == 'linear':
@@ -271,7 +305,7 @@ def from_hf_state_dict(
       )
     if ours in flat:
       raise CheckpointError(f'{source}: {key!r} maps to {ours!r}, which another key already set')
-    flat[ours] = _to_ours(kind, value, num_heads, key, source)
+    flat[ours] = torch_to_ours(kind, value, num_heads, key, source)
   check_arrays(flat, source)
   _check_complete(flat, source)
   return unflatten(flat)
@@ -279,35 +313,25 @@ def from_hf_state_dict(
 
 def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
   """Every backbone weight is present (heads and pre_logits are optional)."""
-  layers = {
-    int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')
-  }
-  expected = ['embedding/kernel', 'embedding/bias', 'cls', POSEMB]
-  expected += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in range(max(layers, default=-1) + 1):
-    expected += [template.format(i=i) for template, _ in _LAYER_MAP.values()]
-  for pair in (('head/kernel', 'head/bias'), ('pre_logits/kernel', 'pre_logits/bias')):
-    if (pair[0] in flat) != (pair[1] in flat):
-      expected += list(pair)
-  missing = [k for k in expected if k not in flat]
-  if missing:
-    raise CheckpointError(
-      f'{source}: missing {len(missing)} ViT weights, e.g. {missing[0]!r}; the file is incomplete'
-      ' or not a ViT checkpoint'
-    )
+  required = ['embedding/kernel', 'embedding/bias', 'cls', POSEMB]
+  required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
+  for i in block_numbers(flat):
+    required += [template.format(i=i) for template, _ in _LAYER_MAP.values()]
+  pairs = [('head/kernel', 'head/bias'), ('pre_logits/kernel', 'pre_logits/bias')]
+  check_complete(flat, required, pairs, source, 'a ViT checkpoint')
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
   """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
   del unused
   path = Path(path)
+  config = _config_of(path)
   if path.is_dir():
-    config = _read_config(path / 'config.json')
     weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
     if weights is None:
       raise CheckpointError(f'{path}: no {" / ".join(WEIGHT_FILES)} in this directory')
   else:
-    config, weights = _read_config(path.parent / 'config.json'), path
+    weights = path
   if config is not None and config.get('model_type', 'vit') != 'vit':
     raise CheckpointError(
       f'{path}: config.json says model_type={config.get("model_type")!r}; only plain ViT'
@@ -315,7 +339,7 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
     )
   if num_heads is None and config is not None:
     num_heads = config.get('num_attention_heads')
-  state = _read_weights(weights)
+  state = read_state_dict(weights)
   tree = from_hf_state_dict(state, num_heads, str(path))
 
   parts = [weights.name, f'{len(state)} tensors']
@@ -325,14 +349,14 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
     parts.append('4.x names')
   if config is not None:
     arch = (config.get('architectures') or ['?'])[0]
-    act, eps = config.get('hidden_act', 'gelu'), config.get('layer_norm_eps', 1e-12)
-    parts.append(f'{arch}, hidden_act={act}, layer_norm_eps={eps:g}')
-    if act != HIDDEN_ACT or eps != LAYER_NORM_EPS:
+    exact = not _gelu_approximate(config, path)
+    eps = config.get('layer_norm_eps', 1e-12)
+    parts.append(f'{arch}, {"exact" if exact else "tanh"} GELU, layer_norm_eps={eps:g}')
+    if eps != LAYER_NORM_EPS:
       logging.info(
-        '%s: config.json computes with hidden_act=%s, layer_norm_eps=%g; our models use the'
-        ' tanh GELU and eps 1e-6 that the released weights were trained with.',
+        '%s: config.json computes with layer_norm_eps=%g; our models use the eps 1e-6 that'
+        ' the released weights were trained with.',
         path,
-        act,
         eps,
       )
   return tree, 'hf (' + ', '.join(parts) + ')'
@@ -340,14 +364,6 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
 
 # ---------------------------------------------------------------------------------------------
 # Writing.
-
-
-def _field(config: Any, name: str, default: Any = None) -> Any:
-  if config is None:
-    return default
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.get(name, default)
-  return config.get(name, default) if isinstance(config, Mapping) else default
 
 
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
@@ -360,11 +376,11 @@ def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
       "a model without learned position embeddings (posemb='sincos2d') has no Hugging Face"
       ' ViT equivalent; export it with --to=npz'
     )
-  if 'conv_root/kernel' in flat or _field(model_config, 'resnet') is not None:
+  if 'conv_root/kernel' in flat or config_field(model_config, 'resnet') is not None:
     raise CheckpointError(
       'hybrid (ResNet+ViT) models have no Hugging Face ViT equivalent; export them with --to=npz'
     )
-  classifier = _field(model_config, 'classifier', 'token')
+  classifier = config_field(model_config, 'classifier', 'token')
   if classifier != 'token' or 'cls' not in flat:
     what = f'classifier={classifier!r}' if classifier != 'token' else 'a model without cls'
     raise CheckpointError(
@@ -399,10 +415,7 @@ def to_hf_state_dict(params: Mapping[str, Any], model_config: Any = None) -> dic
     inverse[ours] = (prefix + hf_key, kind)
   for hf_key, (ours, kind) in _HEAD_MAP.items():
     inverse[ours] = (hf_key, kind)
-  layers = sorted(
-    {int(k.split('/')[1].split('_')[1]) for k in flat if k.startswith('Transformer/encoderblock_')}
-  )
-  for i in layers:
+  for i in block_numbers(flat):
     for hf_key, (template, kind) in _LAYER_MAP.items():
       inverse[template.format(i=i)] = (f'{prefix}encoder.layer.{i}.{hf_key}', kind)
 
@@ -411,18 +424,23 @@ def to_hf_state_dict(params: Mapping[str, Any], model_config: Any = None) -> dic
     if key not in inverse:
       raise CheckpointError(f'{key!r} {shape_str(value.shape)} has no Hugging Face ViT equivalent')
     hf_key, kind = inverse[key]
-    if kind == 'linear':
-      value = value.T
-    elif kind == 'conv':
-      value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
-    elif kind == 'qkv_kernel':
-      value = value.reshape(value.shape[0], -1).T
-    elif kind == 'qkv_bias':
-      value = value.reshape(-1)
-    elif kind == 'out_kernel':
-      value = value.reshape(-1, value.shape[-1]).T
-    state[hf_key] = np.ascontiguousarray(value)
+    state[hf_key] = ours_to_torch(kind, value)
   return state
+
+
+def ours_to_torch(kind: str, value: np.ndarray) -> np.ndarray:
+  """The inverse of `torch_to_ours`: our weight in PyTorch's layout (contiguous)."""
+  if kind == 'linear':
+    value = value.T
+  elif kind == 'conv':
+    value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
+  elif kind == 'qkv_kernel':
+    value = value.reshape(value.shape[0], -1).T
+  elif kind == 'qkv_bias':
+    value = value.reshape(-1)
+  elif kind == 'out_kernel':
+    value = value.reshape(-1, value.shape[-1]).T
+  return np.ascontiguousarray(value)
 
 
 def hf_config(
@@ -444,7 +462,7 @@ def hf_config(
         ' image_size=(height, width)'
       )
     image_size = side * patch
-  transformer = _field(model_config, 'transformer') or {}
+  transformer = config_field(model_config, 'transformer') or {}
   config: dict[str, Any] = {
     'architectures': ['ViTForImageClassification' if 'head/kernel' in flat else 'ViTModel'],
     'model_type': 'vit',
@@ -452,7 +470,7 @@ def hf_config(
     'num_hidden_layers': layers,
     'num_attention_heads': arch.transformer.num_heads,
     'intermediate_size': arch.transformer.mlp_dim,
-    'hidden_act': HIDDEN_ACT,
+    'hidden_act': HIDDEN_ACT if config_field(model_config, 'gelu_approximate', True) else 'gelu',
     'hidden_dropout_prob': float(transformer.get('dropout_rate', 0.0)),
     'attention_probs_dropout_prob': float(transformer.get('attention_dropout_rate', 0.0)),
     'initializer_range': 0.02,
@@ -485,20 +503,29 @@ def export_hf(
 ) -> Path:
   """Writes `model.safetensors` + `config.json` that `from_pretrained` loads with our logits.
 
-  Nothing partial is left: both files are written to a temporary folder first, then moved
-  into `out_dir` (a new folder, or one holding at most these two files).
+  Nothing partial is left (`write_model_dir`).
+  """
+  state = to_hf_state_dict(params, model_config)
+  config = hf_config(params, model_config, image_size, labels)
+  return write_model_dir(out_dir, state, config)
+
+
+def write_model_dir(
+  out_dir: str | os.PathLike, state: Mapping[str, np.ndarray], config: Mapping[str, Any]
+) -> Path:
+  """Writes `model.safetensors` (PyTorch metadata) and `config.json` into `out_dir`.
+
+  Both files are written to a temporary folder first, then moved into `out_dir` (a new
+  folder, or one holding at most these two files), so nothing partial is ever left.
   """
   from safetensors.numpy import save_file
 
   out_dir = Path(out_dir)
-  state = to_hf_state_dict(params, model_config)
-  config = hf_config(params, model_config, image_size, labels)
+  names = ('model.safetensors', 'config.json')
   if out_dir.exists():
     if not out_dir.is_dir():
       raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
-    others = sorted(
-      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
-    )
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in names)
     if others:
       raise CheckpointError(
         f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
@@ -506,10 +533,10 @@ def export_hf(
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f'.{out_dir.name}.', suffix='.tmp'))
   try:
-    save_file(state, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
+    save_file(dict(state), str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
     (tmp / 'config.json').write_text(json.dumps(config, indent=2, sort_keys=True) + '\n')
     if out_dir.exists():
-      for name in ('model.safetensors', 'config.json'):
+      for name in names:
         os.replace(tmp / name, out_dir / name)
       tmp.rmdir()
     else:

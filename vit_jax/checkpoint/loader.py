@@ -8,12 +8,14 @@ and fine-tuning.
 The checkpoint is read in any format `formats.read` knows; the model is a registry name, a
 model config (the constructor fields), or by default the architecture read off the shapes;
 the parameters are fitted to it by `surgery.merge_pretrained` (head, pre_logits, position
-embeddings on another grid), every mismatch a one-line error.
+embeddings on another grid), every mismatch a one-line error. What the file states beyond its
+shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set on the model.
 """
 
 import dataclasses
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -32,7 +34,8 @@ class Found:
 
   Attributes:
     config: the architecture (`tree.infer_config`: model fields, `num_classes` and
-      `representation_size` included).
+      `representation_size` included), and the fields the file states beyond its shapes
+      (`gelu_approximate=False` where its config names the exact GELU).
     name: the registered model of this architecture, or None.
     resolution: the square image size its position embeddings are laid out for, or None.
     arrays, parameters: how many arrays and scalars it holds.
@@ -97,10 +100,15 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
   return config, tree.match_registry(config)
 
 
-def _found(restored: Mapping[str, Any], description: str) -> Found:
+def _read(path: str | os.PathLike, heads: int | None) -> tuple[dict, Found, dict[str, Any]]:
+  """(the tree, what it is, the model fields the file states beyond its shapes)."""
+  fmt = formats.detect_format(path)
+  restored, description = fmt.read(Path(path), num_heads=heads)
+  fields = fmt.fields(Path(path))
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
-  return Found(
+  config.update(fields)
+  found = Found(
     config=config,
     name=tree.match_registry(config),
     resolution=tree.native_resolution(flat, config),
@@ -108,6 +116,7 @@ def _found(restored: Mapping[str, Any], description: str) -> Found:
     parameters=tree.count_params(flat),
     description=description,
   )
+  return restored, found, fields
 
 
 def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
@@ -121,6 +130,19 @@ def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
       f'--model {name} does not fit the checkpoint, which holds {holds}'
       f' ({tree.describe(found.config)}); leave --model out to use that.'
     )
+
+
+def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str) -> None:
+  """A model config given as is keeps its fields; a file that states others is logged."""
+  for key, value in fields.items():
+    if config.get(key) != value:
+      logging.warning(
+        '%s: the file states %s=%s, the model config given %s; the config holds',
+        source,
+        key,
+        value,
+        config.get(key),
+      )
 
 
 def _resolution(
@@ -181,12 +203,14 @@ def fit(
   config, name = _model_config(model)
   transformer = None if config is None else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, description = formats.read(path, num_heads=heads)
-  found = _found(restored, description)
+  restored, found, fields = _read(path, heads)
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
   elif isinstance(model, str):
     _check_fits(name, config, found, surgery.get('resize_patch_embedding', False))
+    config.update(fields)  # the registry's architecture, computed as the file says
+  else:
+    _warn_unlike(config, fields, source)
   if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
     config.representation_size = found.config.representation_size
   image_size = resolution

@@ -16,13 +16,13 @@ from typing import Any
 
 import chex
 import jax
-import ml_collections
 import numpy as np
 import scipy.ndimage
 
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
+  config_field,
   describe,
   flatten,
   infer_config,
@@ -67,14 +67,6 @@ class LoadReport:
 
   def __str__(self) -> str:
     return '\n'.join(self.lines())
-
-
-def _get(config: Any, name: str, default: Any = None) -> Any:
-  if config is None:
-    return default
-  if isinstance(config, ml_collections.ConfigDict):
-    return config.get(name, default)
-  return config.get(name, default) if isinstance(config, Mapping) else default
 
 
 def resize_posemb(
@@ -203,7 +195,7 @@ class _Merge:
     if key in HEAD and key.endswith('/kernel'):
       return np.zeros(spec.shape, spec.dtype)
     if key in HEAD:
-      return np.full(spec.shape, _get(self.config, 'head_bias_init', 0.0), spec.dtype)
+      return np.full(spec.shape, config_field(self.config, 'head_bias_init', 0.0), spec.dtype)
     raise CheckpointError(
       f'{key} must keep its initial value but init_params holds only its shape'
       f' {shape_str(spec.shape)}: pass concretely initialised params'

@@ -77,6 +77,33 @@ def square_side(n: int) -> int | None:
   return s if s * s == n else None
 
 
+def config_field(config: Any, name: str, default: Any = None) -> Any:
+  """`config[name]` of a model config (ConfigDict, dict or None), else `default`."""
+  if isinstance(config, (Mapping, ml_collections.ConfigDict)):
+    return config.get(name, default)
+  return default
+
+
+def check_complete(
+  flat: Mapping[str, Any],
+  required: Iterable[str],
+  pairs: Iterable[tuple[str, str]],
+  source: str,
+  what: str,
+) -> None:
+  """Every `required` key is in `flat`, and of each optional (kernel, bias) pair both or none."""
+  expected = list(required)
+  for pair in pairs:
+    if (pair[0] in flat) != (pair[1] in flat):
+      expected += list(pair)
+  missing = [k for k in expected if k not in flat]
+  if missing:
+    raise CheckpointError(
+      f'{source}: missing {len(missing)} ViT weights, e.g. {missing[0]!r}; the file is incomplete'
+      f' or not {what}'
+    )
+
+
 def _get(flat: Mapping[str, Any], key: str) -> Any:
   if key not in flat:
     raise CheckpointError(f'the parameters lack {key!r}; this is not a ViT parameter tree')
@@ -97,6 +124,16 @@ def _numbered(flat: Mapping[str, Any], pattern: re.Pattern, where: str) -> list[
   if found != list(range(len(found))):
     raise CheckpointError(f'{where or "Mixer"} blocks {found} are not numbered 0..{len(found) - 1}')
   return found
+
+
+def gelu_fields(approximate: bool) -> dict[str, Any]:
+  """The model fields of a GELU a file names: none for the tanh approximation (the default)."""
+  return {} if approximate else {'gelu_approximate': False}
+
+
+def block_numbers(flat: Mapping[str, Any]) -> list[int]:
+  """The numbers i of the `Transformer/encoderblock_{i}` groups of a flat dict, checked 0..N-1."""
+  return _numbered(flat, _BLOCK_RE, 'Transformer')
 
 
 def _patch_embedding(flat: Mapping[str, Any], key: str) -> tuple[tuple[int, int], int]:
@@ -156,7 +193,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
 
 def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
   """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
-  blocks = _numbered(flat, _BLOCK_RE, 'Transformer')
+  blocks = block_numbers(flat)
   if not blocks:
     return None
   block = 'Transformer/encoderblock_0'
@@ -246,6 +283,8 @@ def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
     parts.append('distillation token')
   if config.get('posemb', 'learn') != 'learn':
     parts.append(f'posemb {config["posemb"]}')
+  if not config.get('gelu_approximate', True):
+    parts.append('exact GELU')
   return ', '.join(parts)
 
 

@@ -25,13 +25,14 @@ Options beyond the original, with the names of the checkpoints that use them:
 import functools
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.extend
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.interpreters import ad, batching, mlir
 
@@ -291,23 +292,76 @@ def posemb_sincos_2d(
   return pe[None].astype(dtype)
 
 
+def corner_aligned_resize_matrix(size_in: int, size_out: int) -> np.ndarray:
+  """(size_out, size_in) matrix of 1-D linear resizing with the end points aligned.
+
+  Output `i` samples input position `i * (size_in - 1) / (size_out - 1)`: the resize of
+  `scipy.ndimage.zoom(order=1)` (`grid_mode=False`), with which the original vit_jax resizes
+  position embeddings when it loads a checkpoint at another resolution.
+  """
+  matrix = np.zeros((size_out, size_in))
+  steps = np.arange(size_out, dtype=np.float64)
+  src = steps * (size_in - 1) / (size_out - 1) if size_out > 1 else steps
+  lo = np.minimum(np.floor(src).astype(int), size_in - 1)
+  hi = np.minimum(lo + 1, size_in - 1)
+  np.add.at(matrix, (np.arange(size_out), lo), 1.0 - (src - lo))
+  np.add.at(matrix, (np.arange(size_out), hi), src - lo)
+  return matrix
+
+
+def resize_posemb_grid(
+  posemb: jnp.ndarray, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix: int
+) -> jnp.ndarray:
+  """(1, prefix + old rows*cols, D) -> (1, prefix + new rows*cols, D), prefix rows kept.
+
+  The grid is resized as `checkpoint.resize_posemb` (`scipy.ndimage.zoom(order=1)`) does, but
+  as two small matmuls in float32 at full precision, so it runs under `jax.jit` on any backend.
+  """
+  (gh, gw), (nh, nw) = old_grid, new_grid
+  prefix, grid = posemb[:, :num_prefix], posemb[:, num_prefix:].astype(jnp.float32)
+  grid = grid.reshape(1, gh, gw, grid.shape[-1])
+  rows = jnp.asarray(corner_aligned_resize_matrix(gh, nh), jnp.float32)
+  cols = jnp.asarray(corner_aligned_resize_matrix(gw, nw), jnp.float32)
+  grid = jnp.einsum('oh,bhwd,pw->bopd', rows, grid, cols, precision=jax.lax.Precision.HIGHEST)
+  grid = grid.reshape(1, nh * nw, grid.shape[-1]).astype(posemb.dtype)
+  return jnp.concatenate([prefix, grid], axis=1)
+
+
 class AddPositionEmbs(nn.Module):
-  """Adds a learned position embedding of shape (1, tokens, D) to the inputs."""
+  """Adds a learned position embedding of shape (1, tokens, D) to the inputs.
+
+  By default the embedding has one row per input token (another input size is an error).
+  With `posemb_grid=(rows, cols)` it is stored for that patch grid and resized on the fly to
+  the input's `grid` (`resize_posemb_grid`); the leading prefix (class) rows are kept.
+  """
 
   param_dtype: Dtype = jnp.float32
+  posemb_grid: tuple[int, int] | None = None
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    shape = (1, x.shape[1], x.shape[2])
-    pe = self.param('pos_embedding', nn.initializers.normal(stddev=0.02), shape, self.param_dtype)
+  def __call__(self, x: jnp.ndarray, grid: tuple[int, int] | None = None) -> jnp.ndarray:
+    init = nn.initializers.normal(stddev=0.02)
+    if self.posemb_grid is None:
+      pe = self.param('pos_embedding', init, (1, x.shape[1], x.shape[2]), self.param_dtype)
+      return x + pe.astype(x.dtype)
+    if grid is None:
+      raise ValueError('posemb_grid is set: pass the input token grid (rows, cols)')
+    stored, grid = tuple(self.posemb_grid), tuple(grid)
+    num_prefix = x.shape[1] - grid[0] * grid[1]
+    shape = (1, num_prefix + stored[0] * stored[1], x.shape[2])
+    pe = self.param('pos_embedding', init, shape, self.param_dtype)
+    if grid != stored:
+      pe = resize_posemb_grid(pe, stored, grid, num_prefix)
     return x + pe.astype(x.dtype)
 
 
 class MlpBlock(nn.Module):
-  """Dense, GELU (tanh approximation, as the released weights were trained), Dense."""
+  """Dense, GELU, Dense. The GELU is the tanh approximation the released weights were trained
+  with, or with `gelu_approximate=False` the exact one (PyTorch's, timm's default)."""
 
   mlp_dim: int
   dropout_rate: float = 0.0
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -320,7 +374,7 @@ class MlpBlock(nn.Module):
       bias_init=nn.initializers.normal(stddev=1e-6),
     )
     out_dim = x.shape[-1]
-    x = nn.gelu(dense(self.mlp_dim, name='Dense_0')(x), approximate=True)
+    x = nn.gelu(dense(self.mlp_dim, name='Dense_0')(x), approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim, name='Dense_1')(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -421,6 +475,7 @@ class Encoder1DBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   drop_path_rate: float = 0.0
   attention_impl: str = 'xla'
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -451,6 +506,7 @@ class Encoder1DBlock(nn.Module):
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
       dropout_rate=self.dropout_rate,
+      gelu_approximate=self.gelu_approximate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
       name='MlpBlock_0',
@@ -460,12 +516,17 @@ class Encoder1DBlock(nn.Module):
 
 class _ScanBlock(Encoder1DBlock):
   """An encoder block as the body of `nn.scan`: (x, this layer's drop-path rate or None) ->
-  (block(x), None)."""
+  (block(x), None), or with `emit=True` (block(x), block(x)), so that the scan stacks every
+  block's output."""
 
   deterministic: bool = True
+  emit: bool = False
 
-  def __call__(self, x: jnp.ndarray, rate: jnp.ndarray | None) -> tuple[jnp.ndarray, None]:
-    return super().__call__(x, self.deterministic, rate), None
+  def __call__(
+    self, x: jnp.ndarray, rate: jnp.ndarray | None
+  ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    x = super().__call__(x, self.deterministic, rate)
+    return x, (x if self.emit else None)
 
 
 class Encoder(nn.Module):
@@ -477,6 +538,10 @@ class Encoder(nn.Module):
   scan frees each block's activations on every backend. Unrolled, XLA on CPU schedules the
   recomputation so that it saves no memory (ViT-L/16: the same compiled memory with and
   without remat).
+
+  Returns `(encoded, {i: output of block i})` for the blocks `capture` names (see
+  `block_indices`; their raw outputs, before the final LayerNorm). Unrolled blocks stop after
+  the last one captured, and `encoded` is then None unless it is the last block.
   """
 
   num_layers: int
@@ -490,54 +555,76 @@ class Encoder(nn.Module):
   remat_policy: str = 'none'
   scan_layers: bool = False
   learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
+  posemb_grid: tuple[int, int] | None = None
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray, *, train: bool) -> jnp.ndarray:
+  def __call__(
+    self,
+    x: jnp.ndarray,
+    *,
+    train: bool,
+    grid: tuple[int, int] | None = None,
+    capture: Sequence[int] | None = None,
+  ) -> tuple[jnp.ndarray | None, dict[int, jnp.ndarray]]:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
         f'remat_policy={self.remat_policy!r}; expected one of {list(REMAT_POLICIES)}'
       )
+    if self.learned_posemb:
+      x = AddPositionEmbs(
+        param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
+      )(x, grid)
+    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    capture = () if capture is None else block_indices(capture, self.num_layers)
+    x, captured = self._blocks(x, train, capture)
+    if capture and max(capture) < self.num_layers - 1:
+      return None, captured
+    return layer_norm('encoder_norm', self.dtype, self.param_dtype)(x), captured
+
+  def _blocks(
+    self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
+  ) -> tuple[jnp.ndarray, dict[int, jnp.ndarray]]:
+    """The encoder blocks (all of them, or up to the last captured), and the captured outputs."""
     block_args = {
       'mlp_dim': self.mlp_dim,
       'num_heads': self.num_heads,
       'dropout_rate': self.dropout_rate,
       'attention_dropout_rate': self.attention_dropout_rate,
       'attention_impl': self.attention_impl,
+      'gelu_approximate': self.gelu_approximate,
       'dtype': self.dtype,
       'param_dtype': self.param_dtype,
     }
     policy = REMAT_POLICIES[self.remat_policy]
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
-    if self.learned_posemb:
-      x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     if self.scan_layers:
       body = _ScanBlock
       if self.remat_policy != 'none':
         body = nn.remat(_ScanBlock, policy=policy, prevent_cse=False)
       scanned_rates = jnp.asarray(rates, jnp.float32) if self.drop_path_rate else None
-      x, _ = nn.scan(
+      x, outputs = nn.scan(
         body,
         variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
         in_axes=0,
         length=self.num_layers,
-      )(**block_args, deterministic=not train, name='encoderblock')(x, scanned_rates)
-    else:
-      block = Encoder1DBlock
-      if self.remat_policy != 'none':
-        # Argument 2 (counting self) is `deterministic`, a Python bool.
-        block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
-      for i in range(self.num_layers):
-        x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(x, not train)
-    return nn.LayerNorm(
-      epsilon=1e-6,
-      dtype=_elementwise_dtype(self.dtype),
-      param_dtype=self.param_dtype,
-      name='encoder_norm',
-    )(x)
+      )(
+        **block_args, deterministic=not train, emit=bool(capture), name='encoderblock'
+      )(x, scanned_rates)
+      return x, {i: outputs[i] for i in capture}
+    block = Encoder1DBlock
+    if self.remat_policy != 'none':
+      # Argument 2 (counting self) is `deterministic`, a Python bool.
+      block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
+    captured = {}
+    for i in range(max(capture, default=self.num_layers - 1) + 1):
+      x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(x, not train)
+      if i in capture:
+        captured[i] = x
+    return x, captured
 
 
 class MAPHead(nn.Module):
@@ -548,6 +635,7 @@ class MAPHead(nn.Module):
   num_heads: int
   mlp_dim: int
   attention_impl: str = 'xla'
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -564,7 +652,13 @@ class MAPHead(nn.Module):
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x)
     z = layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
-    mlp = MlpBlock(self.mlp_dim, dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock_0')
+    mlp = MlpBlock(
+      self.mlp_dim,
+      gelu_approximate=self.gelu_approximate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='MlpBlock_0',
+    )
     return (y + mlp(z, deterministic=True))[:, 0]
 
 
@@ -601,6 +695,27 @@ class VisionTransformer(nn.Module):
     scan_layers: run the encoder blocks as one `nn.scan` over stacked parameters
       (`Transformer/encoderblock/...`, leading axis = layer). Convert the released layout
       with `stack_encoder_blocks` (and back with `unstack_encoder_blocks`).
+    posemb_grid: None (default): learned position embeddings have one row per input token, so
+      the model runs at the size it was initialised at. (rows, cols): they are stored for
+      that patch grid and resized on the fly (`resize_posemb_grid`, the resize that
+      `checkpoint.load_pretrained` applies) to the grid of each input, whose sides must be
+      multiples of the patch: a model trained at 224 px with 16-px patches, built with
+      `posemb_grid=(14, 14)`, applies to 384x384 or 224x320 images unchanged. (sincos2d
+      embeddings are computed for each input's grid anyway.)
+    gelu_approximate: True (default): the tanh approximation of the GELU, as the released
+      weights were trained (flax's `nn.gelu` default); False: the exact GELU, the default of
+      PyTorch, timm and Hugging Face (`hidden_act='gelu'`), for weights trained with it.
+
+  Called with `intermediate_blocks=(i, j, ...)` (block indices, negative from the end), the
+  model returns a dict of features instead of its output, from one forward pass that stops
+  after the last block asked for: `embedding` (B, h, w, D), the patch embedding;
+  `encoderblock_{i}` (B, h, w, D), the patch tokens after block i, before the final
+  LayerNorm (timm's `forward_intermediates`, big_vision's `out['block{i}']`), with
+  `encoderblock_{i}/prefix` (B, P, D) holding the P prefix tokens (class, distillation) where
+  the model has them. When the last block is asked for, the whole encoder runs, and the dict
+  also holds `encoded` (B, h, w, D) (and `encoded/prefix`), the normalised encoder output,
+  and `output`, what the call returns without `intermediate_blocks` (the head's logits, or
+  the pooled features of a model without a head).
   """
 
   num_classes: int | None
@@ -618,8 +733,10 @@ class VisionTransformer(nn.Module):
   scan_layers: bool = False
   posemb: str = 'learn'
   distilled: bool = False
+  posemb_grid: tuple[int, int] | None = None
+  gelu_approximate: bool = True
 
-  def _check_options(self, both_heads: bool) -> None:
+  def _check_options(self, both_heads: bool, intermediate_blocks: Any) -> None:
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; expected one of {CLASSIFIERS}')
     if self.posemb not in POSEMBS:
@@ -633,6 +750,8 @@ class VisionTransformer(nn.Module):
       raise ValueError("distilled=True and classifier='map' need a transformer (it is None)")
     if both_heads and not self.distilled:
       raise ValueError('both_heads=True needs a distilled model (distilled=True)')
+    if intermediate_blocks is not None and self.transformer is None:
+      raise ValueError('intermediate_blocks: this model has no encoder blocks (transformer=None)')
 
   def _prepend_tokens(self, x: jnp.ndarray) -> jnp.ndarray:
     """[cls, dist_token, patches], as many of the first two as the options ask for."""
@@ -655,6 +774,7 @@ class VisionTransformer(nn.Module):
         num_heads=self.transformer['num_heads'],
         mlp_dim=self.transformer['mlp_dim'],
         attention_impl=self.attention_impl,
+        gelu_approximate=self.gelu_approximate,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
         name='MAPHead_0',
@@ -680,23 +800,16 @@ class VisionTransformer(nn.Module):
     logits_dist = self._head(x_dist, 'head_dist').astype(jnp.float32)
     return (logits, logits_dist) if both_heads else (logits + logits_dist) / 2
 
-  @nn.compact
-  def __call__(self, inputs: jnp.ndarray, *, train: bool, both_heads: bool = False) -> Any:
-    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
-
-    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits,
-    or without a head the pair of features they read.
-    """
-    self._check_options(both_heads)
+  def _embed_patches(self, inputs: jnp.ndarray) -> jnp.ndarray:
+    """NHWC images -> (B, h, w, D) patch embeddings (after the ResNet stem of hybrids)."""
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
     x = inputs.astype(self.dtype if self.resnet is not None else _elementwise_dtype(self.dtype))
     if self.resnet is not None:
       x = resnet.resnet_stem(
         x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype, self.param_dtype
       )
-
     patch = tuple(self.patches['size'])
-    x = nn.Conv(
+    return nn.Conv(
       features=self.hidden_size,
       kernel_size=patch,
       strides=patch,
@@ -706,23 +819,9 @@ class VisionTransformer(nn.Module):
       name='embedding',
     )(x)
 
-    if self.transformer is not None:
-      n, h, w, c = x.shape
-      x = jnp.reshape(x, (n, h * w, c))
-      if self.posemb == 'sincos2d':
-        x = x + posemb_sincos_2d(h, w, c, dtype=x.dtype)
-      x = self._prepend_tokens(x)
-      x = Encoder(
-        **self.transformer,
-        attention_impl=self.attention_impl,
-        remat_policy=self.remat_policy,
-        scan_layers=self.scan_layers,
-        learned_posemb=self.posemb == 'learn',
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        name='Transformer',
-      )(x, train=train)
-
+  def _output(self, x: jnp.ndarray, both_heads: bool) -> Any:
+    """The encoder's tokens (or the patch embedding without a transformer) -> the output:
+    pooled, through `pre_logits` and the head where the model has them."""
     if self.distilled:
       return self._distilled_output(x, both_heads)
     x = self._pool(x)
@@ -733,10 +832,88 @@ class VisionTransformer(nn.Module):
         name='pre_logits',
       )(x)
       x = jnp.tanh(x)
-
     if self.num_classes:
       x = self._head(x)
     return x.astype(jnp.float32)
+
+  @nn.compact
+  def __call__(
+    self,
+    inputs: jnp.ndarray,
+    *,
+    train: bool,
+    both_heads: bool = False,
+    intermediate_blocks: Sequence[int] | None = None,
+  ) -> Any:
+    """Maps NHWC images in [-1, 1] to logits (float32), or to features without a head.
+
+    `both_heads=True` (distilled models only): the pair (class-head, distillation-head) logits,
+    or without a head the pair of features they read. `intermediate_blocks`: the dict of
+    features described in the class docstring.
+    """
+    self._check_options(both_heads, intermediate_blocks)
+    embedding = self._embed_patches(inputs)
+    if self.transformer is None:
+      return self._output(embedding, both_heads)
+    n, h, w, c = embedding.shape
+    x = jnp.reshape(embedding, (n, h * w, c))
+    if self.posemb == 'sincos2d':
+      x = x + posemb_sincos_2d(h, w, c, dtype=x.dtype)
+    x = self._prepend_tokens(x)
+    encoded, blocks = Encoder(
+      **self.transformer,
+      attention_impl=self.attention_impl,
+      remat_policy=self.remat_policy,
+      scan_layers=self.scan_layers,
+      learned_posemb=self.posemb == 'learn',
+      posemb_grid=self.posemb_grid,
+      gelu_approximate=self.gelu_approximate,
+      dtype=self.dtype,
+      param_dtype=self.param_dtype,
+      name='Transformer',
+    )(x, train=train, grid=(h, w), capture=intermediate_blocks)
+    if intermediate_blocks is None:
+      return self._output(encoded, both_heads)
+    features = _feature_dict(embedding, encoded, blocks)
+    if encoded is not None:
+      features['output'] = self._output(encoded, both_heads)
+    return features
+
+
+def block_indices(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:
+  """Block indices (negative ones count from the end) as sorted, distinct, non-negative ones."""
+  if isinstance(blocks, (int, str)) or not blocks:
+    raise ValueError(f'intermediate_blocks={blocks!r}: give a non-empty sequence of block indices')
+  out = set()
+  for i in blocks:
+    if (
+      isinstance(i, bool)
+      or not isinstance(i, (int, np.integer))
+      or not -num_layers <= i < num_layers
+    ):
+      raise ValueError(
+        f'intermediate_blocks: {i!r} is not a block index of a model with {num_layers} blocks'
+        f' (0..{num_layers - 1}, or negative from the end)'
+      )
+    out.add(int(i) % num_layers)
+  return tuple(sorted(out))
+
+
+def _feature_dict(
+  embedding: jnp.ndarray, encoded: jnp.ndarray | None, blocks: Mapping[int, jnp.ndarray]
+) -> dict[str, jnp.ndarray]:
+  """The features of `intermediate_blocks`: token sequences split into prefix and (B, h, w, D)."""
+  n, h, w, d = embedding.shape
+  outputs = {f'encoderblock_{i}': tokens for i, tokens in blocks.items()}
+  if encoded is not None:
+    outputs['encoded'] = encoded
+  features = {'embedding': embedding.astype(jnp.float32)}
+  for name, tokens in outputs.items():
+    num_prefix = tokens.shape[1] - h * w
+    features[name] = tokens[:, num_prefix:].reshape(n, h, w, d).astype(jnp.float32)
+    if num_prefix:
+      features[f'{name}/prefix'] = tokens[:, :num_prefix].astype(jnp.float32)
+  return features
 
 
 def _blocks_of(transformer: Mapping[str, Any]) -> list[str]:
