@@ -24,13 +24,14 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import ml_collections
 import numpy as np
 from absl import logging
+from etils.epath import Path
 
+from vit_jax import files
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
@@ -125,10 +126,10 @@ def detect(path: Path) -> bool:
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
   from safetensors import SafetensorError
-  from safetensors.numpy import load_file
+  from safetensors.numpy import load, load_file
 
-  try:
-    return load_file(str(path))
+  try:  # a local file is memory-mapped; a bucket object is read whole
+    return load_file(os.fspath(path)) if files.is_local(path) else load(path.read_bytes())
   except (SafetensorError, OSError, ValueError, TypeError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise CheckpointError(
@@ -160,7 +161,8 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
       ' model.safetensors file of the same checkpoint'
     ) from None
   try:
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    with path.open('rb') as f:
+      state = torch.load(f, map_location='cpu', weights_only=True)
   except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise CheckpointError(
@@ -300,7 +302,7 @@ def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
   """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
   del unused
-  path = Path(path)
+  path = files.path(path)
   if path.is_dir():
     config = _read_config(path / 'config.json')
     weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
@@ -486,28 +488,26 @@ def export_hf(
   """Writes `model.safetensors` + `config.json` that `from_pretrained` loads with our logits.
 
   Nothing partial is left: both files are written to a temporary folder first, then moved
-  into `out_dir` (a new folder, or one holding at most these two files).
+  into `out_dir` (a new folder, or one holding at most these two files); in a bucket each
+  file is an object written whole.
   """
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save, save_file
 
-  out_dir = Path(out_dir)
+  out_dir = files.path(out_dir)
   state = to_hf_state_dict(params, model_config)
   config = hf_config(params, model_config, image_size, labels)
-  if out_dir.exists():
-    if not out_dir.is_dir():
-      raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
-    others = sorted(
-      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
-    )
-    if others:
-      raise CheckpointError(
-        f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
-      )
+  config_text = json.dumps(config, indent=2, sort_keys=True) + '\n'
+  _check_out_dir(out_dir)
+  if not files.is_local(out_dir):  # each object is written whole; weights first
+    weights = save(state, metadata={'format': 'pt'})
+    files.atomic_write(out_dir / 'model.safetensors', lambda f: f.write(weights))
+    files.atomic_write_text(out_dir / 'config.json', config_text)
+    return out_dir
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f'.{out_dir.name}.', suffix='.tmp'))
   try:
     save_file(state, str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
-    (tmp / 'config.json').write_text(json.dumps(config, indent=2, sort_keys=True) + '\n')
+    (tmp / 'config.json').write_text(config_text)
     if out_dir.exists():
       for name in ('model.safetensors', 'config.json'):
         os.replace(tmp / name, out_dir / name)
@@ -519,6 +519,20 @@ def export_hf(
     if tmp.exists():
       shutil.rmtree(tmp)
   return out_dir
+
+
+def _check_out_dir(out_dir: Path) -> None:
+  """A new directory, or one that holds at most the two files written."""
+  if out_dir.exists():
+    if not out_dir.is_dir():
+      raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
+    others = sorted(
+      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
+    )
+    if others:
+      raise CheckpointError(
+        f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
+      )
 
 
 def _umask() -> int:

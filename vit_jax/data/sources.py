@@ -14,6 +14,7 @@ import re
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import files
 from vit_jax.data import digits, preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
@@ -95,17 +96,14 @@ class FolderSource(Source):
   def __init__(self, root: str):
     self.root = root
     self.name = root
-    splits = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    path = files.path(root)
+    splits = sorted(d.name for d in path.iterdir() if d.is_dir())
     if not splits:
       raise ValueError(
         f'Image folder {root!r} has no split folders; expected {root}/train/<class>/*.jpg.'
       )
     first = 'train' if 'train' in splits else splits[0]
-    self.classes = sorted(
-      d
-      for d in os.listdir(os.path.join(root, first))
-      if os.path.isdir(os.path.join(root, first, d))
-    )
+    self.classes = sorted(d.name for d in (path / first).iterdir() if d.is_dir())
     if not self.classes:
       raise ValueError(
         f'{root}/{first} has no class folders; expected {root}/{first}/<class>/*.jpg.'
@@ -116,19 +114,19 @@ class FolderSource(Source):
   def _files(self, split: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if split in self._listing:
       return self._listing[split]
-    folder = os.path.join(self.root, split)
-    if not os.path.isdir(folder):
+    folder = files.path(self.root) / split
+    if not folder.is_dir():
       raise ValueError(
         f'Image folder split {folder!r} does not exist; expected {folder}/<class>/*.jpg.'
       )
     paths, labels = [], []
     for label, name in enumerate(self.classes):
-      class_dir = os.path.join(folder, name)
-      if not os.path.isdir(class_dir):
+      class_dir = folder / name
+      if not class_dir.is_dir():
         continue
-      for file in sorted(os.listdir(class_dir)):
+      for file in sorted(f.name for f in class_dir.iterdir()):
         if file.lower().endswith(IMAGE_EXTENSIONS):
-          paths.append(os.path.join(class_dir, file))
+          paths.append(os.fspath(class_dir / file))
           labels.append(label)
     if not paths:
       raise ValueError(f'No images ({", ".join(IMAGE_EXTENSIONS)}) under {folder}/<class>/.')
@@ -151,7 +149,15 @@ class FolderSource(Source):
     return list(self.classes)
 
   def decode(self, image: tf.Tensor) -> tf.Tensor:
-    return preprocess.decode(tf.io.read_file(image))
+    return preprocess.decode(_read_file(image, files.is_local(self.root)))
+
+
+def _read_file(path: tf.Tensor, local: bool) -> tf.Tensor:
+  """A file's bytes: TensorFlow reads local files; bucket objects come through the path layer."""
+  if local:
+    return tf.io.read_file(path)
+  data = tf.numpy_function(lambda p: files.path(p.decode()).read_bytes(), [path], tf.string)
+  return tf.ensure_shape(data, [])
 
 
 class TfdsSource(Source):
@@ -217,7 +223,7 @@ def get_source(dataset: str, data_dir: str | None = None) -> Source:
     from vit_jax.data import vtab  # it builds on this module's TfdsSource
 
     return vtab.VtabSource(dataset.removeprefix('vtab/'), data_dir)
-  if os.path.isdir(dataset):
+  if files.path(dataset).is_dir():
     return FolderSource(dataset)
   if '/' in dataset or dataset.startswith('.'):
     raise ValueError(

@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
-from vit_jax import rundir
+from vit_jax import events, rundir
 from vit_jax.train import state as state_lib
 
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
@@ -65,7 +65,7 @@ def _plain(value: Any) -> Any:
   return value if isinstance(value, int | float) else np.asarray(value).item()
 
 
-class JsonlWriter(metric_writers.MetricWriter):
+class JsonlWriter(events.ScalarWriter):
   """A clu MetricWriter of scalars to the run's metrics.jsonl; other kinds are not logged."""
 
   def __init__(self, log: rundir.MetricsLog):
@@ -73,30 +73,6 @@ class JsonlWriter(metric_writers.MetricWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
     self._log.write(step, {k: _plain(v) for k, v in scalars.items()})
-
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
-
-  def write_images(self, step, images):
-    del step, images
-
-  def write_videos(self, step, videos):
-    del step, videos
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-
-  def write_texts(self, step, texts):
-    del step, texts
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    del step, arrays, num_buckets
-
-  def write_hparams(self, hparams):
-    del hparams
-
-  def flush(self):
-    pass
 
   def close(self):
     self._log.close()
@@ -107,10 +83,7 @@ def make_writer(workdir: str, resume_step: int | None) -> metric_writers.MetricW
   if jax.process_index() != 0:
     return metric_writers.MultiWriter([])
   writers = [JsonlWriter(rundir.MetricsLog(workdir, resume_step))]
-  try:
-    writers.append(metric_writers.SummaryWriter(workdir))
-  except Exception as e:  # TensorBoard is optional for a run
-    logging.warning('No TensorBoard events: %s', e)
+  writers.append(events.EventsWriter(workdir))
   return metric_writers.MultiWriter(writers)
 
 
