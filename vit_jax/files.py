@@ -130,6 +130,17 @@ def atomic_write_text(p: PathLike, text: str) -> None:
   atomic_write(p, lambda f: f.write(text.encode()))
 
 
+def copy_tree(local_dir: str, dest: PathLike) -> None:
+  """Copies the files below the local folder `local_dir` to `dest` (a folder or bucket path)."""
+  for folder, _, names in os.walk(local_dir):
+    for name in names:
+      source = os.path.join(folder, name)
+      relative = os.path.relpath(source, local_dir)
+      with open(source, 'rb') as f:
+        data = f.read()
+      atomic_write(join(dest, *relative.split(os.sep)), lambda out, data=data: out.write(data))
+
+
 class AppendFile:
   """A file written by appending, each write visible to readers when `write` returns.
 

@@ -12,8 +12,10 @@ Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics 
 steps so far and stops the run at the first non-finite one, so no bad state is ever saved.
 """
 
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,7 +25,7 @@ import numpy as np
 from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
-from vit_jax import events, rundir
+from vit_jax import events, files, rundir
 from vit_jax.train import state as state_lib
 
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
@@ -218,16 +220,25 @@ class Saver:
 
 class Profile(periodic_actions.Profile):
   """clu's Profile, once: a trace of `num_profile_steps` steps after `first_profile`, in
-  `logdir/plugins/profile/<time>/` (TensorBoard's profile plugin opens it)."""
+  `logdir/plugins/profile/<time>/` (TensorBoard's profile plugin opens it). The profiler
+  writes local files only: for a bucket `logdir` it traces to a local folder, copied up at
+  the end of the trace."""
 
   def __init__(self, logdir: str, num_profile_steps: int, first_profile: int):
+    self._bucket_logdir = None if files.is_local(logdir) else logdir
     super().__init__(
-      logdir=logdir,
+      logdir=logdir if files.is_local(logdir) else tempfile.mkdtemp(prefix='vit_jax_profile.'),
       num_profile_steps=num_profile_steps,
       profile_duration_ms=None,
       first_profile=first_profile,
       every_secs=None,
     )
+
+  def _end_session(self, url: str | None):
+    super()._end_session(url)
+    if self._bucket_logdir is not None:
+      files.copy_tree(self._logdir, self._bucket_logdir)
+      shutil.rmtree(self._logdir, ignore_errors=True)
 
   def close(self) -> None:
     """Ends a trace the run stopped in the middle of (preemption, an error)."""
