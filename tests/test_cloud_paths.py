@@ -1,4 +1,5 @@
-"""gs:// paths end to end, against a real Cloud Storage API: the `gcp-storage-emulator` server.
+"""gs:// paths end to end, against a real Cloud Storage API: the `gcp-storage-emulator` server
+(with the download headers it leaves out added: tests/gcs_emulator.py).
 
 The module starts the emulator on 127.0.0.1 and points the clients at it the way a user
 would (environment variables, inherited by subprocesses): gcsfs (the path layer, through
@@ -23,7 +24,7 @@ from PIL import Image
 
 from configs import augreg
 from configs import digits as digits_config
-from vit_jax import checkpoint, files, rundir, train
+from vit_jax import checkpoint, files, predict, rundir, train
 from vit_jax.data import digits as digits_data
 from vit_jax.train import setup, spec
 from vit_jax.train.spec import with_overrides
@@ -56,9 +57,9 @@ def _wait_for_port(port: int, process: subprocess.Popen) -> None:
 def gcs():
   """The emulator with the bucket BUCKET; yields the gcsfs file system the tests inspect with."""
   port = _free_port()
-  emulator = os.path.join(os.path.dirname(sys.executable), 'gcp-storage-emulator')
+  emulator = os.path.join(REPO, 'tests', 'gcs_emulator.py')
   process = subprocess.Popen(
-    [emulator, 'start', '--host=127.0.0.1', f'--port={port}', '--in-memory'],
+    [sys.executable, emulator, 'start', '--host=127.0.0.1', f'--port={port}', '--in-memory'],
     stdout=subprocess.DEVNULL,
     stderr=subprocess.DEVNULL,
   )
@@ -199,22 +200,17 @@ def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference, bucket
     path = tmp_path / os.path.basename(url)
     path.write_bytes(gcs.cat(url))
     local.append(str(path))
-  expected = _run([*args, f'--checkpoint={ref_dir}', f'--features={tmp_path}/f.npy', *local])
-  assert expected.returncode == 0, expected.stderr
-  bucket_top, local_top = (
-    [r['predictions'] for r in json.loads(run.stdout)['results']] for run in (predicted, expected)
-  )
-  assert len(bucket_top) == len(urls)
-  assert [[p['class'] for p in r] for r in bucket_top] == [
-    [p['class'] for p in r] for r in local_top
-  ]
-  np.testing.assert_allclose(
-    [[p['probability'] for p in r] for r in bucket_top],
-    [[p['probability'] for p in r] for r in local_top],
-    rtol=1e-6,
-  )
+  expected, errors = predict.predict_files(predict.load(ref_dir, resolution=8), local, 5, 32)
+  assert not errors
+  results = json.loads(predicted.stdout)['results']
+  assert [r['image'] for r in results] == urls
+  for result, want in zip(results, expected, strict=True):
+    assert [p['class'] for p in result['predictions']] == want.indices.tolist()
+    got = [p['probability'] for p in result['predictions']]
+    np.testing.assert_allclose(got, want.probabilities, rtol=1e-6)
+  want_features = np.stack([p.features for p in expected])
   with files.path(features).open('rb') as f:
-    np.testing.assert_array_equal(np.load(f), np.load(tmp_path / 'f.npy'))
+    np.testing.assert_allclose(np.load(f), want_features, rtol=1e-6)
 
 
 def test_a_pretrained_file_is_fitted_from_the_bucket(gcs, reference):
@@ -307,3 +303,29 @@ def test_a_missing_object_is_one_line_naming_it(gcs, tmp_path):
   _one_line_error(result, seconds, missing)
   assert not os.path.exists(tmp_path / 'x.npz')
   shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_an_image_folder_in_the_bucket_reads_as_its_local_copy(gcs, tmp_path):
+  from vit_jax import data as data_lib
+
+  images, labels = digits_data.load('test')
+  for split, rows in (('train', range(0, 6)), ('test', range(6, 9))):
+    for i in rows:
+      buffer = io.BytesIO()
+      Image.fromarray(images[i]).save(buffer, format='PNG')
+      relative = f'{split}/class_{labels[i] % 2}/{i}.png'
+      gcs.pipe(f'{BUCKET}/folder/{relative}', buffer.getvalue())
+      (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+      (tmp_path / relative).write_bytes(buffer.getvalue())
+  bucket = data_lib.get_source(f'gs://{BUCKET}/folder')
+  local = data_lib.get_source(str(tmp_path))
+  assert bucket.class_names() == local.class_names() == ['class_0', 'class_1']
+  for split in ('train', 'test'):
+    assert bucket.num_examples(split) == local.num_examples(split)
+    read = [
+      [(source.decode(r['image']).numpy(), int(r['label'])) for r in source.records(split)]
+      for source in (bucket, local)
+    ]
+    for (a, label_a), (b, label_b) in zip(*read, strict=True):
+      np.testing.assert_array_equal(a, b)
+      assert label_a == label_b

@@ -156,7 +156,7 @@ def _read_file(path: tf.Tensor, local: bool) -> tf.Tensor:
   """A file's bytes: TensorFlow reads local files; bucket objects come through the path layer."""
   if local:
     return tf.io.read_file(path)
-  data = tf.numpy_function(lambda p: files.path(p.decode()).read_bytes(), [path], tf.string)
+  data = tf.py_function(lambda p: files.path(p.numpy().decode()).read_bytes(), [path], tf.string)
   return tf.ensure_shape(data, [])
 
 
