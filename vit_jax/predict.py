@@ -125,7 +125,7 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
   if image is not None:
     return image
   try:
-    with Image.open(io.BytesIO(raw)) as im:
+    with Image.open(os.fspath(path) if files.is_local(path) else io.BytesIO(raw)) as im:
       rgb = im.convert('RGB')
       return np.asarray(rgb, dtype=np.uint8)
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
