@@ -118,10 +118,11 @@ def reference(tmp_path_factory):
 @pytest.fixture(scope='module')
 def bucket_run(gcs, reference):
   """The same run with its workdir in the bucket: stopped after step 3, then resumed."""
-  first = train.train_and_evaluate(tiny_config(), RUN, stop_after=3)
+  config = tiny_config(profile_steps=1)  # a trace, traced locally and copied up; no number changes
+  first = train.train_and_evaluate(config, RUN, stop_after=3)
   assert first['status'] == 'preempted' and first['step'] == 3
   assert rundir.latest_step(RUN) == 3
-  second = train.train_and_evaluate(tiny_config(), RUN)
+  second = train.train_and_evaluate(config, RUN)
   assert second['status'] == 'done' and second['step'] == 6
   return second
 
@@ -144,6 +145,9 @@ def test_a_run_in_a_bucket_resumes_exactly(gcs, reference, bucket_run):
   listing = {os.path.relpath(p, f'{BUCKET}/run') for p in gcs.find(f'{BUCKET}/run')}
   assert {'config.json', 'metrics.jsonl', 'curves.png'} <= listing
   assert {p.split('/')[1] for p in listing if p.startswith('checkpoints/')} == {'3', '6'}
+  traces = [p for p in listing if p.startswith('plugins/profile/') and p.endswith('.xplane.pb')]
+  assert len(traces) == 2  # one per part of the run
+  assert all(gcs.size(f'{BUCKET}/run/{p}') > 1000 for p in traces)
   config = json.loads(gcs.cat(f'{BUCKET}/run/config.json'))
   assert config['_resolved']['class_names'] == [str(i) for i in range(10)]
   # The parameters as a reader of the bucket sees them (orbax through tensorstore's gcs store).
