@@ -3,12 +3,12 @@ r"""Fine-tunes an AugReg checkpoint ("How to train your ViT?", arXiv:2106.10270)
 `--config=configs/augreg.py:MODEL_OR_FILENAME`, where MODEL_OR_FILENAME is a full file
 name without '.npz' (e.g. B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0), or a
 model (B_16, S_32, R_Ti_16, R26_S_32, ...): then the i21k checkpoint with the best final
-upstream validation accuracy in `{pretrained_dir}/index.csv` is chosen. Download the files
-from gs://vit_models/augreg. The dataset must be given:
+upstream validation accuracy in `{pretrained_dir}/index.csv` is chosen. `pretrained_dir`
+defaults to gs://vit_models/augreg, read in place (index.csv and the chosen .npz); a local
+copy works too (`--config.pretrained_dir=DIR`). The dataset must be given:
 
   python -m vit_jax.main --config=configs/augreg.py:B_16 --workdir=runs/augreg_pets \
-      --config.pretrained_dir=augreg --config.dataset=oxford_iiit_pet \
-      --config.pp.train='train[:90%]' --config.base_lr=0.01
+      --config.dataset=oxford_iiit_pet --config.pp.train='train[:90%]' --config.base_lr=0.01
 """
 
 import ml_collections

@@ -15,6 +15,7 @@ them, e.g. two processes on one machine (launch/local.sh does this):
 
 Bad input (an unknown model, dataset or config key, a missing pretrained file, a batch
 that does not divide over the devices) ends with a one-line error before any compute.
+Every path may be a bucket (gs://...); one that cannot be reached is a one-line error too.
 """
 
 import sys
@@ -86,6 +87,9 @@ def main(argv: list[str]) -> int:
     result = train.train_and_evaluate(run_spec, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     _exit_with(e)
+  except OSError as e:  # a file or bucket that cannot be read or written: its own message
+    print(f'Error: {" ".join(str(e).split()) or type(e).__name__}', file=sys.stderr)
+    sys.exit(1)
   if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:
     print(
       f'Final test accuracy: {result["accuracy_test"]:.4f} '

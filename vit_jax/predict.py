@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.util
+import io
 import json
 import os
 import sys
@@ -40,11 +41,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
+from etils import epath
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import data, files, rundir
-from vit_jax.data.preprocess import decode_file, eval_image
+from vit_jax.data.preprocess import decode_bytes, eval_image
 from vit_jax.models import is_mixer, vit
 
 IMAGENET_NUM_CLASSES = 1000
@@ -115,11 +117,15 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
   JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
   other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
   """
-  image = decode_file(os.fspath(path))
+  try:
+    raw = files.path(path).read_bytes()
+  except OSError as e:
+    raise ImageError(f'{path}: cannot read image ({e.strerror or e})') from None
+  image = decode_bytes(raw)
   if image is not None:
     return image
   try:
-    with Image.open(path) as im:
+    with Image.open(os.fspath(path) if files.is_local(path) else io.BytesIO(raw)) as im:
       rgb = im.convert('RGB')
       return np.asarray(rgb, dtype=np.uint8)
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
@@ -169,7 +175,7 @@ def imagenet_class_names() -> tuple[list[str], str] | None:
   return None
 
 
-def _names_from_config_json(path: Path, num_classes: int) -> list[str] | None:
+def _names_from_config_json(path: epath.Path, num_classes: int) -> list[str] | None:
   """Class names from a run's config.json or a Hugging Face config.json, if it has them."""
   try:
     config = json.loads(path.read_text())
@@ -221,7 +227,7 @@ def class_names_for(
   names = rundir.class_names(run) if run is not None else None
   if names is not None and len(names) == num_classes:
     return names, str(run / rundir.CONFIG_FILE)
-  path = Path(checkpoint).absolute()
+  path = files.path(files.absolute(checkpoint))
   start = path if path.is_dir() else path.parent
   for directory in [start, *list(start.parents)[:3]]:
     config = directory / 'config.json'
@@ -440,8 +446,8 @@ def predict_files(
 # Output.
 
 
-def _features_path(out: str | os.PathLike) -> Path:
-  out = Path(out)
+def _features_path(out: str | os.PathLike) -> epath.Path:
+  out = files.path(out)
   if out.suffix != '.npy' or out.is_dir():
     raise ValueError(f'--features {out}: expected a file path ending in .npy')
   return out
@@ -449,7 +455,7 @@ def _features_path(out: str | os.PathLike) -> Path:
 
 def save_features(
   out: str | os.PathLike, predictions: Sequence[Prediction], metadata: dict[str, Any]
-) -> tuple[Path, Path, tuple[int, ...]]:
+) -> tuple[epath.Path, epath.Path, tuple[int, ...]]:
   """Writes the features to `out` (.npy, float32) and the file list to `out` .json: the
   pre-logits (N, D), or the block's patch tokens (N, h, w, D) where predictions hold them.
   Returns the two paths and the array's shape."""

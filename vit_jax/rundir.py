@@ -8,25 +8,27 @@
                            training images skipped so far, once there is one) and evaluation
                            lines (accuracy_test, accuracy_test_top5, loss_test, num_test;
                            bad_test_images where unreadable test images were left out)
-  events.out.tfevents.*    the same scalars for TensorBoard (clu's SummaryWriter)
+  events.out.tfevents.*    the same scalars for TensorBoard (vit_jax/events.py)
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
                            `meta` (step, data position, batch, data shards, bad images)
   curves.png               loss and accuracy curves, written at the end
 
+Any path may be a bucket URL (gs://...): every file goes through vit_jax.files.
+
 metrics.jsonl is written a whole line at a time: a process killed while writing leaves at
-most its last line without its newline. Reading ignores such a torn last line (with a
-warning; a resumed run writes it again); any other line that is not JSON is an error that
-names the file and the line.
+most its last line without its newline (in a bucket, each write replaces the whole object).
+Reading ignores such a torn last line (with a warning; a resumed run writes it again); any
+other line that is not JSON is an error that names the file and the line.
 """
 
 import json
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from absl import logging
+from etils.epath import Path
 
 from vit_jax import files
 
@@ -47,12 +49,11 @@ _RUN_DEPTH = 3
 def write_config(workdir: str, config: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
   """config.json: `config` (plain values) and, under `_resolved`, what the run derived."""
   text = json.dumps({**config, RESOLVED: dict(resolved)}, indent=2, sort_keys=True)
-  files.atomic_write_text(os.path.join(workdir, CONFIG_FILE), text)
+  files.atomic_write_text(files.join(workdir, CONFIG_FILE), text)
 
 
 def read_config(workdir: str | os.PathLike) -> dict[str, Any]:
-  with open(os.path.join(workdir, CONFIG_FILE)) as f:
-    return json.load(f)
+  return json.loads(files.path(workdir).joinpath(CONFIG_FILE).read_text())
 
 
 def resolved(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,14 +69,13 @@ def total_steps(config: Mapping[str, Any]) -> int:
 
 def is_run(path: str | os.PathLike) -> bool:
   """A directory holding a run: config.json and metrics.jsonl."""
-  return os.path.isfile(os.path.join(path, CONFIG_FILE)) and os.path.isfile(
-    os.path.join(path, METRICS_FILE)
-  )
+  path = files.path(path)
+  return (path / CONFIG_FILE).is_file() and (path / METRICS_FILE).is_file()
 
 
 def find_run(path: str | os.PathLike) -> Path | None:
   """The run directory `path` is in (itself, or a checkpoint below it), or None."""
-  path = Path(path).absolute()
+  path = files.path(files.absolute(path))
   start = path if path.is_dir() else path.parent
   for directory in [start, *list(start.parents)[:_RUN_DEPTH]]:
     if (directory / CONFIG_FILE).is_file() and RESOLVED in _read_json_or_empty(directory):
@@ -93,7 +93,7 @@ def _read_json_or_empty(directory: Path) -> dict:
 
 def class_names(workdir: str | os.PathLike) -> list[str] | None:
   """The names of the classes the run trained on, in label order (None if not recorded)."""
-  names = resolved(_read_json_or_empty(Path(workdir))).get('class_names')
+  names = resolved(_read_json_or_empty(files.path(workdir))).get('class_names')
   return [str(n) for n in names] if isinstance(names, list) else None
 
 
@@ -102,8 +102,8 @@ def class_names(workdir: str | os.PathLike) -> list[str] | None:
 # ----------------------------------------------------------------------------------------
 
 
-def _lines(path: str) -> Iterator[tuple[int, str]]:
-  with open(path) as f:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+  with path.open('r') as f:
     yield from enumerate(f, 1)
 
 
@@ -113,8 +113,8 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   A torn last line (no newline: the writer was killed) is left out with a warning; any
   other line that is not a JSON object raises a ValueError naming the file and line.
   """
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  path = files.path(workdir) / METRICS_FILE
+  if not path.exists():
     return []
   records = []
   for n, line in _lines(path):
@@ -147,17 +147,14 @@ class MetricsLog:
   """
 
   def __init__(self, workdir: str, resume_step: int | None):
-    self.path = os.path.join(workdir, METRICS_FILE)
+    self.path = files.join(workdir, METRICS_FILE)
+    kept = []
     if resume_step is not None:
       kept = [m for m in read_metrics(workdir) if m['step'] <= resume_step]
-      files.atomic_write_text(self.path, ''.join(json.dumps(m) + '\n' for m in kept))
-    elif os.path.exists(self.path):
-      os.remove(self.path)
-    self._file = open(self.path, 'a')  # noqa: SIM115  (kept open for the run)
+    self._file = files.AppendFile(self.path, ''.join(json.dumps(m) + '\n' for m in kept).encode())
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
-    self._file.write(json.dumps({'step': int(step), **scalars}) + '\n')
-    self._file.flush()
+    self._file.write((json.dumps({'step': int(step), **scalars}) + '\n').encode())
 
   def close(self) -> None:
     self._file.close()
@@ -170,12 +167,13 @@ class MetricsLog:
 
 def checkpoint_dir(workdir: str | os.PathLike) -> str:
   """WORKDIR/checkpoints, absolute (orbax's tensorstore specs need absolute paths)."""
-  return os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR)
+  return files.join(files.absolute(workdir), CHECKPOINT_DIR)
 
 
 def checkpoint_steps(directory: str | os.PathLike) -> list[int]:
   """The finished (committed) checkpoint steps in an orbax checkpoints directory, sorted."""
-  if not os.path.isdir(directory):
+  directory = files.path(directory)
+  if not directory.is_dir():
     return []
   import orbax.checkpoint as ocp  # heavy (tensorstore): only when checkpoints are looked at
 
@@ -190,12 +188,12 @@ def latest_step(workdir: str | os.PathLike) -> int | None:
 
 def is_checkpoint_item(path: str | os.PathLike) -> bool:
   """An orbax PyTree item directory (e.g. `checkpoints/<step>/state`)."""
-  if not os.path.isdir(path):
+  path = files.path(path)
+  if not path.is_dir():
     return False
   import orbax.checkpoint as ocp
-  from etils import epath
 
-  return ocp.path.format_utils.is_pytree_checkpoint(epath.Path(path))
+  return ocp.path.format_utils.is_pytree_checkpoint(path)
 
 
 # ----------------------------------------------------------------------------------------
@@ -225,7 +223,7 @@ def plot_curves(workdir: str) -> str | None:
   ax_acc.set(xlabel='step', ylabel='top-1 accuracy')
   ax_acc.grid(alpha=0.3)
   fig.tight_layout()
-  path = os.path.join(workdir, CURVES_FILE)
+  path = files.join(workdir, CURVES_FILE)
   files.atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=100))
   plt.close(fig)
   return path

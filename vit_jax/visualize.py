@@ -369,7 +369,7 @@ def visualize(
   batch_size: int = 8,
 ) -> tuple[list[Path], list[str]]:
   """Draws every figure the checkpoint allows; returns the PNGs and one error per bad image."""
-  out = Path(out_dir)
+  out = files.path(out_dir)
   written, errors = _weight_figures(loaded, out), []
   if not images:
     print('note: no --image given; attention figures are not drawn.', file=sys.stderr)

@@ -5,9 +5,11 @@ Formats are detected by `FORMATS`, a list of (name, detect, read, fields) tried 
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from etils.epath import Path
+
+from vit_jax import files
 from vit_jax.checkpoint import hf, npz, orbax, timm
 from vit_jax.checkpoint.tree import CheckpointError
 
@@ -45,7 +47,7 @@ FORMATS: list[Format] = [
 
 def detect_format(path: str | Path) -> Format:
   """The first format of `FORMATS` that recognises `path`."""
-  path = Path(path)
+  path = files.path(path)
   if not path.exists():
     raise CheckpointError(f'{path}: no such file or directory')
   for fmt in FORMATS:
@@ -60,7 +62,7 @@ def detect_format(path: str | Path) -> Format:
 
 def read(path: str | Path, **kwargs: Any) -> tuple[dict, str]:
   """(our tree, a one-line description of the format) of the checkpoint at `path`."""
-  return detect_format(path).read(Path(path), **kwargs)
+  return detect_format(path).read(files.path(path), **kwargs)
 
 
 def load(path: str | Path, **kwargs: Any) -> dict:

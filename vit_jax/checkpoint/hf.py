@@ -28,12 +28,13 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from absl import logging
+from etils.epath import Path
 
+from vit_jax import files
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
   POSEMB,
@@ -134,10 +135,10 @@ def detect(path: Path) -> bool:
 
 def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
   from safetensors import SafetensorError
-  from safetensors.numpy import load_file
+  from safetensors.numpy import load, load_file
 
-  try:
-    return load_file(str(path))
+  try:  # a local file is memory-mapped; a bucket object is read whole
+    return load_file(os.fspath(path)) if files.is_local(path) else load(path.read_bytes())
   except (SafetensorError, OSError, ValueError, TypeError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise CheckpointError(
@@ -169,7 +170,8 @@ def _read_torch(path: Path) -> dict[str, np.ndarray]:
       ' model.safetensors file of the same checkpoint'
     ) from None
   try:
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    with path.open('rb') as f:
+      state = torch.load(f, map_location='cpu', weights_only=True)
   except Exception as e:  # torch raises UnpicklingError, RuntimeError, EOFError, ...
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise CheckpointError(
@@ -324,7 +326,7 @@ def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
   """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
   del unused
-  path = Path(path)
+  path = files.path(path)
   config = _config_of(path)
   if path.is_dir():
     weights = next((path / n for n in WEIGHT_FILES if (path / n).is_file()), None)
@@ -515,26 +517,26 @@ def write_model_dir(
 ) -> Path:
   """Writes `model.safetensors` (PyTorch metadata) and `config.json` into `out_dir`.
 
-  Both files are written to a temporary folder first, then moved into `out_dir` (a new
-  folder, or one holding at most these two files), so nothing partial is ever left.
+  Nothing partial is left: both files are written to a temporary folder first, then moved
+  into `out_dir` (a new folder, or one holding at most these two files); in a bucket each
+  file is an object written whole.
   """
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save, save_file
 
-  out_dir = Path(out_dir)
+  out_dir = files.path(out_dir)
   names = ('model.safetensors', 'config.json')
-  if out_dir.exists():
-    if not out_dir.is_dir():
-      raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
-    others = sorted(p.name for p in out_dir.iterdir() if p.name not in names)
-    if others:
-      raise CheckpointError(
-        f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
-      )
+  config_text = json.dumps(config, indent=2, sort_keys=True) + '\n'
+  _check_out_dir(out_dir)
+  if not files.is_local(out_dir):  # each object is written whole; weights first
+    weights = save(dict(state), metadata={'format': 'pt'})
+    files.atomic_write(out_dir / 'model.safetensors', lambda f: f.write(weights))
+    files.atomic_write_text(out_dir / 'config.json', config_text)
+    return out_dir
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f'.{out_dir.name}.', suffix='.tmp'))
   try:
     save_file(dict(state), str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
-    (tmp / 'config.json').write_text(json.dumps(config, indent=2, sort_keys=True) + '\n')
+    (tmp / 'config.json').write_text(config_text)
     if out_dir.exists():
       for name in names:
         os.replace(tmp / name, out_dir / name)
@@ -546,6 +548,20 @@ def write_model_dir(
     if tmp.exists():
       shutil.rmtree(tmp)
   return out_dir
+
+
+def _check_out_dir(out_dir: Path) -> None:
+  """A new directory, or one that holds at most the two files written."""
+  if out_dir.exists():
+    if not out_dir.is_dir():
+      raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
+    others = sorted(
+      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
+    )
+    if others:
+      raise CheckpointError(
+        f'{out_dir} already holds {others[:3]}: choose a new or empty directory'
+      )
 
 
 def _umask() -> int:

@@ -35,12 +35,13 @@ import math
 import re
 import zipfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from absl import logging
+from etils.epath import Path
 
+from vit_jax import files
 from vit_jax.checkpoint.tree import (
   SEP,
   CheckpointError,
@@ -49,7 +50,6 @@ from vit_jax.checkpoint.tree import (
   shape_str,
   unflatten,
 )
-from vit_jax.files import atomic_write
 
 # Prefixes of big_vision (and older flax training) checkpoints, most specific first.
 PREFIXES = ('params/img/', 'params/', 'opt/target/')
@@ -75,20 +75,20 @@ def detect(path: Path) -> bool:
     return False
   if path.suffix == '.npz':
     return True
-  with open(path, 'rb') as f:
+  with path.open('rb') as f:
     if f.read(4) != b'PK\x03\x04':
       return False
-  try:
-    with zipfile.ZipFile(path) as z:
-      return any(name.endswith('.npy') for name in z.namelist())
-  except zipfile.BadZipFile:
-    return False
+    try:
+      with zipfile.ZipFile(f) as z:
+        return any(name.endswith('.npy') for name in z.namelist())
+    except zipfile.BadZipFile:
+      return False
 
 
 def read_flat(path: str | Path) -> dict[str, np.ndarray]:
   """Every array of the archive, read eagerly, never unpickling anything."""
   try:
-    with np.load(path, allow_pickle=False) as archive:
+    with files.path(path).open('rb') as f, np.load(f, allow_pickle=False) as archive:
       return {key: archive[key] for key in archive.files}
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -310,4 +310,4 @@ def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = T
   are widened to float32 (exactly).
   """
   flat = to_flat(params, groupnorm_4d)
-  atomic_write(path, lambda f: np.savez(f, **flat))
+  files.atomic_write(path, lambda f: np.savez(f, **flat))

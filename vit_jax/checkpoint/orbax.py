@@ -12,13 +12,13 @@ training loop beyond orbax's own directory structure.
 import contextlib
 import logging
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from etils.epath import Path
 
-from vit_jax import rundir
+from vit_jax import files, rundir
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import CheckpointError, flatten
 
@@ -86,7 +86,7 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
   del unused
   import orbax.checkpoint as ocp  # heavy (tensorstore): only when an orbax checkpoint is read
 
-  path = Path(path).absolute()  # orbax's tensorstore specs need absolute paths
+  path = files.path(files.absolute(path))  # orbax's tensorstore specs need absolute paths
   items, step = _resolve(path)
   if not items:
     raise CheckpointError(f'{path}: no finished orbax checkpoint here (no <step>/<item>/_METADATA)')

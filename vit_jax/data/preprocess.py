@@ -28,11 +28,10 @@ def decode(encoded: tf.Tensor) -> tf.Tensor:
   return tf.io.decode_image(encoded, channels=3, expand_animations=False)
 
 
-def decode_file(path: str) -> np.ndarray | None:
-  """An image file decoded by `decode` (eagerly), or None when TensorFlow cannot read or
-  decode it."""
+def decode_bytes(data: bytes) -> np.ndarray | None:
+  """An encoded image decoded by `decode` (eagerly), or None when TensorFlow cannot decode it."""
   try:
-    return decode(tf.io.read_file(path)).numpy()
+    return decode(tf.constant(data)).numpy()
   except tf.errors.OpError:
     return None
 

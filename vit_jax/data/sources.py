@@ -21,8 +21,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from etils import epath
 
+from vit_jax import files
 from vit_jax.data import digits, preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
@@ -158,13 +158,13 @@ class DigitsSource(Source):
 class FolderSource(Source):
   """Images in `root/<split>/<class>/*.jpg`; classes: the sorted folder names of the first split.
 
-  Any path `etils.epath` opens works (a local folder, a bucket).
+  Any path `vit_jax.files` opens works (a local folder, a bucket).
   """
 
   def __init__(self, root: str):
     self.root = root
     self.name = root
-    path = epath.Path(root)
+    path = files.path(root)
     splits = sorted(d.name for d in path.iterdir() if d.is_dir())
     if not splits:
       raise ValueError(
@@ -182,7 +182,7 @@ class FolderSource(Source):
   def _files(self, split: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if split in self._listing:
       return self._listing[split]
-    folder = epath.Path(self.root) / split
+    folder = files.path(self.root) / split
     if not folder.is_dir():
       raise ValueError(
         f'Image folder split {folder}/ does not exist; expected {folder}/<class>/*.jpg.'
@@ -219,7 +219,15 @@ class FolderSource(Source):
     return list(self.classes)
 
   def encoded(self, image: tf.Tensor) -> tf.Tensor:
-    return tf.io.read_file(image)
+    return _read_file(image, files.is_local(self.root))
+
+
+def _read_file(path: tf.Tensor, local: bool) -> tf.Tensor:
+  """A file's bytes: TensorFlow reads local files; bucket objects come through the path layer."""
+  if local:
+    return tf.io.read_file(path)
+  data = tf.py_function(lambda p: files.path(p.numpy().decode()).read_bytes(), [path], tf.string)
+  return tf.ensure_shape(data, [])
 
 
 class TfdsSource(Source):
@@ -368,7 +376,7 @@ def get_source(dataset: str, data_dir: str | None = None) -> Source:
     from vit_jax.data import vtab  # it builds on this module's TfdsSource
 
     return vtab.VtabSource(dataset.removeprefix('vtab/'), data_dir)
-  if epath.Path(dataset).is_dir():
+  if files.path(dataset).is_dir():
     return FolderSource(dataset)
   if '/' in dataset or dataset.startswith('.'):
     raise ValueError(

@@ -24,6 +24,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from etils import epath
 
 from vit_jax import files, rundir
 from vit_jax.reproduce import paper, sweep, vtab
@@ -119,15 +120,22 @@ def find_runs(paths: Iterable[str]) -> list[str]:
   """Every directory under `paths` (or a path itself) that holds config.json and metrics.jsonl."""
   found = []
   for root in paths:
-    if not os.path.isdir(root):
+    top = files.path(root)
+    if not top.is_dir():
       raise ValueError(
         f'{root!r} is not a directory; pass run directories or folders holding them.'
       )
-    for folder, dirs, _ in os.walk(root):
-      dirs[:] = sorted(d for d in dirs if d != rundir.CHECKPOINT_DIR)
-      if rundir.is_run(folder):
-        found.append(folder)
+    found += _runs_under(top)
   return sorted(found)
+
+
+def _runs_under(folder: epath.Path) -> list[str]:
+  """`folder` and the folders below it that are runs (checkpoint folders are not entered)."""
+  found = [os.fspath(folder)] if rundir.is_run(folder) else []
+  for child in sorted(folder.iterdir(), key=lambda c: c.name):
+    if child.name != rundir.CHECKPOINT_DIR and child.is_dir():
+      found += _runs_under(child)
+  return found
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:

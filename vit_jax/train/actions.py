@@ -12,8 +12,10 @@ Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics 
 steps so far and stops the run at the first non-finite one, so no bad state is ever saved.
 """
 
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,7 +26,7 @@ from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
 from vit_jax import data as data_lib
-from vit_jax import rundir
+from vit_jax import events, files, rundir
 from vit_jax.train import state as state_lib
 
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test', 'bad_test_images')
@@ -89,7 +91,7 @@ def _plain(value: Any) -> Any:
   return value if isinstance(value, int | float) else np.asarray(value).item()
 
 
-class JsonlWriter(metric_writers.MetricWriter):
+class JsonlWriter(events.ScalarWriter):
   """A clu MetricWriter of scalars to the run's metrics.jsonl; other kinds are not logged."""
 
   def __init__(self, log: rundir.MetricsLog):
@@ -97,30 +99,6 @@ class JsonlWriter(metric_writers.MetricWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
     self._log.write(step, {k: _plain(v) for k, v in scalars.items()})
-
-  def write_summaries(self, step, values, metadata=None):
-    del step, values, metadata
-
-  def write_images(self, step, images):
-    del step, images
-
-  def write_videos(self, step, videos):
-    del step, videos
-
-  def write_audios(self, step, audios, *, sample_rate):
-    del step, audios, sample_rate
-
-  def write_texts(self, step, texts):
-    del step, texts
-
-  def write_histograms(self, step, arrays, num_buckets=None):
-    del step, arrays, num_buckets
-
-  def write_hparams(self, hparams):
-    del hparams
-
-  def flush(self):
-    pass
 
   def close(self):
     self._log.close()
@@ -131,10 +109,7 @@ def make_writer(workdir: str, resume_step: int | None) -> metric_writers.MetricW
   if jax.process_index() != 0:
     return metric_writers.MultiWriter([])
   writers = [JsonlWriter(rundir.MetricsLog(workdir, resume_step))]
-  try:
-    writers.append(metric_writers.SummaryWriter(workdir))
-  except Exception as e:  # TensorBoard is optional for a run
-    logging.warning('No TensorBoard events: %s', e)
+  writers.append(events.EventsWriter(workdir))
   return metric_writers.MultiWriter(writers)
 
 
@@ -271,16 +246,25 @@ class Saver:
 
 class Profile(periodic_actions.Profile):
   """clu's Profile, once: a trace of `num_profile_steps` steps after `first_profile`, in
-  `logdir/plugins/profile/<time>/` (TensorBoard's profile plugin opens it)."""
+  `logdir/plugins/profile/<time>/` (TensorBoard's profile plugin opens it). The profiler
+  writes local files only: for a bucket `logdir` it traces to a local folder, copied up at
+  the end of the trace."""
 
   def __init__(self, logdir: str, num_profile_steps: int, first_profile: int):
+    self._bucket_logdir = None if files.is_local(logdir) else logdir
     super().__init__(
-      logdir=logdir,
+      logdir=logdir if files.is_local(logdir) else tempfile.mkdtemp(prefix='vit_jax_profile.'),
       num_profile_steps=num_profile_steps,
       profile_duration_ms=None,
       first_profile=first_profile,
       every_secs=None,
     )
+
+  def _end_session(self, url: str | None):
+    super()._end_session(url)
+    if self._bucket_logdir is not None:
+      files.copy_tree(self._logdir, self._bucket_logdir)
+      shutil.rmtree(self._logdir, ignore_errors=True)
 
   def close(self) -> None:
     """Ends a trace the run stopped in the middle of (preemption, an error)."""

@@ -13,7 +13,6 @@ stops the run before any checkpoint of the bad state is written.
 """
 
 import dataclasses
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import optim, parallel, rundir
+from vit_jax import files, optim, parallel, rundir
 from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -268,7 +267,7 @@ def train_and_evaluate(
   """
   spec = config if isinstance(config, spec_lib.RunSpec) else spec_lib.from_config(config)
   setup = prepare(spec, workdir, devices)
-  os.makedirs(workdir, exist_ok=True)
+  files.makedirs(workdir)
   checkpoints = state_lib.Checkpoints(workdir, spec.loop.keep_checkpoints)
   # A SIGTERM while restoring, compiling or building the input pipeline stops the run after
   # its first step, with a checkpoint, as one during training does.

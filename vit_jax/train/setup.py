@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
-from vit_jax import parallel, rundir
+from vit_jax import files, parallel, rundir
 from vit_jax.models import VisionTransformer, model_from_config
 from vit_jax.train import spec as spec_lib
 
@@ -48,13 +48,13 @@ class Setup:
 
 def _augreg_filename(pretrained_dir: str, model: str) -> str:
   """The i21k AugReg file of `model` with the best final upstream validation accuracy."""
-  index = os.path.join(pretrained_dir, 'index.csv')
-  if not os.path.exists(index):
+  index = files.path(pretrained_dir) / 'index.csv'
+  if not index.exists():
     raise ValueError(
       f'{index} not found: download it with `gsutil cp {DOWNLOAD_ROOTS["augreg"]}/index.csv '
       f'{pretrained_dir}/`, or give a full file name as configs/augreg.py:FILENAME.'
     )
-  with open(index, newline='') as f:
+  with index.open('r') as f:
     rows = [
       r for r in csv.DictReader(f) if r['filename'].split('-')[0] == model and r['ds'] == 'i21k'
     ]
@@ -73,13 +73,8 @@ def _pretrained_candidate(init: spec_lib.Init, model_name: str) -> tuple[str, st
   if init.model_or_filename:
     name, root = init.model_or_filename, DOWNLOAD_ROOTS['augreg']
     if '-' not in name:  # a model: its best i21k checkpoint by index.csv
-      if init.pretrained_dir.startswith('gs://'):
-        raise ValueError(
-          f'AugReg model {name!r}: download {root}/index.csv and the file it selects into DIR '
-          f'and set --config.pretrained_dir=DIR, or name the file: configs/augreg.py:FILENAME.'
-        )
       name = _augreg_filename(init.pretrained_dir, name)
-  return os.path.join(init.pretrained_dir, f'{name}.npz'), root
+  return files.join(init.pretrained_dir, f'{name}.npz'), root
 
 
 def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
@@ -92,9 +87,10 @@ def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
   if candidate is None:
     return None
   path, root = candidate
-  if path.startswith('gs://') or not os.path.exists(path):
-    file = os.path.basename(path)
-    url = path if path.startswith('gs://') else f'{root}/{file}'
+  if not files.path(path).exists():
+    if not files.is_local(path):
+      raise ValueError(f'Pretrained checkpoint {path} not found: no such object in the bucket.')
+    url = f'{root}/{os.path.basename(path)}'
     raise ValueError(
       f'Pretrained checkpoint {path} not found: download it with `gsutil cp {url} DIR/` and set '
       f"--config.pretrained_dir=DIR (or --config.pretrained_path=FILE; --config.pretrained_dir='' "
