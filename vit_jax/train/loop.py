@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import optim, parallel, rundir
+from vit_jax import distributed, optim, parallel, rundir
 from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -127,8 +127,13 @@ class _Parts:
 
 
 def _loop(parts: _Parts, state: dict, start: int, stop_after: int | None):
-  """Steps from `start` to the end; returns (state, last step, 'done' | 'preempted')."""
+  """Steps from `start` to the end; returns (state, last step, 'done' | 'preempted').
+
+  After each step the processes vote on stopping, so a SIGTERM that reaches one of them
+  stops all at the same step, with the same checkpoint.
+  """
   step, total = start, parts.total_steps
+  stop_vote = distributed.Vote('stop')
   with actions.Preemption() as preemption:
     for step in range(start + 1, total + 1):
       state, metrics = parts.train_step(state, next(parts.batches))
@@ -140,14 +145,30 @@ def _loop(parts: _Parts, state: dict, start: int, stop_after: int | None):
         callback(step, state=state)
       if parts.profile is not None:
         parts.profile(step)
-      if preemption.requested or (stop_after is not None and step >= stop_after):
+      stop = preemption.requested or (stop_after is not None and step >= stop_after)
+      notes = stop_vote('SIGTERM' if preemption.requested else 'stop' if stop else None)
+      if notes and step < total:
         if parts.checkpoints.last_saved != step:
           parts.saver(step=step, t=None, state=state)
-        parts.progress.message(f'Stopping at step {step}: checkpoint saved, rerun to resume.')
+        parts.progress.message(
+          f'Stopping at step {step}: checkpoint saved, rerun to resume{_why(notes)}.'
+        )
         return state, step, 'preempted'
   if start < total:
     parts.progress.message(f'Done: {total} steps.')
   return state, step, 'done'
+
+
+def _why(notes: dict[int, str]) -> str:
+  """' (SIGTERM on process 1)' when a process was asked to stop by a signal."""
+  signalled = sorted(p for p, note in notes.items() if note == 'SIGTERM')
+  if not signalled:
+    return ''
+  return (
+    f' (SIGTERM on process {", ".join(map(str, signalled))})'
+    if jax.process_count() > 1
+    else ' (SIGTERM)'
+  )
 
 
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, writer) -> _Parts:
@@ -211,6 +232,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str,
   finally:
     if parts.profile is not None:
       parts.profile.close()
+    parts.batches.close()  # stops the input pipeline now, not whenever it is collected
     checkpoints.close()
     writer.close()
   return {
