@@ -27,6 +27,7 @@ bounded by the same `timeout_s` (--distributed_timeout):
 """
 
 import atexit
+import collections
 import contextlib
 import glob
 import importlib.util
@@ -36,6 +37,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import ClassVar
 
 MODES = ('auto', 'on', 'off')
 ENV_ADDRESS = 'JAX_COORDINATOR_ADDRESS'
@@ -305,17 +307,20 @@ class Vote:
   --distributed_timeout ends every waiting process with one line. One process: its own note.
   """
 
+  _calls: ClassVar[collections.Counter] = collections.Counter()  # per name, for the keys
+
   def __init__(self, name: str):
-    self._name, self._calls = name, 0
+    self._name = name
 
   def __call__(self, note: str | None) -> dict[int, str]:
     import jax
 
-    self._calls += 1
+    Vote._calls[self._name] += 1
+    calls = Vote._calls[self._name]
     client = _client()
     if client is None or jax.process_count() == 1:
       return {} if note is None else {jax.process_index(): note}
-    prefix = f'{_KEY_PREFIX}/{self._name}/{self._calls}/'
+    prefix = f'{_KEY_PREFIX}/{self._name}/{calls}/'
     if note is not None:
       client.key_value_set(prefix + str(jax.process_index()), note)
     try:
@@ -324,7 +329,7 @@ class Vote:
     except jax.errors.JaxRuntimeError as e:  # the barrier timed out, or the coordinator died
       _exit_now(
         f'Process {jax.process_index()}: not every process of {jax.process_count()} reached '
-        f'"{self._name}" #{self._calls} within {_timeout_s:g} s: a peer died or hangs '
+        f'"{self._name}" #{calls} within {_timeout_s:g} s: a peer died or hangs '
         f'({_first_line(e)}); rerun every process to resume from the last checkpoint.'
       )
     return {int(key.rsplit('/', 1)[1]): value for key, value in notes}

@@ -10,6 +10,7 @@
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
                            `meta` (step, data position, batch, data shards)
+  checkpoints/<step>.damaged-<n>/   a step found damaged at restore, set aside (kept)
   curves.png               loss and accuracy curves, written at the end
 
 metrics.jsonl is written a whole line at a time: a process killed while writing leaves at
@@ -184,6 +185,35 @@ def latest_step(workdir: str | os.PathLike) -> int | None:
   """The run's last finished checkpoint step, or None; creates nothing."""
   steps = checkpoint_steps(checkpoint_dir(workdir))
   return steps[-1] if steps else None
+
+
+def checkpoint_step_problem(directory: str | os.PathLike, step: int) -> str | None:
+  """What is visibly wrong with a step directory that orbax lists as finished, or None.
+
+  orbax writes `commit_success.txt` last into every step it finishes; on a filesystem
+  without atomic rename (Cloud Storage) a step directory without it was cut short.
+  """
+  from etils import epath
+  from orbax.checkpoint._src.path import atomicity_types
+
+  path = epath.Path(directory) / str(step)
+  if not any(path.iterdir()):
+    return 'an empty directory'
+  if not (path / atomicity_types.COMMIT_SUCCESS_FILE).exists():
+    return f'no {atomicity_types.COMMIT_SUCCESS_FILE}: the write was cut short'
+  return None
+
+
+def set_aside_checkpoint(directory: str | os.PathLike, step: int) -> str:
+  """Renames a damaged step to `<step>.damaged-<n>` (orbax no longer lists it); its path."""
+  from etils import epath
+
+  path = epath.Path(directory) / str(step)
+  n = 1
+  while (aside := path.parent / f'{step}.damaged-{n}').exists():
+    n += 1
+  path.rename(aside)
+  return os.fspath(aside)
 
 
 def is_checkpoint_item(path: str | os.PathLike) -> bool:

@@ -97,9 +97,9 @@ def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
 
 def _start_state(setup: Setup, tx, lay, checkpoints) -> tuple[dict, dict]:
   """(state, checkpoint meta): the last checkpoint's, or a fresh state at step 0."""
-  latest = checkpoints.last_saved
-  if latest is not None:
-    state, meta = checkpoints.restore(latest, lay)
+  restored = checkpoints.restore_newest(lay)
+  if restored is not None:
+    latest, state, meta = restored
     _say(f'Resumed from checkpoint at step {latest} ({checkpoints.directory}).')
     state_lib.check_resumable(meta, setup.spec.data.batch)
     return state, meta
