@@ -143,7 +143,7 @@ class Checkpoints:
         try:
           restored = self.restore(step, lay)
         except Exception as e:  # orbax and tensorstore raise many kinds on damaged files
-          problem = (str(e).strip().splitlines() or [type(e).__name__])[0]
+          problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       problems = vote(problem)
       if not problems:
         self._set_aside(failed, step)
