@@ -7,7 +7,6 @@ killed with SIGKILL ends the other within the bound; the launch scripts are clea
 their dry runs print the commands.
 """
 
-import hashlib
 import json
 import os
 import random
@@ -23,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import assert_trained_params_close
+from conftest import assert_trained_params_close, digest
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -576,7 +575,7 @@ def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, process
   0's stays finite: both stop at that step, and the last good checkpoint stays untouched."""
   workdir = _truncate_to_step_3(two_processes[0], str(tmp_path / 'run'))
   good = os.path.join(workdir, 'checkpoints', '3')
-  before = _digest(good)
+  before = digest(good)
   started = processes(workdir, tmp_path, per_process=((), ('--config.base_lr=inf',)))
   codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
   outputs = [out() for _, out in started]
@@ -589,14 +588,4 @@ def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, process
       line,
     ), line
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3']
-  assert _digest(good) == before
-
-
-def _digest(folder) -> str:
-  h = hashlib.sha256()
-  for root, _, names in sorted(os.walk(folder)):
-    for name in sorted(names):
-      h.update(name.encode())
-      with open(os.path.join(root, name), 'rb') as f:
-        h.update(f.read())
-  return h.hexdigest()
+  assert digest(good) == before

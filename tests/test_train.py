@@ -1,7 +1,6 @@
 """Training end to end: accuracy, 1 vs 8 devices, exact resume, SIGKILL/SIGTERM, faults, errors."""
 
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import TINY, assert_trained_params_close
+from conftest import TINY, assert_trained_params_close, digest
 
 from configs import digits as digits_config
 from configs import vit as vit_config
@@ -259,7 +258,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path)
   train.train_and_evaluate(tiny_config(checkpoint_every=100), workdir, stop_after=2)
   good = os.path.join(workdir, 'checkpoints', '2')
-  digest = _digest(good)
+  before = digest(good)
   with pytest.raises(
     FloatingPointError, match=r'Non-finite loss .* at step [34].*checkpoint \(step 2\)'
   ):
@@ -267,7 +266,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
       tiny_config(checkpoint_every=100, base_lr=1e30, warmup_steps=0), workdir
     )
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
-  assert _digest(good) == digest
+  assert digest(good) == before
 
 
 def _truncate_largest(step_dir):
@@ -308,7 +307,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
     os.mkdir(os.path.join(checkpoints, '9'))
   else:
     DAMAGE[damage](os.path.join(checkpoints, '6'))
-  damaged = _digest(os.path.join(checkpoints, str(step)))
+  damaged = digest(os.path.join(checkpoints, str(step)))
   capsys.readouterr()
   result = train.train_and_evaluate(tiny_config(total_steps=6), workdir)
   out = capsys.readouterr().out
@@ -320,7 +319,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
     f'resuming from step 3; the damaged step is kept as {checkpoints}/{step}.damaged-1.'
   )
   assert 'Resumed from checkpoint at step 3' in out
-  assert _digest(os.path.join(checkpoints, f'{step}.damaged-1')) == damaged
+  assert digest(os.path.join(checkpoints, f'{step}.damaged-1')) == damaged
   assert result['status'] == 'done' and rundir.latest_step(workdir) == 6
   _assert_trees_close(ref['params'], result['params'], atol=0)
 
@@ -333,7 +332,7 @@ def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
   checkpoints = os.path.join(workdir, 'checkpoints')
   _truncate_largest(os.path.join(checkpoints, '6'))
   DAMAGE['no commit marker'](os.path.join(checkpoints, '3'))
-  before = _digest(workdir)
+  before = digest(workdir)
   process, output = run_main(workdir)
   assert process.wait(timeout=300) == 1, output()
   errors = [line for line in output().splitlines() if line.startswith('Error: ')]
@@ -342,7 +341,7 @@ def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
   ), output()
   assert f'{checkpoints}/3 (no commit_success.txt: the write was cut short)' in errors[0]
   assert errors[0].endswith('or use a new --workdir.')
-  assert _digest(workdir) == before
+  assert digest(workdir) == before
 
 
 def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
@@ -354,16 +353,6 @@ def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
     train.train_and_evaluate(tiny_config(total_steps=4, optimizer='sgd'), workdir)
   with pytest.raises(ValueError, match='written with batch 32, the config says 64'):
     train.train_and_evaluate(tiny_config(total_steps=4, batch=64), workdir)
-
-
-def _digest(folder):
-  h = hashlib.sha256()
-  for root, _, files in sorted(os.walk(folder)):
-    for f in sorted(files):
-      h.update(f.encode())
-      with open(os.path.join(root, f), 'rb') as fh:
-        h.update(fh.read())
-  return h.hexdigest()
 
 
 def test_fine_tuning_from_npz_at_another_resolution(tmp_path):
