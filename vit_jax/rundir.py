@@ -33,6 +33,7 @@ CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
 CURVES_FILE = 'curves.png'
 CHECKPOINT_DIR = 'checkpoints'
+CHECKPOINT_COMMIT_MARKER = 'commit_success.txt'  # orbax's, written last into a finished step
 RESOLVED = '_resolved'
 # How far above a checkpoint path its run directory may be: RUN/checkpoints/<step>/<item>.
 _RUN_DEPTH = 3
@@ -194,13 +195,12 @@ def checkpoint_step_problem(directory: str | os.PathLike, step: int) -> str | No
   without atomic rename (Cloud Storage) a step directory without it was cut short.
   """
   from etils import epath
-  from orbax.checkpoint._src.path import atomicity_types
 
   path = epath.Path(directory) / str(step)
   if not any(path.iterdir()):
     return 'an empty directory'
-  if not (path / atomicity_types.COMMIT_SUCCESS_FILE).exists():
-    return f'no {atomicity_types.COMMIT_SUCCESS_FILE}: the write was cut short'
+  if not (path / CHECKPOINT_COMMIT_MARKER).exists():
+    return f'no {CHECKPOINT_COMMIT_MARKER}: the write was cut short'
   return None
 
 
