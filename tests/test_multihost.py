@@ -553,8 +553,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   # The bound: the peer watch's timeout and one poll period (README), plus slack for 2 cores.
   assert waited < PEER_TIMEOUT_S * 1.1 + 15, waited
   assert _error_lines(started[0][1]()) == [
-    f'Error: Process 0: process 1 of 2 has been silent for {PEER_TIMEOUT_S} s (killed, hung '
-    'or its host gone): stopping; rerun every process to resume from the last checkpoint.'
+    f'Error: Process 0: process 1 of 2 has been silent for {PEER_TIMEOUT_S} s (killed, hung, '
+    'failed or its host gone): stopping; rerun every process to resume from the last checkpoint.'
   ]
 
   started = processes(workdir, tmp_path, flags, tag='resume')

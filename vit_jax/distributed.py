@@ -53,8 +53,9 @@ class DistributedError(RuntimeError):
   """Multi-process start-up failed; the message says why and what to do."""
 
 
-# The bound of every wait on another process, set by `initialize()`.
+# The bound of every wait on another process, and the peer watch, set by `initialize()`.
 _timeout_s: float = DEFAULT_TIMEOUT_S
+_watch: '_PeerWatch | None' = None
 
 
 def _parse_address(address: str) -> tuple[str, int]:
@@ -230,8 +231,17 @@ def initialize(
     _initialize_detected(timeout_s)
   else:
     _initialize_explicit(*explicit, timeout_s)
-  _PeerWatch(timeout_s).start()
+  global _watch
+  _watch = _PeerWatch(timeout_s)
+  _watch.start()
   return True
+
+
+def mark_finished() -> None:
+  """Tells the other processes that this one ends normally: its silence from now on is no
+  fault (a process that ends with an error falls silent, and the others stop)."""
+  if _watch is not None:
+    _watch.finished()
 
 
 def _jax_timeouts(timeout_s: float) -> dict[str, int]:
@@ -337,8 +347,8 @@ class Vote:
 
 class _PeerWatch:
   """A daemon thread: this process's heartbeat in the coordination service's key-value
-  store, and the others' read back; a peer silent for `timeout_s` (killed, hung, its host
-  gone) ends this process with one line. A process that exits marks itself done first."""
+  store, and the others' read back; a peer silent for `timeout_s` (killed, hung, ended by
+  an error, its host gone) ends this process with one line; one marked finished does not."""
 
   def __init__(self, timeout_s: float):
     import jax
@@ -350,11 +360,12 @@ class _PeerWatch:
     self._stopped = threading.Event()
 
   def start(self) -> None:
-    atexit.register(self._done)  # runs before jax.distributed's own shutdown at exit
+    atexit.register(self._stopped.set)  # runs before jax.distributed's own shutdown at exit
     self._thread.start()
 
-  def _done(self) -> None:
+  def finished(self) -> None:
     self._stopped.set()
+    self._thread.join(timeout=self._timeout_s)  # its last beat must not follow 'done'
     with contextlib.suppress(_jax_runtime_error()):
       self._client.key_value_set(self._prefix + str(self._me), 'done', allow_overwrite=True)
 
@@ -383,8 +394,8 @@ class _PeerWatch:
         elif now - since > self._timeout_s:
           _exit_now(
             f'Process {self._me}: process {p} of {self._n} has been silent for '
-            f'{self._timeout_s:g} s (killed, hung or its host gone): stopping; rerun every '
-            'process to resume from the last checkpoint.'
+            f'{self._timeout_s:g} s (killed, hung, failed or its host gone): stopping; rerun '
+            'every process to resume from the last checkpoint.'
           )
 
 

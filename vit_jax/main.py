@@ -86,6 +86,7 @@ def main(argv: list[str]) -> int:
     result = train.train_and_evaluate(run_spec, _WORKDIR.value)
   except (ValueError, FloatingPointError) as e:
     _exit_with(e)
+  distributed.mark_finished()
   if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:
     print(
       f'Final test accuracy: {result["accuracy_test"]:.4f} '
