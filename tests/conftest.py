@@ -2,6 +2,7 @@
 comparison of trained parameters between runs that differ only in summation order."""
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -73,6 +74,17 @@ def assert_trained_params_close(a: dict, b: dict, atol: float) -> None:
       assert np.abs(a[k]).max() < 1e-3 and np.abs(b[k]).max() < 1e-3, k  # noise, not signal
     else:
       np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=0, err_msg=k)
+
+
+def digest(folder) -> str:
+  """A SHA-256 of every file's name and bytes under `folder`: equal when nothing changed."""
+  h = hashlib.sha256()
+  for root, _, names in sorted(os.walk(folder)):
+    for name in sorted(names):
+      h.update(name.encode())
+      with open(os.path.join(root, name), 'rb') as f:
+        h.update(f.read())
+  return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -1,14 +1,18 @@
 """Multi-host runs as several processes on one machine (jax.distributed on 127.0.0.1, gloo).
 
 2 processes x 4 CPU devices train exactly like 1 process x 8; a checkpoint written by one
-topology resumes on the other; start-up that cannot complete fails fast with one line; the
-launch scripts are clean shell and their dry runs print the commands.
+topology resumes on the other; start-up that cannot complete fails fast with one line; a
+SIGTERM or a non-finite value on one process stops both at the same step, and a process
+killed with SIGKILL ends the other within the bound; the launch scripts are clean shell and
+their dry runs print the commands.
 """
 
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -18,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import assert_trained_params_close
+from conftest import assert_trained_params_close, digest
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -428,3 +432,160 @@ def test_h14_fsdp_state_fits_16_gb_devices():
   assert 16 * local < 1.34e9
   block = stats.count_params(shapes['Transformer']['encoderblock_0'])
   assert 4 * block < 80e6  # one block gathered in float32 while it computes
+
+
+# ----------------------------------------------------------------------------------------
+# Faults of one process: SIGTERM, SIGKILL, a non-finite value. Each process is started on
+# its own (its output in a file), so that a test can signal one of them.
+# ----------------------------------------------------------------------------------------
+
+PEER_TIMEOUT_S = 15  # --distributed_timeout of these runs: the bound on every wait
+
+
+def _start_processes(workdir, tmp_path, flags=(), per_process=((), ()), tag='run'):
+  """2 processes of 4 devices on 127.0.0.1, `flags` for both, `per_process[i]` for process i.
+
+  Returns [(Popen, read_output)]; output (stdout and stderr) goes to files.
+  """
+  port = _free_port()
+  started = []
+  for i, own in enumerate(per_process):
+    log = tmp_path / f'{tag}_{i}.log'
+    with open(log, 'w') as out:
+      process = subprocess.Popen(
+        [
+          sys.executable,
+          '-m',
+          'vit_jax.main',
+          *_flags(workdir),
+          f'--coordinator_address=127.0.0.1:{port}',
+          '--num_processes=2',
+          f'--process_id={i}',
+          f'--distributed_timeout={PEER_TIMEOUT_S}',
+          *flags,
+          *own,
+        ],
+        cwd=REPO,
+        env=_env(4),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+    started.append((process, log.read_text))
+  return started
+
+
+@pytest.fixture
+def processes(tmp_path):
+  """`_start_processes`; whatever still runs at the end of the test is killed."""
+  started = []
+
+  def start(*args, **kwargs):
+    started.extend(_start_processes(*args, **kwargs))
+    return started[-2:]
+
+  yield start
+  for process, _ in started:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def _wait_until(ready, started, timeout=RUN_TIMEOUT_S):
+  start = time.monotonic()
+  while not ready():
+    for process, output in started:
+      assert process.poll() is None, output()
+    assert time.monotonic() - start < timeout, f'{ready.__doc__} did not happen'
+    time.sleep(0.05)
+
+
+def _last_step(workdir) -> int:
+  steps = [m['step'] for m in rundir.read_metrics(workdir) if 'loss' in m]
+  return steps[-1] if steps else 0
+
+
+def _error_lines(output: str) -> list[str]:
+  return [line for line in output.splitlines() if line.startswith('Error: ')]
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tmp_path, processes):
+  """SIGTERM to process 1 only, at a random step: both save the same step and exit 0. A
+  SIGKILL of process 1 in the resumed run ends process 0 within the bound, with one line.
+  The run resumed after both ends like an uninterrupted one."""
+  workdir = str(tmp_path / 'run')
+  flags = ['--config.total_steps=40', '--config.checkpoint_every=10', '--config.eval_every=20']
+  started = processes(workdir, tmp_path, flags, tag='term')
+  at = random.randint(3, 25)
+
+  def reached():
+    """the random step"""
+    return _last_step(workdir) >= at
+
+  _wait_until(reached, started)
+  started[1][0].send_signal(signal.SIGTERM)
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  assert codes == [0, 0], [out() for _, out in started]
+  stopped = rundir.latest_step(workdir)
+  assert at <= stopped < 40
+  assert (
+    f'Stopping at step {stopped}: checkpoint saved, rerun to resume (SIGTERM on process 1)'
+    in (started[0][1]())
+  )
+  assert not _error_lines(started[1][1]())
+  meta = json.loads(
+    (tmp_path / 'run' / 'checkpoints' / str(stopped) / 'meta' / 'metadata').read_text()
+  )
+  assert meta['step'] == stopped and meta['data_position'] == stopped * OVERRIDES['batch']
+
+  started = processes(workdir, tmp_path, flags, tag='kill')
+
+  def trained_on():
+    """two steps past the checkpoint"""
+    return _last_step(workdir) >= stopped + 2
+
+  _wait_until(trained_on, started)
+  started[1][0].send_signal(signal.SIGKILL)
+  killed = time.monotonic()
+  code = started[0][0].wait(timeout=RUN_TIMEOUT_S)
+  waited = time.monotonic() - killed
+  assert code == 1, started[0][1]()
+  # The bound: the peer watch's timeout and one poll period (README), plus slack for 2 cores.
+  assert waited < PEER_TIMEOUT_S * 1.1 + 15, waited
+  assert _error_lines(started[0][1]()) == [
+    f'Error: Process 0: process 1 of 2 has been silent for {PEER_TIMEOUT_S} s (killed, hung, '
+    'failed or its host gone): stopping; rerun every process to resume from the last checkpoint.'
+  ]
+
+  started = processes(workdir, tmp_path, flags, tag='resume')
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  assert codes == [0, 0], [out() for _, out in started]
+  assert rundir.latest_step(workdir) == 40
+  # The uninterrupted run, on the same 2 processes (another topology sums in another order).
+  reference = str(tmp_path / 'reference')
+  started = processes(reference, tmp_path, flags, tag='reference')
+  assert [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started] == [0, 0]
+  assert_trained_params_close(_final_params(workdir), _final_params(reference), atol=1e-6)
+  losses = [[m['loss'] for m in _metrics(w) if 'loss' in m] for w in (workdir, reference)]
+  np.testing.assert_allclose(*losses, atol=1e-6, rtol=0)
+
+
+def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, processes, two_processes):
+  """Process 1's replica of the parameters turns non-finite (its learning rate is inf), process
+  0's stays finite: both stop at that step, and the last good checkpoint stays untouched."""
+  workdir = _truncate_to_step_3(two_processes[0], str(tmp_path / 'run'))
+  good = os.path.join(workdir, 'checkpoints', '3')
+  before = digest(good)
+  started = processes(workdir, tmp_path, per_process=((), ('--config.base_lr=inf',)))
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  outputs = [out() for _, out in started]
+  assert codes == [1, 1], outputs
+  for output in outputs:
+    (line,) = _error_lines(output)
+    assert re.match(
+      r'Error: Non-finite loss \(\S+\), gradient or parameters at step 4 \(seen by process 1\): '
+      r'run stopped\. Last good checkpoint \(step 3\)',
+      line,
+    ), line
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3']
+  assert digest(good) == before

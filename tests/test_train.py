@@ -1,9 +1,9 @@
 """Training end to end: accuracy, 1 vs 8 devices, exact resume, SIGKILL/SIGTERM, faults, errors."""
 
 import glob
-import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +19,7 @@ from conftest import (
   TINY,
   UNREADABLE,
   assert_trained_params_close,
+  digest,
   unreadable_files,
   write_image_folder,
 )
@@ -297,7 +298,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path)
   train.train_and_evaluate(tiny_config(checkpoint_every=100), workdir, stop_after=2)
   good = os.path.join(workdir, 'checkpoints', '2')
-  digest = _digest(good)
+  before = digest(good)
   with pytest.raises(
     FloatingPointError, match=r'Non-finite loss .* at step [34].*checkpoint \(step 2\)'
   ):
@@ -305,7 +306,82 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
       tiny_config(checkpoint_every=100, base_lr=1e30, warmup_steps=0), workdir
     )
   assert os.listdir(os.path.join(workdir, 'checkpoints')) == ['2']
-  assert _digest(good) == digest
+  assert digest(good) == before
+
+
+def _truncate_largest(step_dir):
+  """The largest array file of the step's state, cut to half its size."""
+  files = glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True)
+  largest = max(files, key=os.path.getsize)
+  os.truncate(largest, os.path.getsize(largest) // 2)
+
+
+def _write_garbage(path):
+  with open(path, 'wb') as f:
+    f.write(b'\x00garbage\xff' * 7)
+
+
+DAMAGE = {
+  'truncated array file': _truncate_largest,
+  'missing state metadata': lambda d: os.remove(os.path.join(d, 'state', '_METADATA')),
+  'corrupt state metadata': lambda d: _write_garbage(os.path.join(d, 'state', '_METADATA')),
+  'corrupt meta item': lambda d: _write_garbage(os.path.join(d, 'meta', 'metadata')),
+  'no commit marker': lambda d: os.remove(os.path.join(d, 'commit_success.txt')),
+}
+
+
+@pytest.mark.parametrize('damage', [*DAMAGE, 'empty directory'])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
+  tmp_path, reference_run, damage, capsys
+):
+  """The newest step (6) damaged as a crash or a bad disk leaves it: the run says so in one
+  line, keeps the damaged files as 6.damaged-1, resumes from step 3 and ends exactly as the
+  uninterrupted run. An empty directory is a newer step (9) that holds nothing."""
+  ref_dir, ref = reference_run
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(ref_dir, workdir)
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  step = 9 if damage == 'empty directory' else 6
+  if damage == 'empty directory':
+    shutil.rmtree(os.path.join(checkpoints, '6'))
+    os.mkdir(os.path.join(checkpoints, '9'))
+  else:
+    DAMAGE[damage](os.path.join(checkpoints, '6'))
+  damaged = digest(os.path.join(checkpoints, str(step)))
+  capsys.readouterr()
+  result = train.train_and_evaluate(tiny_config(total_steps=6), workdir)
+  out = capsys.readouterr().out
+  lines = [line for line in out.splitlines() if line.startswith('Checkpoint ')]
+  assert len(lines) == 1 and lines[0].startswith(f'Checkpoint {checkpoints}/{step} is damaged ('), (
+    out
+  )
+  assert lines[0].endswith(
+    f'resuming from step 3; the damaged step is kept as {checkpoints}/{step}.damaged-1.'
+  )
+  assert 'Resumed from checkpoint at step 3' in out
+  assert digest(os.path.join(checkpoints, f'{step}.damaged-1')) == damaged
+  assert result['status'] == 'done' and rundir.latest_step(workdir) == 6
+  _assert_trees_close(ref['params'], result['params'], atol=0)
+
+
+def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
+  tmp_path, reference_run, run_main
+):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(reference_run[0], workdir)
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  _truncate_largest(os.path.join(checkpoints, '6'))
+  DAMAGE['no commit marker'](os.path.join(checkpoints, '3'))
+  before = digest(workdir)
+  process, output = run_main(workdir)
+  assert process.wait(timeout=300) == 1, output()
+  errors = [line for line in output().splitlines() if line.startswith('Error: ')]
+  assert len(errors) == 1 and errors[0].startswith(
+    f'Error: Cannot resume from {checkpoints}/6 ('
+  ), output()
+  assert f'{checkpoints}/3 (no commit_success.txt: the write was cut short)' in errors[0]
+  assert errors[0].endswith('or use a new --workdir.')
+  assert digest(workdir) == before
 
 
 def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
@@ -317,16 +393,6 @@ def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
     train.train_and_evaluate(tiny_config(total_steps=4, optimizer='sgd'), workdir)
   with pytest.raises(ValueError, match='written with batch 32, the config says 64'):
     train.train_and_evaluate(tiny_config(total_steps=4, batch=64), workdir)
-
-
-def _digest(folder):
-  h = hashlib.sha256()
-  for root, _, files in sorted(os.walk(folder)):
-    for f in sorted(files):
-      h.update(f.encode())
-      with open(os.path.join(root, f), 'rb') as fh:
-        h.update(fh.read())
-  return h.hexdigest()
 
 
 def test_fine_tuning_from_npz_at_another_resolution(tmp_path):

@@ -9,12 +9,26 @@ processes given explicitly. `initialize()` decides which:
   TPU VM     a Cloud TPU VM (libtpu and a TPU on the PCI bus): JAX asks the metadata server;
   otherwise  one process, nothing to initialise.
 
-On CPU the cross-process collectives go through gloo. The start-up is bounded: a process
-that cannot reach the coordinator, or a coordinator whose peers never arrive, ends with a
-one-line message after `timeout_s` seconds instead of hanging (JAX itself would abort
-with a C++ stack trace, later).
+On CPU the cross-process collectives go through gloo. Every wait on another process is
+bounded by the same `timeout_s` (--distributed_timeout):
+  start-up     a process that cannot reach the coordinator, or a coordinator whose peers
+               never arrive, ends with a one-line message (JAX itself would abort with a
+               C++ stack trace, later);
+  agreement    `gather()`, the training loop's vote between steps, ends with a one-line
+               message when a process does not arrive;
+  a dead peer  anywhere else (a device collective, a checkpoint's barriers): each process
+               posts a heartbeat every `timeout_s / 10` s and watches the others'; one
+               silent for `timeout_s` ends every other process with a one-line message.
+               Behind it, JAX's coordination service declares a process without heartbeats
+               for 2 x `timeout_s` dead and terminates the rest (its own message, then a
+               C++ stack trace);
+  shutdown     at exit, a process waits at most max(`timeout_s`, SHUTDOWN_MIN_S) for the
+               others.
 """
 
+import atexit
+import collections
+import contextlib
 import glob
 import importlib.util
 import os
@@ -23,17 +37,25 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from typing import ClassVar
 
 MODES = ('auto', 'on', 'off')
 ENV_ADDRESS = 'JAX_COORDINATOR_ADDRESS'
 ENV_NUM_PROCESSES = 'JAX_NUM_PROCESSES'
 ENV_PROCESS_ID = 'JAX_PROCESS_ID'
 DEFAULT_TIMEOUT_S = 300
+SHUTDOWN_MIN_S = 120
+_KEY_PREFIX = 'vit_jax'
 _GOOGLE_PCI_VENDOR = '0x1ae0'  # TPU chips on a Cloud TPU VM
 
 
 class DistributedError(RuntimeError):
   """Multi-process start-up failed; the message says why and what to do."""
+
+
+# The bound of every wait on another process, and the peer watch, set by `initialize()`.
+_timeout_s: float = DEFAULT_TIMEOUT_S
+_watch: '_PeerWatch | None' = None
 
 
 def _parse_address(address: str) -> tuple[str, int]:
@@ -133,6 +155,13 @@ def wait_for_coordinator(address: str, timeout_s: float, process_id: int, n: int
     time.sleep(0.25)
 
 
+def _exit_now(message: str) -> None:
+  """One line on stderr, then exit 1 at once: no exit handler may wait on a dead peer."""
+  sys.stderr.write(f'Error: {message}\n')
+  sys.stderr.flush()
+  os._exit(1)
+
+
 class _Watchdog:
   """Ends the process with a one-line message if start-up outlasts its deadline.
 
@@ -146,9 +175,7 @@ class _Watchdog:
 
   @staticmethod
   def _fire(message: str) -> None:
-    sys.stderr.write(f'Error: {message}\n')
-    sys.stderr.flush()
-    os._exit(1)
+    _exit_now(message)
 
   def __enter__(self):
     self._timer.start()
@@ -198,16 +225,34 @@ def initialize(
   if explicit is not None and explicit[1] == 1 and mode == 'auto':
     return False
   _use_gloo_on_cpu()
+  global _timeout_s
+  _timeout_s = timeout_s
   if explicit is None:
     _initialize_detected(timeout_s)
   else:
     _initialize_explicit(*explicit, timeout_s)
+  global _watch
+  _watch = _PeerWatch(timeout_s)
+  _watch.start()
   return True
 
 
-def _jax_timeout(timeout_s: float) -> int:
-  """JAX's connect aborts on its own timeout: give it more time than the watchdog."""
-  return int(2 * timeout_s + 30)
+def mark_finished() -> None:
+  """Tells the other processes that this one ends normally: its silence from now on is no
+  fault (a process that ends with an error falls silent, and the others stop)."""
+  if _watch is not None:
+    _watch.finished()
+
+
+def _jax_timeouts(timeout_s: float) -> dict[str, int]:
+  """JAX's own bounds, behind ours: its connect and its heartbeats get more time than the
+  watchdog and `_PeerWatch`; at exit a process waits for the others (tearing down the
+  runtime and the input pipeline can take tens of seconds on a loaded host)."""
+  return {
+    'initialization_timeout': int(2 * timeout_s + 30),
+    'heartbeat_timeout_seconds': max(2, round(2 * timeout_s)),
+    'shutdown_timeout_seconds': round(max(SHUTDOWN_MIN_S, timeout_s)),
+  }
 
 
 def _initialize_detected(timeout_s: float) -> None:
@@ -221,7 +266,7 @@ def _initialize_detected(timeout_s: float) -> None:
   )
   with _Watchdog(timeout_s, message):
     try:
-      jax.distributed.initialize(initialization_timeout=_jax_timeout(timeout_s))
+      jax.distributed.initialize(**_jax_timeouts(timeout_s))
     except (ValueError, RuntimeError) as e:
       first = str(e).splitlines()[0] if str(e) else type(e).__name__
       raise DistributedError(
@@ -255,5 +300,117 @@ def _initialize_explicit(address: str, n: int, i: int, timeout_s: float) -> None
       coordinator_address=address,
       num_processes=n,
       process_id=i,
-      initialization_timeout=_jax_timeout(timeout_s),
+      **_jax_timeouts(timeout_s),
     )
+
+
+# ----------------------------------------------------------------------------------------
+# Agreement between processes, through the coordination service (no device involved).
+# ----------------------------------------------------------------------------------------
+
+
+class Vote:
+  """Each call, every process puts in a note (or None) and gets back every process's note.
+
+  All processes must make the same calls in the same order (each call is a barrier of the
+  coordination service named after the vote). A process that does not arrive within
+  --distributed_timeout ends every waiting process with one line. One process: its own note.
+  """
+
+  _calls: ClassVar[collections.Counter] = collections.Counter()  # per name, for the keys
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __call__(self, note: str | None) -> dict[int, str]:
+    import jax
+
+    Vote._calls[self._name] += 1
+    calls = Vote._calls[self._name]
+    client = _client()
+    if client is None or jax.process_count() == 1:
+      return {} if note is None else {jax.process_index(): note}
+    prefix = f'{_KEY_PREFIX}/{self._name}/{calls}/'
+    if note is not None:
+      client.key_value_set(prefix + str(jax.process_index()), note)
+    try:
+      client.wait_at_barrier(f'{_KEY_PREFIX}/{self._name}', int(_timeout_s * 1000))
+      notes = client.key_value_dir_get(prefix)
+    except jax.errors.JaxRuntimeError as e:  # the barrier timed out, or the coordinator died
+      _exit_now(
+        f'Process {jax.process_index()}: not every process of {jax.process_count()} reached '
+        f'"{self._name}" #{calls} within {_timeout_s:g} s: a peer died or hangs '
+        f'({_first_line(e)}); rerun every process to resume from the last checkpoint.'
+      )
+    return {int(key.rsplit('/', 1)[1]): value for key, value in notes}
+
+
+class _PeerWatch:
+  """A daemon thread: this process's heartbeat in the coordination service's key-value
+  store, and the others' read back; a peer silent for `timeout_s` (killed, hung, ended by
+  an error, its host gone) ends this process with one line; one marked finished does not."""
+
+  def __init__(self, timeout_s: float):
+    import jax
+
+    self._timeout_s, self._client = timeout_s, _client()
+    self._me, self._n = jax.process_index(), jax.process_count()
+    self._prefix = f'{_KEY_PREFIX}/alive/'
+    self._thread = threading.Thread(target=self._run, name='peer-watch', daemon=True)
+    self._stopped = threading.Event()
+
+  def start(self) -> None:
+    atexit.register(self._stopped.set)  # runs before jax.distributed's own shutdown at exit
+    self._thread.start()
+
+  def finished(self) -> None:
+    self._stopped.set()
+    self._thread.join(timeout=self._timeout_s)  # its last beat must not follow 'done'
+    with contextlib.suppress(_jax_runtime_error()):
+      self._client.key_value_set(self._prefix + str(self._me), 'done', allow_overwrite=True)
+
+  def _run(self) -> None:
+    last_seen = {p: (None, time.monotonic()) for p in range(self._n) if p != self._me}
+    beat = 0
+    while not self._stopped.wait(self._timeout_s / 10):
+      beat += 1
+      now = time.monotonic()
+      try:
+        self._client.key_value_set(self._prefix + str(self._me), str(beat), allow_overwrite=True)
+        posted = dict(self._client.key_value_dir_get(self._prefix))
+      except _jax_runtime_error() as e:  # the coordinator is gone, or this process is exiting
+        if self._stopped.is_set():
+          return
+        _exit_now(
+          f'Process {self._me}: lost the coordination service ({_first_line(e)}): process 0 '
+          'died or its host is gone; rerun every process to resume from the last checkpoint.'
+        )
+      for p, (value, since) in last_seen.items():
+        new = posted.get(self._prefix + str(p))
+        if new == 'done':
+          continue
+        if new != value:
+          last_seen[p] = (new, now)
+        elif now - since > self._timeout_s:
+          _exit_now(
+            f'Process {self._me}: process {p} of {self._n} has been silent for '
+            f'{self._timeout_s:g} s (killed, hung, failed or its host gone): stopping; rerun '
+            'every process to resume from the last checkpoint.'
+          )
+
+
+def _jax_runtime_error() -> type[Exception]:
+  import jax
+
+  return jax.errors.JaxRuntimeError
+
+
+def _first_line(e: BaseException) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _client():
+  """The jax.distributed client (None in a single process); orbax reads it the same way."""
+  from jax._src import distributed as jax_distributed
+
+  return jax_distributed.global_state.client

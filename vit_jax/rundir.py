@@ -12,6 +12,7 @@
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
                            `meta` (step, data position, batch, data shards, bad images)
+  checkpoints/<step>.damaged-<n>/   a step found damaged at restore, set aside (kept)
   curves.png               loss and accuracy curves, written at the end
 
 Any path may be a bucket URL (gs://...): every file goes through vit_jax.files.
@@ -36,6 +37,7 @@ CONFIG_FILE = 'config.json'
 METRICS_FILE = 'metrics.jsonl'
 CURVES_FILE = 'curves.png'
 CHECKPOINT_DIR = 'checkpoints'
+CHECKPOINT_COMMIT_MARKER = 'commit_success.txt'  # orbax's, written last into a finished step
 RESOLVED = '_resolved'
 # How far above a checkpoint path its run directory may be: RUN/checkpoints/<step>/<item>.
 _RUN_DEPTH = 3
@@ -184,6 +186,30 @@ def latest_step(workdir: str | os.PathLike) -> int | None:
   """The run's last finished checkpoint step, or None; creates nothing."""
   steps = checkpoint_steps(checkpoint_dir(workdir))
   return steps[-1] if steps else None
+
+
+def checkpoint_step_problem(directory: str | os.PathLike, step: int) -> str | None:
+  """What is visibly wrong with a step directory that orbax lists as finished, or None.
+
+  orbax writes `commit_success.txt` last into every step it finishes; on a filesystem
+  without atomic rename (Cloud Storage) a step directory without it was cut short.
+  """
+  path = files.path(directory) / str(step)
+  if not any(path.iterdir()):
+    return 'an empty directory'
+  if not (path / CHECKPOINT_COMMIT_MARKER).exists():
+    return f'no {CHECKPOINT_COMMIT_MARKER}: the write was cut short'
+  return None
+
+
+def set_aside_checkpoint(directory: str | os.PathLike, step: int) -> str:
+  """Renames a damaged step to `<step>.damaged-<n>` (orbax no longer lists it); its path."""
+  path = files.path(directory) / str(step)
+  n = 1
+  while (aside := path.parent / f'{step}.damaged-{n}').exists():
+    n += 1
+  path.rename(aside)
+  return os.fspath(aside)
 
 
 def is_checkpoint_item(path: str | os.PathLike) -> bool:

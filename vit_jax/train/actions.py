@@ -10,6 +10,8 @@ and at the last step):
   Profile      clu's Profile: a trace of `profile_steps` steps for TensorBoard's profile plugin.
 Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics of the
 steps so far and stops the run at the first non-finite one, so no bad state is ever saved.
+Every process stops together: the guard's verdicts and the stop after a SIGTERM are voted
+on (distributed.Vote), so a fault seen by one process stops them all at the same step.
 """
 
 import shutil
@@ -26,7 +28,7 @@ from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
 from vit_jax import data as data_lib
-from vit_jax import events, files, rundir
+from vit_jax import distributed, events, files, rundir
 from vit_jax.train import state as state_lib
 
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test', 'bad_test_images')
@@ -35,6 +37,8 @@ EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test', 'ba
 class NonFiniteGuard:
   """Keeps each step's metrics on the device until they are needed (no sync per step).
 
+  Every process checks at the same steps and votes: one process's non-finite value (its
+  replica of the parameters, say) stops all of them, at the first bad step any one saw.
   It also adds up the steps' `bad_images` (unreadable training images replaced in the batch,
   over all hosts) into `bad_images`, from the count of the checkpoint the run resumed from;
   with `skip_bad=False` the first one stops the run, on every host alike.
@@ -51,6 +55,7 @@ class NonFiniteGuard:
     self._checkpoints = checkpoints
     self._bad, self._skip_bad = bad, skip_bad
     self.bad_images = bad_images
+    self._vote = distributed.Vote('non_finite')
 
   def add(self, step: int, metrics: dict) -> None:
     self._pending.append((step, metrics))
@@ -58,19 +63,35 @@ class NonFiniteGuard:
   def check(self) -> dict | None:
     """The last step's metrics on the host; FloatingPointError at a non-finite step."""
     fetched = jax.device_get([m for _, m in self._pending])
+    bad = next(
+      (
+        f'{step} {float(m["loss"])}'
+        for (step, _), m in zip(self._pending, fetched, strict=True)
+        if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm']) and m['params_finite'])
+      ),
+      None,
+    )
+    seen = self._vote(bad)
+    if seen:
+      step, loss = min((int(n.split()[0]), n.split()[1]) for n in seen.values())
+      self._stop(step, loss, sorted(seen))
     for (step, _), m in zip(self._pending, fetched, strict=True):
-      if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm']) and m['params_finite']):
-        self._checkpoints.wait()
-        last = self._checkpoints.last_saved
-        kept = f'step {last}' if last is not None else 'none yet'
-        raise FloatingPointError(
-          f'Non-finite loss ({float(m["loss"])}), gradient or parameters at step {step}: run '
-          f'stopped. Last good checkpoint ({kept}) in {self._checkpoints.directory} is '
-          'untouched; lower --config.base_lr (or check the data) and rerun to resume from it.'
-        )
       self._count_bad(step, int(m.get('bad_images', 0)))
     self._pending.clear()
     return fetched[-1] if fetched else None
+
+  def _stop(self, step: int, loss: str, processes: list[int]) -> None:
+    self._checkpoints.wait()
+    last = self._checkpoints.last_saved
+    kept = f'step {last}' if last is not None else 'none yet'
+    where = ''
+    if jax.process_count() > 1:
+      where = f' (seen by process {", ".join(map(str, processes))})'
+    raise FloatingPointError(
+      f'Non-finite loss ({loss}), gradient or parameters at step {step}{where}: run stopped. '
+      f'Last good checkpoint ({kept}) in {self._checkpoints.directory} is untouched; lower '
+      '--config.base_lr (or check the data) and rerun to resume from it.'
+    )
 
   def _count_bad(self, step: int, count: int) -> None:
     self.bad_images += count

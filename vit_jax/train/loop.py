@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import files, optim, parallel, rundir
+from vit_jax import distributed, files, optim, parallel, rundir
 from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -117,9 +117,9 @@ def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
 
 def _start_state(setup: Setup, tx, lay, checkpoints) -> tuple[dict, dict]:
   """(state, checkpoint meta): the last checkpoint's, or a fresh state at step 0."""
-  latest = checkpoints.last_saved
-  if latest is not None:
-    state, meta = checkpoints.restore(latest, lay)
+  restored = checkpoints.restore_newest(lay)
+  if restored is not None:
+    latest, state, meta = restored
     _say(f'Resumed from checkpoint at step {latest} ({checkpoints.directory}).')
     state_lib.check_resumable(meta, setup.spec.data.batch)
     return state, meta
@@ -149,8 +149,13 @@ class _Parts:
 def _loop(
   parts: _Parts, state: dict, start: int, stop_after: int | None, preemption: actions.Preemption
 ):
-  """Steps from `start` to the end; returns (state, last step, 'done' | 'preempted')."""
+  """Steps from `start` to the end; returns (state, last step, 'done' | 'preempted').
+
+  After each step the processes vote on stopping, so a SIGTERM that reaches one of them
+  stops all at the same step, with the same checkpoint.
+  """
   step, total = start, parts.total_steps
+  stop_vote = distributed.Vote('stop')
   for step in range(start + 1, total + 1):
     state, metrics = parts.train_step(state, next(parts.batches))
     parts.guard.add(step, metrics)
@@ -161,14 +166,30 @@ def _loop(
       callback(step, state=state)
     if parts.profile is not None:
       parts.profile(step)
-    if preemption.requested or (stop_after is not None and step >= stop_after):
+    stop = preemption.requested or (stop_after is not None and step >= stop_after)
+    notes = stop_vote('SIGTERM' if preemption.requested else 'stop' if stop else None)
+    if notes and step < total:
       if parts.checkpoints.last_saved != step:
         parts.saver(step=step, t=None, state=state)
-      parts.progress.message(f'Stopping at step {step}: checkpoint saved, rerun to resume.')
+      parts.progress.message(
+        f'Stopping at step {step}: checkpoint saved, rerun to resume{_why(notes)}.'
+      )
       return state, step, 'preempted'
   if start < total:
     parts.progress.message(f'Done: {total} steps.')
   return state, step, 'done'
+
+
+def _why(notes: dict[int, str]) -> str:
+  """' (SIGTERM on process 1)' when a process was asked to stop by a signal."""
+  signalled = sorted(p for p, note in notes.items() if note == 'SIGTERM')
+  if not signalled:
+    return ''
+  return (
+    f' (SIGTERM on process {", ".join(map(str, signalled))})'
+    if jax.process_count() > 1
+    else ' (SIGTERM)'
+  )
 
 
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
@@ -236,6 +257,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) 
   finally:
     if parts.profile is not None:
       parts.profile.close()
+    parts.batches.close()  # stops the input pipeline now, not whenever it is collected
     checkpoints.close()
     writer.close()
   return {

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import data as data_lib
-from vit_jax import parallel, rundir
+from vit_jax import distributed, parallel, rundir
 from vit_jax.train.setup import Setup
 
 
@@ -123,18 +123,57 @@ class Checkpoints:
     self.last_saved = step
 
   def restore(self, step: int, lay: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(state, meta) of `step`; a checkpoint that does not fit the config is a one-line error."""
+    """(state, meta) of `step`; raises what orbax raises on a damaged or unfitting step."""
     args = self._ocp.args
     items = args.Composite(state=args.StandardRestore(lay.abstract), meta=args.JsonRestore())
-    try:
-      restored = self.manager.restore(step, args=items)
-    except Exception as e:  # orbax raises many kinds on a structure or shape mismatch
-      reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-      raise ValueError(
-        f'Cannot resume from {self.directory}/{step} ({reason}): the checkpoint does '
-        'not fit this config (model, optimizer or dtype changed?); use a new --workdir.'
-      ) from e
+    restored = self.manager.restore(step, args=items)
     return restored['state'], restored['meta']
+
+  def restore_newest(self, lay: Layout) -> tuple[int, dict, dict] | None:
+    """(step, state, meta) of the newest step every process restores; None without steps.
+
+    A newer step that fails on any process (truncated or missing files, bad metadata, no
+    commit marker, an empty directory) is reported in one line and set aside as
+    `<step>.damaged-<n>`, nothing deleted. When no step restores, a one-line ValueError.
+    """
+    vote = distributed.Vote('restore')
+    failed: list[tuple[int, str]] = []
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      problem, restored = rundir.checkpoint_step_problem(self.directory, step), None
+      if problem is None:
+        try:
+          restored = self.restore(step, lay)
+        except Exception as e:  # orbax and tensorstore raise many kinds on damaged files
+          problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+      problems = vote(problem)
+      if not problems:
+        self._set_aside(failed, step)
+        return (step, *restored)
+      failed.append((step, next(iter(problems.values()))))
+    if failed:
+      reasons = '; '.join(f'{self.directory}/{s} ({why})' for s, why in failed)
+      raise ValueError(
+        f'Cannot resume from {reasons}: damaged, or written for another config (model, '
+        'optimizer or dtype changed?); nothing was changed: move the steps away to start '
+        'afresh, or use a new --workdir.'
+      )
+    return None
+
+  def _set_aside(self, failed: list[tuple[int, str]], good: int) -> None:
+    """Damaged steps newer than `good` renamed on process 0; orbax's list read again."""
+    if not failed:
+      return
+    for step, why in failed:
+      if jax.process_index() == 0:
+        aside = rundir.set_aside_checkpoint(self.directory, step)
+        print(
+          f'Checkpoint {self.directory}/{step} is damaged ({why}): resuming from step {good}; '
+          f'the damaged step is kept as {aside}.',
+          flush=True,
+        )
+    distributed.Vote('set_aside')(None)  # every process waits for the renames
+    self.manager.reload()
+    self.last_saved = self.manager.latest_step()
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
