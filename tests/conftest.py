@@ -41,6 +41,30 @@ TINY = {
 }
 
 
+# A distillation teacher unlike the TINY student: 4x4 patches at 16 px, so it sees the 8-px
+# batch resized.
+TEACHER = {
+  'patches': {'size': (4, 4)},
+  'hidden_size': 16,
+  'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2},
+  'classifier': 'gap',
+  'representation_size': None,
+  'resnet': None,
+}
+
+
+def write_teacher(path, classes: int = 10, seed: int = 3) -> str:
+  """An npz of TEACHER with random weights, whose logits prefer different classes."""
+  from vit_jax.checkpoint import save_npz
+  from vit_jax.models import model_from_config, stats
+
+  shapes = stats.param_shapes(model_from_config(TEACHER, num_classes=classes), 16)
+  params = randomize(shapes, seed=seed, scale=0.5)
+  params['head']['bias'] *= 0  # else the bias decides: pooled features vary little
+  save_npz(params, path)
+  return str(path)
+
+
 @pytest.fixture
 def random_params():
   return randomize
