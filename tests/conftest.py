@@ -65,6 +65,12 @@ def write_teacher(path, classes: int = 10, seed: int = 3) -> str:
   return str(path)
 
 
+def dot_types(hlo_text: str) -> list[tuple[str, str, str]]:
+  """(lhs, rhs, result) element types of every dot_general in StableHLO text."""
+  types = r'\(tensor<(?:\d+x)*(\w+)>, tensor<(?:\d+x)*(\w+)>\) -> tensor<(?:\d+x)*(\w+)>'
+  return re.findall(r'stablehlo\.dot_general.*?:\s*' + types, hlo_text)
+
+
 @pytest.fixture
 def random_params():
   return randomize

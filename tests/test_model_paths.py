@@ -1,12 +1,11 @@
 """The model's fast paths keep the numbers: rematerialisation, fused attention, bfloat16 with
 float32 sums, and the encoder as one `nn.scan`."""
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import dot_types
 
 from vit_jax.models import get_model, vit
 
@@ -71,12 +70,6 @@ def test_bfloat16_gradients_are_float32_and_close(attention, tiny_batch):
     assert float(jnp.abs(a - b).max()) <= 0.05 * scale + 1e-6
 
 
-def _dots(hlo_text):
-  """(lhs, rhs, result) element types of every dot_general in StableHLO text."""
-  types = r'\(tensor<(?:\d+x)*(\w+)>, tensor<(?:\d+x)*(\w+)>\) -> tensor<(?:\d+x)*(\w+)>'
-  return re.findall(r'stablehlo\.dot_general.*?:\s*' + types, hlo_text)
-
-
 def test_bfloat16_matmuls_take_bfloat16_and_sum_in_float32(tiny_batch):
   params, images, _ = tiny_batch
 
@@ -85,12 +78,12 @@ def test_bfloat16_matmuls_take_bfloat16_and_sum_in_float32(tiny_batch):
     loss = lambda p: model.apply({'params': p}, images, train=False).sum()
     return jax.jit(jax.value_and_grad(loss)).lower(params).as_text()
 
-  dots = _dots(hlo(jnp.bfloat16))
+  dots = dot_types(hlo(jnp.bfloat16))
   # Per block q, k, v, scores, values, out and 2 MLP matmuls, then the head; the backward
   # pass has two matmuls for each (the patch embedding is a float32 convolution).
   assert len(dots) == 3 * (2 * 8 + 1)
   assert set(dots) == {('bf16', 'bf16', 'f32')}
-  assert set(_dots(hlo(jnp.float32))) == {('f32', 'f32', 'f32')}
+  assert set(dot_types(hlo(jnp.float32))) == {('f32', 'f32', 'f32')}
 
 
 def test_mixed_einsum_gradients_are_not_rounded():

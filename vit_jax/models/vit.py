@@ -24,12 +24,16 @@ Options beyond the original, with the names of the checkpoints that use them:
 
 import functools
 import re
+import string
 from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
+from jax import lax
+from jax.interpreters import ad, batching, mlir
 
 from vit_jax.models import resnet
 
@@ -58,36 +62,103 @@ def _einsum_operands(spec: str) -> tuple[str, str, str]:
   return lhs, rhs, out
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """Two-operand einsum with operands cast to `dtype`, float32 accumulation and output.
-
-  The backward pass is written out so that its matmuls also take `dtype` operands (the
-  float32 cotangent is cast down) and accumulate in float32; gradients come back in the
-  operands' own dtypes without a detour through `dtype`. Only the cast operands are kept
-  for the backward pass. On CPUs with bfloat16 dot products (avx512_bf16) this runs ~2x
-  faster than float32; a bfloat16 *output* would not (the kernels then round every sum).
-  """
+def _mixed_einsum_impl(x, y, *, spec: str, dtype: Dtype) -> jnp.ndarray:
   return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
 
 
-def _mixed_einsum_fwd(spec, x, y, dtype):
+# The product of `mixed_einsum` as a bilinear primitive, for its tangents. JAX transposes it by
+# the rules below, so the backward matmuls too take `dtype` operands and return float32; JAX
+# transposing the casts and the einsum would multiply the float32 cotangent in float32 and
+# round the gradient to `dtype`.
+_mixed_einsum_p = jax.extend.core.Primitive('mixed_einsum')
+_mixed_einsum_p.def_impl(_mixed_einsum_impl)
+mlir.register_lowering(_mixed_einsum_p, mlir.lower_fun(_mixed_einsum_impl, multiple_results=False))
+
+
+@_mixed_einsum_p.def_abstract_eval
+def _mixed_einsum_abstract_eval(x, y, *, spec, dtype):
+  # The einsum's own result type: shape, and under shard_map the axes it varies over.
+  out = jax.eval_shape(functools.partial(_mixed_einsum_impl, spec=spec, dtype=dtype), x, y)
+  return x.update(shape=out.shape, dtype=out.dtype, weak_type=False, sharding=out.sharding)
+
+
+def _mixed_einsum_transpose_lhs(ct, x, y, *, spec, dtype):
+  lhs, rhs, out = _einsum_operands(spec)
+  dx = _mixed_einsum_p.bind(ct, y, spec=f'{out},{rhs}->{lhs}', dtype=dtype)
+  return dx.astype(x.aval.dtype)
+
+
+def _mixed_einsum_transpose_rhs(ct, x, y, *, spec, dtype):
+  lhs, rhs, out = _einsum_operands(spec)
+  dy = _mixed_einsum_p.bind(x, ct, spec=f'{lhs},{out}->{rhs}', dtype=dtype)
+  return dy.astype(y.aval.dtype)
+
+
+ad.defbilinear(_mixed_einsum_p, _mixed_einsum_transpose_lhs, _mixed_einsum_transpose_rhs)
+
+
+def _mixed_einsum_batch(args, dims, *, spec, dtype):
+  """vmap: the mapped axis becomes one more letter of the spec, placed after an operand's
+  leading batch letters (XLA's CPU backend fails on bfloat16 x bfloat16 = float32 batched
+  matmuls with a free axis ahead of the batch axes)."""
+  lhs, rhs, out = _einsum_operands(spec)
+  axis = next(c for c in string.ascii_letters if c not in spec)
+  if None not in dims:  # both mapped (None: not mapped): one more batch axis, in front
+    x, y = (jnp.moveaxis(arg, dim, 0) for arg, dim in zip(args, dims, strict=True))
+    spec = f'{axis}{lhs},{axis}{rhs}->{axis}{out}'
+    return _mixed_einsum_p.bind(x, y, spec=spec, dtype=dtype), 0
+
+  def insert(letters: str) -> tuple[str, int]:
+    at = len(letters) - len(letters.lstrip(''.join(set(lhs) & set(rhs) & set(out))))
+    return letters[:at] + axis + letters[at:], at
+
+  (x, y), (bx, by) = args, dims
+  if bx is not None:
+    lhs, at = insert(lhs)
+    x = jnp.moveaxis(x, bx, at)
+  else:
+    rhs, at = insert(rhs)
+    y = jnp.moveaxis(y, by, at)
+  out, at = insert(out)
+  return _mixed_einsum_p.bind(x, y, spec=f'{lhs},{rhs}->{out}', dtype=dtype), at
+
+
+batching.primitive_batchers[_mixed_einsum_p] = _mixed_einsum_batch
+
+
+def _mixed_product(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """`mixed_einsum` where an operand is a tangent. JAX would transpose a custom-JVP function
+  there through its plain definition (float32 matmuls, rounded gradients); the primitive is
+  transposed by its own rules."""
+  # Under shard_map, an operand that is the same on every device is marked as varying where
+  # the other one varies, as JAX marks the operands of its own ops (its gradient is then
+  # summed over the devices); elsewhere adding a zero scalar is a no-op that XLA removes.
+  x = x + lax.full_like(y, 0, x.dtype, shape=())
+  y = y + lax.full_like(x, 0, y.dtype, shape=())
+  return _mixed_einsum_p.bind(x, y, spec=spec, dtype=jnp.dtype(dtype))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 3))
+def mixed_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """Two-operand einsum with operands cast to `dtype`, float32 accumulation and output.
+
+  Differentiable by every JAX transformation (jvp, vjp, vmap, higher orders). The matmuls of
+  the backward pass also take `dtype` operands (the float32 cotangent is cast down) and
+  accumulate in float32, and gradients come back in the operands' own dtypes without a detour
+  through `dtype`; only the cast operands are kept for the backward pass. The forward matmul
+  is a plain `dot_general`, which rematerialisation policies recognise. On CPUs with bfloat16
+  dot products (avx512_bf16) this runs ~2x faster than float32; a bfloat16 *output* would not
+  (the kernels then round every sum).
+  """
+  return _mixed_einsum_impl(x, y, spec=spec, dtype=dtype)
+
+
+@mixed_einsum.defjvp
+def _mixed_einsum_jvp(spec, dtype, primals, tangents):
+  (x, y), (dx, dy) = primals, tangents
   xc, yc = x.astype(dtype), y.astype(dtype)
   out = jnp.einsum(spec, xc, yc, preferred_element_type=jnp.float32)
-  # Zero-size stand-ins carry the operand dtypes into the backward pass.
-  return out, (xc, yc, jnp.zeros((0,), x.dtype), jnp.zeros((0,), y.dtype))
-
-
-def _mixed_einsum_bwd(spec, dtype, residuals, g):
-  xc, yc, x_like, y_like = residuals
-  lhs, rhs, out = _einsum_operands(spec)
-  gc = g.astype(dtype)
-  dx = jnp.einsum(f'{out},{rhs}->{lhs}', gc, yc, preferred_element_type=jnp.float32)
-  dy = jnp.einsum(f'{lhs},{out}->{rhs}', xc, gc, preferred_element_type=jnp.float32)
-  return dx.astype(x_like.dtype), dy.astype(y_like.dtype)
-
-
-mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
+  return out, _mixed_product(spec, dx, yc, dtype) + _mixed_product(spec, xc, dy, dtype)
 
 
 def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
@@ -97,17 +168,27 @@ def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndar
   return jnp.einsum(spec, x, y)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tangent_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
+  """`_einsum` inside a JVP rule, where one operand is a tangent."""
+  if _is_mixed(dtype):
+    return _mixed_product(spec, x, y, dtype)
+  return jnp.einsum(spec, x, y)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
 def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
   """softmax(q k^T) v on heads-major (batch, heads, tokens, head_dim) arrays; q is pre-scaled.
 
-  The backward pass is written out as in FlashAttention (Dao et al., 2022, without the
-  tiling): the softmax gradient W * (dW - D) takes D = rowsum(dY * Y), head_dim wide, instead
-  of rowsum(dW * W), tokens wide. XLA differentiating the forward pass itself would reduce the
-  (batch, heads, tokens, tokens) product instead; on a CPU this makes the ViT-B/16 training
-  step ~4% faster. Reverse mode only (no jax.jvp).
+  Its JVP is written so that JAX, transposing it, derives the backward pass of
+  FlashAttention (Dao et al., 2022, without the tiling): with W the weights, Y the output
+  and dL = dq k^T + q dk^T the tangent of the logits, dY = (W * dL) v - Y rowsum(W * dL) + W dv,
+  whose transpose takes the softmax gradient's row sums of dY_bar * Y, head_dim wide, instead
+  of dW_bar * W, tokens wide, and keeps no logits. XLA differentiating the forward pass itself
+  would reduce the (batch, heads, tokens, tokens) product; on a CPU this makes the ViT-B/16
+  training step ~4% faster. Every JAX transformation applies (jvp, vjp, vmap, higher orders).
   """
-  return _attend_fwd(q, k, v, dtype)[0]
+  weights = _attention_weights(q, k, dtype).astype(v.dtype)
+  return _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
 
 
 def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
@@ -115,24 +196,18 @@ def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndar
   return jax.nn.softmax(_einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
 
 
-def _attend_fwd(q, k, v, dtype):
-  weights = _attention_weights(q, k, dtype).astype(v.dtype)
-  y = _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
-  return y, (q, k, v, weights, y)
-
-
-def _attend_bwd(dtype, residuals, dy):
-  q, k, v, weights, y = residuals
-  dweights = _einsum('bhqd,bhkd->bhqk', dy, v, dtype)
-  dv = _einsum('bhqk,bhqd->bhkd', weights, dy, dtype)
-  rowsum = jnp.sum(dy.astype(jnp.float32) * y.astype(jnp.float32), axis=-1, keepdims=True)
-  dlogits = weights.astype(jnp.float32) * (dweights.astype(jnp.float32) - rowsum)
-  dq = _einsum('bhqk,bhkd->bhqd', dlogits, k, dtype)
-  dk = _einsum('bhqk,bhqd->bhkd', dlogits, q, dtype)
-  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-
-
-attend.defvjp(_attend_fwd, _attend_bwd)
+@attend.defjvp
+def _attend_jvp(dtype, primals, tangents):
+  (q, k, v), (dq, dk, dv) = primals, tangents
+  weights = _attention_weights(q, k, dtype)
+  y = _einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), v, dtype)
+  dlogits = _tangent_einsum('bhqd,bhkd->bhqk', dq, k, dtype)
+  dlogits += _tangent_einsum('bhqd,bhkd->bhqk', q, dk, dtype)
+  scaled = weights * dlogits.astype(jnp.float32)  # W * dL, the tangent of W before the centring
+  dy = _tangent_einsum('bhqk,bhkd->bhqd', scaled.astype(v.dtype), v, dtype)
+  dy -= y * jnp.sum(scaled, axis=-1, keepdims=True).astype(y.dtype)
+  dy += _tangent_einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), dv, dtype)
+  return y, dy.astype(y.dtype)
 
 
 def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
