@@ -31,10 +31,32 @@ def _mixer() -> ml_collections.ConfigDict:
   )
 
 
+def _deit() -> ml_collections.ConfigDict:
+  """DeiT's student, small: 2 blocks of width 32 (MLP 64, 2 heads), a class and a
+  distillation token with a head each."""
+  return ml_collections.ConfigDict(
+    {
+      'patches': {'size': (2, 2)},
+      'hidden_size': 32,
+      'transformer': {
+        'num_layers': 2,
+        'mlp_dim': 64,
+        'num_heads': 2,
+        'dropout_rate': 0.0,
+        'attention_dropout_rate': 0.0,
+      },
+      'classifier': 'token',
+      'distilled': True,
+      'representation_size': None,
+      'resnet': None,
+    }
+  )
+
+
 def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
-  """The digits config; `model` is 'vit' (the default job) or 'mixer'."""
-  if model not in ('vit', 'mixer'):
-    raise ValueError(f"configs/digits.py:{model}: expected 'vit' or 'mixer'")
+  """The digits config; `model` is 'vit' (the default job), 'mixer' or 'deit'."""
+  if model not in ('vit', 'mixer', 'deit'):
+    raise ValueError(f"configs/digits.py:{model}: expected 'vit', 'mixer' or 'deit'")
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
@@ -57,6 +79,11 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   if model == 'mixer':
     config.model_name = 'Mixer-digits'
     config.model = _mixer()
+  if model == 'deit':
+    config.model_name = 'DeiT-digits'
+    config.model = _deit()
+    config.distill.teacher_checkpoint = 'runs/digits'  # the default job's run directory
+    config.distill.kind = 'hard'
   config.pretrained_dir = ''  # from scratch
 
   config.pp.train = 'train'
@@ -83,4 +110,6 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.eval_every = 500
   config.checkpoint_every = 500
+  if model == 'deit':
+    config.total_steps = 1000
   return config.lock()

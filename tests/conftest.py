@@ -65,6 +65,17 @@ def write_teacher(path, classes: int = 10, seed: int = 3) -> str:
   return str(path)
 
 
+def train_error(config, tmp_path, match: str) -> None:
+  """Training `config` stops with a one-line ValueError matching `match`, before it writes
+  or computes anything."""
+  from vit_jax import train
+
+  with pytest.raises(ValueError, match=match) as info:
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(info.value)
+  assert not os.path.exists(tmp_path / 'run')
+
+
 def dot_types(hlo_text: str) -> list[tuple[str, str, str]]:
   """(lhs, rhs, result) element types of every dot_general in StableHLO text."""
   types = r'\(tensor<(?:\d+x)*(\w+)>, tensor<(?:\d+x)*(\w+)>\) -> tensor<(?:\d+x)*(\w+)>'

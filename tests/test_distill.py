@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import TEACHER, TINY, randomize, write_teacher
+from conftest import TEACHER, TINY, randomize, train_error, write_teacher
 
 from configs import digits as digits_config
 from vit_jax import checkpoint, losses, optim, parallel, rundir, train
@@ -150,33 +150,26 @@ def test_stop_and_resume_with_a_teacher_is_exact(tmp_path, compilation_cache):
   assert resolved['teacher'].endswith(f'at 16x16 px from {path}')
 
 
-def _one_line_error(config, tmp_path, match):
-  with pytest.raises(ValueError, match=match) as info:
-    train.train_and_evaluate(config, str(tmp_path / 'run'))
-  assert '\n' not in str(info.value)
-  assert not os.path.exists(tmp_path / 'run')  # nothing written, nothing computed
-
-
 def test_a_teacher_that_does_not_fit_is_a_one_line_error(tmp_path):
   missing = str(tmp_path / 'missing.npz')
-  _one_line_error(
+  train_error(
     distill_config(missing), tmp_path, f'Teacher config.distill.teacher_checkpoint={missing}: '
   )
   seven = write_teacher(tmp_path / 'seven.npz', classes=7)
-  _one_line_error(
+  train_error(
     distill_config(seven), tmp_path, 'has a head of 7 classes; the run trains 10: a teacher must'
   )
   ten = write_teacher(tmp_path / 'ten.npz')
-  _one_line_error(
+  train_error(
     distill_config(ten, **{'distill.teacher': 'ViT-B_16'}),
     tmp_path,
     r'config.distill.teacher ViT-B_16 does not fit the checkpoint',
   )
-  _one_line_error(
+  train_error(
     distill_config('', **{'distill.teacher': 'ViT-B_16'}),
     tmp_path,
     'config.distill names a teacher but not its weights',
   )
-  _one_line_error(
+  train_error(
     distill_config(ten, loss='sigmoid_xent'), tmp_path, 'distillation trains softmax heads'
   )

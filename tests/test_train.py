@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
-from conftest import TINY, assert_trained_params_close
+from conftest import TINY, assert_trained_params_close, train_error
 
 from configs import digits as digits_config
 from configs import vit as vit_config
@@ -448,32 +448,25 @@ def test_evaluation_counts_every_example_exactly_once(tmp_path):
   assert data_lib.num_eval_batches(prepared.source, 'test', 2) == 3
 
 
-def _error(config, tmp_path, match):
-  with pytest.raises(ValueError, match=match) as info:
-    train.train_and_evaluate(config, str(tmp_path / 'run'))
-  assert '\n' not in str(info.value)
-  assert not os.path.exists(tmp_path / 'run')  # nothing written, nothing computed
-
-
 def test_bad_inputs_give_one_line_errors(tmp_path):
   with pytest.raises(ValueError, match=r"Unknown model 'b17'\. Did you mean: b16"):
     vit_config.get_config('b17,cifar10')
-  _error(
+  train_error(
     tiny_config(dataset='cifar1O'), tmp_path, "Unknown dataset 'cifar1O'.*Did you mean: cifar10"
   )
-  _error(tiny_config(batch=100), tmp_path, 'config.batch=100 does not divide over 8 devices')
+  train_error(tiny_config(batch=100), tmp_path, 'config.batch=100 does not divide over 8 devices')
   extra = tiny_config()
   extra.bathc = 64
-  _error(extra, tmp_path, "Unknown config key 'bathc'. Did you mean 'batch'")
+  train_error(extra, tmp_path, "Unknown config key 'bathc'. Did you mean 'batch'")
   missing = ml_collections.ConfigDict(vit_config.get_config('b16,cifar10').to_dict())
   missing.pretrained_dir = str(tmp_path)
-  _error(
+  train_error(
     missing,
     tmp_path,
     f'Pretrained checkpoint {tmp_path}/ViT-B_16.npz not found: download it with '
     '`gsutil cp gs://vit_models/imagenet21k/ViT-B_16.npz DIR/`',
   )
-  _error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
+  train_error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
 
 
 @pytest.mark.parametrize(

@@ -123,6 +123,7 @@ def _every_config():
 
   yield 'digits', digits.get_config()
   yield 'digits.py:mixer', digits.get_config('mixer')
+  yield 'digits.py:deit', digits.get_config('deit')
   for model in sorted(models.SHORT_NAMES):
     for dataset in common.DATASET_PRESETS:
       yield f'vit.py:{model},{dataset}', vit.get_config(f'{model},{dataset}')
@@ -156,9 +157,9 @@ def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
     width = 'hidden_dim' if is_mixer(config.model) else 'hidden_size'
     assert getattr(model, width) == config.model[width], name
     names.append(name)
-  # 2 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
+  # 3 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
   # pretrain.
-  assert len(names) == 2 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4
+  assert len(names) == 3 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4
 
 
 def test_the_spec_is_typed_and_frozen():
