@@ -2,6 +2,7 @@ r"""The bundled default job: a small ViT trained from scratch on scikit-learn's 
 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
   python -m vit_jax.main --config=configs/digits.py:mixer --workdir=runs/digits_mixer
+  python -m vit_jax.main --config=configs/digits.py:deit --workdir=runs/digits_deit
 
 1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
 no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
@@ -10,6 +11,12 @@ pixels (`pp.subpixel`: on an 8x8 grid a pixel-aligned box allows only a few doze
 no flip (a mirrored digit is another symbol). Four blocks of width 64, global average
 pooling, Adam with decoupled weight decay, warmup then cosine decay, 3,000 steps of 64.
 `:mixer` trains an MLP-Mixer of the same width and depth on the same 16 patches instead.
+
+`:deit` trains a small DeiT student (2 blocks of width 32, a distillation token) for 1,000 steps,
+distilled (hard, DeiT's eq. 3) from the default job's run in `runs/digits`; without the teacher
+(`--config.distill.teacher_checkpoint=`) it trains at the same budget on the labels alone. Test
+accuracy over seeds 0-2 (mean +- std): hard 96.02 +- 0.58%, soft (tau 3, lambda 0.1) 96.57 +- 0.32%,
+without the teacher 96.20 +- 0.89%: no gain on digits (README, Training: Distillation).
 """
 
 import ml_collections
