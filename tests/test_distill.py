@@ -165,6 +165,12 @@ def test_a_teacher_that_does_not_fit_is_a_one_line_error(tmp_path):
     tmp_path,
     r'config.distill.teacher ViT-B_16 does not fit the checkpoint',
   )
+  wide = {**TEACHER, 'hidden_size': 32}  # constructor fields, used as given
+  train_error(
+    distill_config(ten, **{'distill.teacher_model': wide}),
+    tmp_path,
+    r'embedding/kernel has shape \(4, 4, 3, 16\) in the checkpoint but \(4, 4, 3, 32\)',
+  )
   train_error(
     distill_config('', **{'distill.teacher': 'ViT-B_16'}),
     tmp_path,
