@@ -3,6 +3,7 @@ r"""The bundled default job: a small ViT trained from scratch on scikit-learn's 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
   python -m vit_jax.main --config=configs/digits.py:mixer --workdir=runs/digits_mixer
   python -m vit_jax.main --config=configs/digits.py:regularised --workdir=runs/digits_reg
+  python -m vit_jax.main --config=configs/digits.py:deit --workdir=runs/digits_deit
 
 1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
 no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
@@ -13,6 +14,12 @@ pooling, Adam with decoupled weight decay, warmup then cosine decay, 3,000 steps
 `:mixer` trains an MLP-Mixer of the same width and depth on the same 16 patches instead.
 `:regularised` adds the big_vision ImageNet recipe's RandAugment(2, 10) and mixup 0.2
 (configs/vit_s16_i1k.py) and stochastic depth 0.1 to the ViT.
+
+`:deit` trains a small DeiT student (2 blocks of width 32, a distillation token) for 1,000 steps,
+distilled (hard, DeiT's eq. 3) from the default job's run in `runs/digits`; without the teacher
+(`--config.distill.teacher_checkpoint=`) it trains at the same budget on the labels alone. Test
+accuracy over seeds 0-2 (mean +- std): hard 96.02 +- 0.58%, soft (tau 3, lambda 0.1) 96.57 +- 0.32%,
+without the teacher 96.20 +- 0.89%: no gain on digits (README, Training: Distillation).
 """
 
 import ml_collections
@@ -34,10 +41,32 @@ def _mixer() -> ml_collections.ConfigDict:
   )
 
 
+def _deit() -> ml_collections.ConfigDict:
+  """DeiT's student, small: 2 blocks of width 32 (MLP 64, 2 heads), a class and a
+  distillation token with a head each."""
+  return ml_collections.ConfigDict(
+    {
+      'patches': {'size': (2, 2)},
+      'hidden_size': 32,
+      'transformer': {
+        'num_layers': 2,
+        'mlp_dim': 64,
+        'num_heads': 2,
+        'dropout_rate': 0.0,
+        'attention_dropout_rate': 0.0,
+      },
+      'classifier': 'token',
+      'distilled': True,
+      'representation_size': None,
+      'resnet': None,
+    }
+  )
+
+
 def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
-  """The digits config; `model` is 'vit' (the default job), 'mixer' or 'regularised'."""
-  if model not in ('vit', 'mixer', 'regularised'):
-    raise ValueError(f"configs/digits.py:{model}: expected 'vit', 'mixer' or 'regularised'")
+  """The digits config; `model` is 'vit' (the default job), 'mixer', 'regularised' or 'deit'."""
+  if model not in ('vit', 'mixer', 'regularised', 'deit'):
+    raise ValueError(f"configs/digits.py:{model}: expected 'vit', 'mixer', 'regularised' or 'deit'")
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
@@ -61,6 +90,11 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   if model == 'mixer':
     config.model_name = 'Mixer-digits'
     config.model = _mixer()
+  if model == 'deit':
+    config.model_name = 'DeiT-digits'
+    config.model = _deit()
+    config.distill.teacher_checkpoint = 'runs/digits'  # the default job's run directory
+    config.distill.kind = 'hard'
   config.pretrained_dir = ''  # from scratch
 
   config.pp.train = 'train'
@@ -93,4 +127,6 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.eval_every = 500
   config.checkpoint_every = 500
+  if model == 'deit':
+    config.total_steps = 1000
   return config.lock()

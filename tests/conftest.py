@@ -49,6 +49,41 @@ TINY = {
 }
 
 
+# A distillation teacher unlike the TINY student: 4x4 patches at 16 px, so it sees the 8-px
+# batch resized.
+TEACHER = {
+  'patches': {'size': (4, 4)},
+  'hidden_size': 16,
+  'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2},
+  'classifier': 'gap',
+  'representation_size': None,
+  'resnet': None,
+}
+
+
+def write_teacher(path, classes: int = 10, seed: int = 3) -> str:
+  """An npz of TEACHER with random weights, whose logits prefer different classes."""
+  from vit_jax.checkpoint import save_npz
+  from vit_jax.models import model_from_config, stats
+
+  shapes = stats.param_shapes(model_from_config(TEACHER, num_classes=classes), 16)
+  params = randomize(shapes, seed=seed, scale=0.5)
+  params['head']['bias'] *= 0  # else the bias decides: pooled features vary little
+  save_npz(params, path)
+  return str(path)
+
+
+def train_error(config, tmp_path, match: str) -> None:
+  """Training `config` stops with a one-line ValueError matching `match`, before it writes
+  or computes anything."""
+  from vit_jax import train
+
+  with pytest.raises(ValueError, match=match) as info:
+    train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert '\n' not in str(info.value)
+  assert not os.path.exists(tmp_path / 'run')
+
+
 def dot_types(hlo_text: str) -> list[tuple[str, str, str]]:
   """(lhs, rhs, result) element types of every dot_general in StableHLO text."""
   types = r'\(tensor<(?:\d+x)*(\w+)>, tensor<(?:\d+x)*(\w+)>\) -> tensor<(?:\d+x)*(\w+)>'

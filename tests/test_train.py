@@ -20,6 +20,7 @@ from conftest import (
   UNREADABLE,
   assert_trained_params_close,
   digest,
+  train_error,
   unreadable_files,
   write_image_folder,
 )
@@ -614,32 +615,25 @@ def test_unreadable_test_images_are_a_one_line_error_unless_skipped(tmp_path):
   assert (evaluation['num_test'], evaluation['bad_test_images']) == (5, 3)
 
 
-def _error(config, tmp_path, match):
-  with pytest.raises(ValueError, match=match) as info:
-    train.train_and_evaluate(config, str(tmp_path / 'run'))
-  assert '\n' not in str(info.value)
-  assert not os.path.exists(tmp_path / 'run')  # nothing written, nothing computed
-
-
 def test_bad_inputs_give_one_line_errors(tmp_path):
   with pytest.raises(ValueError, match=r"Unknown model 'b17'\. Did you mean: b16"):
     vit_config.get_config('b17,cifar10')
-  _error(
+  train_error(
     tiny_config(dataset='cifar1O'), tmp_path, "Unknown dataset 'cifar1O'.*Did you mean: cifar10"
   )
-  _error(tiny_config(batch=100), tmp_path, 'config.batch=100 does not divide over 8 devices')
+  train_error(tiny_config(batch=100), tmp_path, 'config.batch=100 does not divide over 8 devices')
   extra = tiny_config()
   extra.bathc = 64
-  _error(extra, tmp_path, "Unknown config key 'bathc'. Did you mean 'batch'")
+  train_error(extra, tmp_path, "Unknown config key 'bathc'. Did you mean 'batch'")
   missing = ml_collections.ConfigDict(vit_config.get_config('b16,cifar10').to_dict())
   missing.pretrained_dir = str(tmp_path)
-  _error(
+  train_error(
     missing,
     tmp_path,
     f'Pretrained checkpoint {tmp_path}/ViT-B_16.npz not found: download it with '
     '`gsutil cp gs://vit_models/imagenet21k/ViT-B_16.npz DIR/`',
   )
-  _error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
+  train_error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
 
 
 @pytest.mark.parametrize(

@@ -155,6 +155,7 @@ def _every_config():
 
   yield 'digits', digits.get_config()
   yield 'digits.py:mixer', digits.get_config('mixer')
+  yield 'digits.py:deit', digits.get_config('deit')
   for model in sorted(models.SHORT_NAMES):
     for dataset in common.DATASET_PRESETS:
       yield f'vit.py:{model},{dataset}', vit.get_config(f'{model},{dataset}')
@@ -193,9 +194,9 @@ def test_every_config_resolves_into_a_run_spec_that_holds_all_of_it():
     width = 'hidden_dim' if is_mixer(config.model) else 'hidden_size'
     assert getattr(model, width) == config.model[width], name
     names.append(name)
-  # 2 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
-  # pretrain; digits regularised, 2 high-resolution, 3 S/16 ImageNet-1k.
-  assert len(names) == 2 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4 + 1 + 2 + 3
+  # 4 digits; 5 presets, dtd, pretrain and vtab per model name; 6 augreg; 19 tasks; 2 x 2
+  # pretrain; 2 high-resolution, 3 S/16 ImageNet-1k.
+  assert len(names) == 4 + 8 * len(models.SHORT_NAMES) + 6 + 19 + 4 + 2 + 3
 
 
 def test_the_spec_is_typed_and_frozen():

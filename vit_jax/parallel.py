@@ -105,3 +105,13 @@ def local_batch_size(batch: int) -> int:
 def global_batch(local: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
   """Global arrays over the mesh from this host's rows (hosts hold consecutive blocks)."""
   return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}
+
+
+def place(tree: Any, shardings: Any) -> Any:
+  """Global arrays from a host tree that every process holds whole (a checkpoint read on
+  each host): each device takes its slice of each leaf."""
+  return jax.tree.map(
+    lambda x, s: jax.make_array_from_callback(np.shape(x), s, lambda idx, x=x: x[idx]),
+    tree,
+    shardings,
+  )

@@ -5,6 +5,7 @@
   state.py    the train state: shapes, shardings, init (scratch or pretrained), checkpoints
   steps.py    the compiled steps: `make_train_step` (jit), `make_shard_map_train_step`,
               `make_eval_step`
+  distill.py  DeiT distillation: the teacher read once, its logits and the loss in the step
   actions.py  the loop's periodic actions: progress and metrics, evaluation, checkpoints,
               profiling, the non-finite guard, preemption
   loop.py     `train_and_evaluate(config, workdir)`

@@ -22,7 +22,7 @@ import ml_collections
 
 from vit_jax import data as data_lib
 from vit_jax import distributed, files, optim, parallel, rundir
-from vit_jax.train import actions, steps
+from vit_jax.train import actions, distill, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
 from vit_jax.train.setup import Setup, prepare
@@ -111,6 +111,7 @@ def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
     'devices': setup.mesh.size,
     'processes': jax.process_count(),
     'pretrained_path': setup.pretrained_path,
+    'teacher': setup.teacher.description if setup.teacher else None,
   }
   rundir.write_config(workdir, spec_lib.to_dict(spec), resolved)
 
@@ -195,9 +196,14 @@ def _why(notes: dict[int, str]) -> str:
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   start = int(meta['step'])
+  teacher_params = None
+  if setup.teacher is not None:
+    teacher_params = distill.place(setup.teacher_params, mesh, spec.step.sharding)
+    _say(f'Distilling from {setup.teacher.description}.')
   train_step = steps.train_step_for(
-    spec, setup.model, tx, schedule, setup.num_classes, mesh, lay.shardings
-  )
+    spec, setup.model, tx, schedule, setup.num_classes, mesh, lay.shardings,
+    setup.teacher, teacher_params,
+  )  # fmt: skip
   eval_step = steps.compile_eval_step(setup.model, setup.num_classes, lay.shardings['params'], mesh)
   batch_sharding = parallel.batch_sharding(mesh)
   bad = data_lib.BadExamples('training')

@@ -1,8 +1,8 @@
 """A run spec resolved against the world: the dataset, the devices, the pretrained file.
 
 `prepare` does every check that needs the data or the files, before any compute, and
-fills in what the spec leaves to them (the number of classes, the steps of `total_epochs`).
-Errors are one-line ValueErrors.
+fills in what the spec leaves to them (the number of classes, the steps of `total_epochs`,
+a distillation teacher read from its checkpoint). Errors are one-line ValueErrors.
 """
 
 import csv
@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from vit_jax import data as data_lib
 from vit_jax import files, parallel, rundir
 from vit_jax.models import VisionTransformer, model_from_config
+from vit_jax.train import distill
 from vit_jax.train import spec as spec_lib
 
 DOWNLOAD_ROOTS = {'augreg': 'gs://vit_models/augreg', 'default': 'gs://vit_models/imagenet21k'}
@@ -36,6 +37,9 @@ class Setup:
   pp_train: data_lib.Preprocessing
   pp_eval: data_lib.Preprocessing
   pretrained_path: str | None
+  # The distillation teacher and its parameters on the host (float32), or None.
+  teacher: distill.Teacher | None = None
+  teacher_params: Any = None
 
   @property
   def num_classes(self) -> int:
@@ -166,6 +170,11 @@ def prepare(
   mesh = parallel.create_mesh(devices)
   _check_batches(spec, mesh)
   model = build_model(spec.model, num_classes)
+  teacher, teacher_params = None, None
+  if spec.step.distill.enabled:
+    teacher, teacher_params = distill.load(
+      spec.step.distill, num_classes, spec.data.pp.crop, spec.model.dtype
+    )
   spec = dataclasses.replace(
     spec,
     data=dataclasses.replace(spec.data, num_classes=num_classes),
@@ -182,4 +191,6 @@ def prepare(
     ),
     pp_eval=data_lib.Preprocessing(crop=pp.crop),
     pretrained_path=pretrained_path,
+    teacher=teacher,
+    teacher_params=teacher_params,
   )

@@ -25,6 +25,7 @@ from vit_jax import optim, parallel
 DTYPES = ('float32', 'bfloat16')
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 STEPS = ('jit', 'shard_map')
+DISTILL_KINDS = ('hard', 'soft')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +136,41 @@ class Optim:
 
 
 @dataclasses.dataclass(frozen=True)
+class Distill:
+  """`config.distill`: DeiT's knowledge distillation (Touvron et al., arXiv:2012.12877).
+
+  The teacher runs in inference mode inside the training step, on the same augmented batch;
+  its parameters are an input of the step (sharded like the student's), never trained nor
+  saved: a resumed run reads them again from `teacher_checkpoint`. A distilled student
+  (`distilled=True`) learns the labels through its class head and the teacher through its
+  distillation head; any other student takes both terms on its one head. Defaults: DeiT's.
+  """
+
+  # The teacher's checkpoint, any format vit_jax.checkpoint reads (.npz, a Hugging Face or timm
+  # file or folder, an orbax run directory). Empty: no distillation.
+  teacher_checkpoint: str = ''
+  # The teacher's registry name (checked against the checkpoint), or '' for the architecture
+  # the checkpoint holds (read off its shapes).
+  teacher: str = ''
+  # Or its constructor fields (a dict, as config.model), used as given; None: as `teacher`.
+  teacher_model: Mapping[str, Any] | None = None
+  # 'hard': (1 - alpha) CE(class head, labels) + alpha CE(distillation head, teacher's argmax),
+  # the paper's eq. 3 at alpha 1/2. 'soft': (1 - alpha) CE + alpha tau^2 KL(teacher || student)
+  # at temperature tau, eq. 2 (alpha is the paper's lambda).
+  kind: str = 'hard'
+  alpha: float = 0.5
+  temperature: float = 1.0
+  # The teacher's input size in pixels; 0: the resolution its checkpoint was trained at. The
+  # batch's images are resized to it (bilinear, antialiased) inside the step where it differs
+  # from pp.crop.
+  teacher_resolution: int = 0
+
+  @property
+  def enabled(self) -> bool:
+    return bool(self.teacher_checkpoint)
+
+
+@dataclasses.dataclass(frozen=True)
 class Step:
   """The compiled training step: loss, micro-batches, parallelism."""
 
@@ -153,6 +189,7 @@ class Step:
   step: str = 'jit'
   # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
   sharding: Any = 'replicate'
+  distill: Distill = Distill()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +243,6 @@ SECTIONS = _sections()
 _HINTS = {f.name: typing.get_type_hints(f.type) for f in dataclasses.fields(RunSpec)}
 # The keys a config may have, with their place: one definition, the dataclasses above.
 CONFIG_KEYS = frozenset(SECTIONS)
-PP_KEYS = frozenset(f.name for f in dataclasses.fields(Pp))
 
 
 def _unknown(key: str, known: frozenset[str], prefix: str = '') -> ValueError:
@@ -237,10 +273,10 @@ def _convert(key: str, value: Any, kind: Any) -> Any:
 
 
 def _nested(key: str, kind: type, value: Any) -> Any:
-  """A nested section (`pp`) from its dict; unknown keys rejected."""
-  if not isinstance(value, Mapping):
-    raise ValueError(f'config.{key}={value!r}; expected a dict of {sorted(PP_KEYS)}.')
+  """A nested section (`pp`, `distill`) from its dict; unknown keys rejected."""
   known = frozenset(f.name for f in dataclasses.fields(kind))
+  if not isinstance(value, Mapping):
+    raise ValueError(f'config.{key}={value!r}; expected a dict of {sorted(known)}.')
   for name in value:
     if name not in known:
       raise _unknown(name, known, prefix=f'{key}.')
@@ -326,6 +362,29 @@ def check(spec: RunSpec) -> None:
       raise ValueError(f'config.{key}={value}; expected a positive integer.')
   if spec.loop.profile_steps < 0:
     raise ValueError(f'config.profile_steps={spec.loop.profile_steps}; expected >= 0.')
+  _check_distill(spec.step)
+
+
+def _check_distill(step: Step) -> None:
+  d = step.distill
+  _one_of('distill.kind', d.kind, DISTILL_KINDS)
+  if not d.enabled:
+    if d.teacher or d.teacher_model is not None:
+      raise ValueError(
+        'config.distill names a teacher but not its weights: set '
+        '--config.distill.teacher_checkpoint=PATH.'
+      )
+    return
+  if step.loss != 'softmax_xent':
+    raise ValueError(
+      f"config.loss={step.loss!r}: distillation trains softmax heads; use 'softmax_xent'."
+    )
+  if not 0.0 <= d.alpha <= 1.0:
+    raise ValueError(f'config.distill.alpha={d.alpha}; expected a weight in [0, 1].')
+  if d.temperature <= 0:
+    raise ValueError(f'config.distill.temperature={d.temperature}; expected > 0.')
+  if d.teacher_resolution < 0:
+    raise ValueError(f'config.distill.teacher_resolution={d.teacher_resolution}; expected >= 0.')
 
 
 # ----------------------------------------------------------------------------------------

@@ -61,11 +61,7 @@ def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
   loaded = load_pretrained(setup.pretrained_path, host_params, model_config, keep_head=False)
   abstract = lay.abstract['params']
   loaded = jax.tree.map(lambda x, a: np.asarray(x, dtype=a.dtype), loaded, abstract)
-  return jax.tree.map(
-    lambda x, s: jax.make_array_from_callback(x.shape, s, lambda idx, x=x: x[idx]),
-    loaded,
-    lay.shardings['params'],
-  )
+  return parallel.place(loaded, lay.shardings['params'])
 
 
 def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[str, Any]:
