@@ -24,6 +24,7 @@ from vit_jax.data.sources import (
   DigitsSource,
   FolderSource,
   Source,
+  Subset,
   TfdsSource,
   get_source,
 )
@@ -33,6 +34,7 @@ __all__ = [
   'FolderSource',
   'Preprocessing',
   'Source',
+  'Subset',
   'TfdsSource',
   'check_data_shards',
   'eval_dataset',

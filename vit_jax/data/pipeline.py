@@ -179,8 +179,13 @@ def eval_dataset(
   process_count: int = 1,
   prefetch: int = 2,
 ) -> tf.data.Dataset:
-  """One pass of `{'image', 'label', 'mask'}` batches; padding examples have mask 0."""
+  """One pass of `{'image', 'label', 'mask'}` batches; padding examples have mask 0.
+
+  Any other field of the source's records (ImageNet ReaL's label sets, a subset's example
+  index) comes along unchanged, as zeros in the padding.
+  """
   records = source.records(split, process_index, process_count)
+  extras = {k: v for k, v in records.element_spec.items() if k not in ('image', 'label')}
 
   @_graph_fn
   def process(record):
@@ -188,6 +193,7 @@ def eval_dataset(
       'image': preprocess.eval_image(source.decode(record['image']), pp.crop),
       'label': tf.cast(record['label'], tf.int32),
       'mask': tf.constant(1, tf.int32),
+      **{k: record[k] for k in extras},
     }
 
   padding = tf.data.Dataset.from_tensors(
@@ -195,6 +201,7 @@ def eval_dataset(
       'image': tf.zeros([pp.crop, pp.crop, 3], tf.float32),
       'label': tf.constant(0, tf.int32),
       'mask': tf.constant(0, tf.int32),
+      **{k: tf.zeros(v.shape, v.dtype) for k, v in extras.items()},
     }
   ).repeat()
   batches = num_eval_batches(source, split, local_batch, process_count)

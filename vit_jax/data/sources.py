@@ -157,17 +157,19 @@ class FolderSource(Source):
 class TfdsSource(Source):
   """A tensorflow_datasets dataset by name; hosts read `tfds.even_splits` shares."""
 
+  label_key = 'label'  # the builder's class-label feature
+
   def __init__(self, name: str, data_dir: str | None = None):
     self.name = name
     self.builder = tfds.builder(name, data_dir=data_dir)
-    label = self.builder.info.features['label']
+    label = self.builder.info.features[self.label_key]
     self.num_classes = label.num_classes
     self._counts: dict[tuple[str, int, int], int] = {}
 
   def class_names(self) -> list[str]:
     """The label names the builder declares, if it declares one per class."""
     try:
-      names = list(self.builder.info.features['label'].names)
+      names = list(self.builder.info.features[self.label_key].names)
     except (KeyError, AttributeError):  # no 'label' feature, or not a ClassLabel
       names = []
     return names if len(names) == self.num_classes else super().class_names()
@@ -204,6 +206,48 @@ class TfdsSource(Source):
         count = int(records.reduce(0, _count))
       self._counts[key] = count
     return self._counts[key]
+
+
+class Subset(Source):
+  """Chosen examples of one split of `base` (positions in the split's full order), each
+  record with its position as `index` (int32); hosts read every `process_count`-th one."""
+
+  def __init__(self, base: Source, split: str, indices):
+    self.base, self.split = base, split
+    self.name, self.num_classes = base.name, base.num_classes
+    self.indices = sorted({int(i) for i in indices})
+
+  def _check(self, split: str) -> None:
+    if split != self.split:
+      raise ValueError(f'This subset holds split {self.split!r} of {self.name!r}, not {split!r}.')
+
+  def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
+    self._check(split)
+    keep = [False] * (self.indices[-1] + 1 if self.indices else 0)
+    for i in self.indices:
+      keep[i] = True
+    table = tf.constant(keep, tf.bool)
+
+    @tf.autograph.experimental.do_not_convert
+    def chosen(i, _):
+      return tf.gather(table, i)
+
+    @tf.autograph.experimental.do_not_convert
+    def with_index(i, record):
+      return {**record, 'index': tf.cast(i, tf.int32)}
+
+    ds = self.base.records(split).enumerate().take(len(keep)).filter(chosen).map(with_index)
+    return ds.shard(process_count, process_index)
+
+  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
+    self._check(split)
+    return len(self.indices[process_index::process_count])
+
+  def decode(self, image: tf.Tensor) -> tf.Tensor:
+    return self.base.decode(image)
+
+  def class_names(self) -> list[str]:
+    return self.base.class_names()
 
 
 def get_source(dataset: str, data_dir: str | None = None) -> Source:

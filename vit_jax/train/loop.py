@@ -13,6 +13,7 @@ stops the run before any checkpoint of the bad state is written.
 """
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import optim, parallel, rundir
+from vit_jax import fewshot, optim, parallel, rundir
 from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -34,12 +35,12 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
-  """One exact pass over the test split: every example counted once (padding is masked)."""
+def _eval_sums(eval_step, params, setup: Setup, source, split: str, batch_sharding) -> dict:
+  """The eval step's sums over one exact pass of `split` (padding is masked)."""
   data = setup.spec.data
   ds = data_lib.eval_dataset(
-    setup.source,
-    data.pp.test,
+    source,
+    split,
     local_batch=parallel.local_batch_size(data.batch_eval),
     pp=setup.pp_eval,
     process_index=jax.process_index(),
@@ -50,14 +51,35 @@ def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float
   for local in ds.as_numpy_iterator():
     sums = eval_step(params, parallel.global_batch(local, batch_sharding))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
+  return jax.device_get(totals)
+
+
+def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
+  """The test split, every example counted once; and ImageNet ReaL when configured."""
+  test = setup.spec.data.pp.test
+  totals = _eval_sums(eval_step, params, setup, setup.source, test, batch_sharding)
   count = int(totals['count'])
-  return {
+  results = {
     'accuracy_test': float(totals['correct']) / count,
     'accuracy_test_top5': float(totals['correct_top5']) / count,
     'loss_test': float(totals['loss']) / count,
     'num_test': count,
   }
+  if setup.real_source is not None:
+    split = setup.spec.evals.real_split
+    real = _eval_sums(eval_step, params, setup, setup.real_source, split, batch_sharding)
+    results['accuracy_real'] = float(real['real_correct']) / max(1, int(real['real_count']))
+    results['num_real'] = int(real['real_count'])
+  return results
+
+
+def evaluate_state(evaluate_params: Callable, state: dict) -> dict[str, float]:
+  """The parameters' evaluation, and the Polyak average's as `polyak/...` (counts aside)."""
+  results = evaluate_params(state['params'])
+  if 'polyak' in state:
+    averaged = evaluate_params(state['polyak'])
+    results |= {f'polyak/{k}': v for k, v in averaged.items() if not k.startswith('num_')}
+  return results
 
 
 def _train_batches(setup: Setup, start: int, data_shards: int) -> Iterator[dict[str, jax.Array]]:
@@ -150,6 +172,28 @@ def _loop(parts: _Parts, state: dict, start: int, stop_after: int | None):
   return state, step, 'done'
 
 
+def _fewshot_action(setup: Setup, lay, guard, writer, progress) -> actions.Evaluator:
+  """The few-shot linear evaluation of the state's parameters (vit_jax/fewshot.py)."""
+  spec = setup.spec
+  features = fewshot.compile_features(setup.model, lay.shardings['params'], setup.mesh)
+  evaluate = fewshot.Evaluator(
+    setup.fewshot_tasks,
+    spec.evals.fewshot,
+    features,
+    setup.pp_eval,
+    spec.data.batch_eval,
+    setup.mesh,
+  )
+  return actions.Evaluator(
+    lambda state: evaluate(state['params']),
+    guard,
+    writer,
+    progress,
+    name='fewshot',
+    describe=fewshot.describe,
+  )
+
+
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   train_step = steps.train_step_for(
@@ -165,20 +209,25 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, w
     guard=guard,
     writer=writer,
   )
+  evaluate_params = functools.partial(
+    evaluate, eval_step, setup=setup, batch_sharding=batch_sharding
+  )
   evaluator = actions.Evaluator(
-    lambda params: evaluate(eval_step, params, setup, batch_sharding), guard, writer, progress
+    functools.partial(evaluate_state, evaluate_params), guard, writer, progress
   )
   saver = actions.Saver(checkpoints, guard, progress, spec.data.batch, data_shards)
+  callbacks = [actions.every(spec.loop.eval_every, total, evaluator)]
+  if setup.fewshot_tasks:
+    action = _fewshot_action(setup, lay, guard, writer, progress)
+    callbacks.append(actions.every(spec.evals.fewshot_every, total, action))
+  callbacks.append(actions.every(spec.loop.checkpoint_every, total, saver))
   return _Parts(
     total_steps=total,
     train_step=train_step,
     batches=_train_batches(setup, start, data_shards),
     guard=guard,
     progress=progress,
-    callbacks=(
-      actions.every(spec.loop.eval_every, total, evaluator),
-      actions.every(spec.loop.checkpoint_every, total, saver),
-    ),
+    callbacks=tuple(callbacks),
     profile=actions.make_profile(workdir, spec.loop.profile_steps, start, total),
     evaluator=evaluator,
     saver=saver,
@@ -189,7 +238,7 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, start, data_shards, w
 def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
   """The last evaluation of this call, or of the run before it (an already finished run)."""
   last = parts.evaluator.last or rundir.last_evaluation(workdir) or {}
-  return {k: v for k, v in last.items() if k in actions.EVAL_KEYS}
+  return {k: v for k, v in last.items() if k != 'step'}
 
 
 def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str, Any]:
@@ -216,8 +265,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after) -> dict[str,
   return {
     'status': status,
     'step': step,
-    'params': state['params'],
-    'opt_state': state['opt_state'],
+    **{k: state[k] for k in ('params', 'opt_state', 'polyak') if k in state},
     **_evaluation_of(parts, workdir),
   }
 
@@ -238,7 +286,8 @@ def train_and_evaluate(
 
   Returns:
     {'step': last step, 'status': 'done' | 'preempted', 'params' and 'opt_state' (final,
-    on the mesh), and the last evaluation's metrics}.
+    on the mesh; and 'polyak', the parameters' average, with polyak_decay), and the last
+    evaluation's metrics}.
   """
   spec = config if isinstance(config, spec_lib.RunSpec) else spec_lib.from_config(config)
   setup = prepare(spec, workdir, devices)
