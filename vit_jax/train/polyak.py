@@ -24,7 +24,7 @@ import optax
 
 def step_size(step: jax.Array, decay: float) -> jax.Array:
   """(1 - d) / (1 - d^t): the weight of step t's parameters in the average."""
-  bias = -jnp.expm1(step.astype(jnp.float32) * math.log1p(-decay))  # 1 - d^t, exact at small t
+  bias = -jnp.expm1(step.astype(jnp.float32) * math.log(decay))  # 1 - d^t, exact at small t
   return (1.0 - decay) / bias
 
 
