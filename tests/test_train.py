@@ -111,6 +111,8 @@ def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
   workdir, result = reference_run
   loaded = checkpoint.load(workdir)  # the run directory: its latest step (6)
   _assert_trees_close(loaded, jax.tree.map(np.asarray, result['params']), atol=0)
+  with pytest.raises(checkpoint.CheckpointError, match='polyak_decay > 0'):
+    checkpoint.fit(workdir, params_entry='polyak')
 
 
 def test_digits_trains_to_accuracy(tmp_path):
@@ -196,6 +198,12 @@ def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, compilation_
   assert [m['step'] for m in lines if 'polyak/accuracy_test' in m] == [3, 6]
   last = rundir.last_evaluation(resumed)
   assert second['polyak/accuracy_test'] == last['polyak/accuracy_test']
+  # The average exported as a file of its own, for predict and fine-tuning.
+  from vit_jax import checkpoint, convert
+
+  npz = str(tmp_path / 'polyak.npz')
+  convert.convert(resumed, npz, 'npz', params_entry='polyak', out=lambda line: None)
+  _assert_trees_close(checkpoint.load(npz), second['polyak'], atol=0)
 
 
 @pytest.fixture

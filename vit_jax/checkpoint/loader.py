@@ -152,6 +152,7 @@ def fit(
   *,
   keep_head: bool | None = None,
   init_params: Mapping[str, Any] | None = None,
+  params_entry: str = 'params',
   **surgery: Any,
 ) -> Fitted:
   """Reads the checkpoint at `path` and fits it to a runnable model.
@@ -171,6 +172,7 @@ def fit(
     init_params: the model's initialised tree (concrete leaves are the initial values of
       keys the checkpoint does not give), whose head sets the class count; None: the
       model's shapes at `resolution` (`jax.eval_shape`, nothing allocated).
+    params_entry: 'polyak' reads a training run's Polyak average (orbax checkpoints only).
     **surgery: `merge_pretrained` options: `dont_load`, `strict`, `pretrained_grid`,
       `resize_patch_embedding`.
 
@@ -181,7 +183,9 @@ def fit(
   config, name = _model_config(model)
   transformer = None if config is None else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, description = formats.read(path, num_heads=heads)
+  if params_entry != 'params' and formats.detect_format(path).name != 'orbax':
+    raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
+  restored, description = formats.read(path, num_heads=heads, params_entry=params_entry)
   found = _found(restored, description)
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
