@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
-from vit_jax import parallel, rundir
+from vit_jax import fewshot, parallel, rundir
+from vit_jax.data import real
 from vit_jax.models import VisionTransformer, model_from_config
 from vit_jax.train import spec as spec_lib
 
@@ -128,9 +129,6 @@ def _extra_sources(
   spec: spec_lib.RunSpec, num_classes: int
 ) -> tuple[tuple, data_lib.Source | None]:
   """The few-shot datasets and the ReaL labels the spec asks for, opened and checked."""
-  from vit_jax import fewshot
-  from vit_jax.data import real
-
   data_dir, evals = spec.data.tfds_data_dir or None, spec.evals
   tasks = fewshot.open_tasks(evals.fewshot.datasets, data_dir) if evals.fewshot_every else ()
   real_source = None
