@@ -30,6 +30,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import tensorflow as tf
 from jax.sharding import Mesh
 
 from vit_jax import data as data_lib
@@ -163,9 +164,14 @@ def compile_features(model, params_shardings: Any, mesh: Mesh) -> Callable:
   )
 
 
+@tf.autograph.experimental.do_not_convert
+def _label(record):
+  return record['label']
+
+
 def _labels(source: data_lib.Source, split: str) -> np.ndarray:
   """The labels of a whole split, in its order (no image is decoded)."""
-  labels = source.records(split).map(lambda r: r['label']).batch(4096)
+  labels = source.records(split).map(_label).batch(4096)
   return np.concatenate([np.asarray(b) for b in labels.as_numpy_iterator()] or [np.zeros(0)])
 
 
