@@ -37,8 +37,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
 SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')
 RUN_TIMEOUT_S = 300  # per launch; a hang fails the test instead of blocking the suite
-# A tiny digits run: 6 steps of batch 32, evaluated and checkpointed at steps 3 and 6. The
-# data is read as 2 shards, so the global batches do not depend on the process count.
+# A tiny digits run: 6 steps of batch 32, evaluated, few-shot evaluated and checkpointed at
+# steps 3 and 6, with a Polyak average. The data is read as 2 shards, so the global batches do
+# not depend on the process count.
 OVERRIDES = {
   'model.hidden_size': 32,
   'model.transformer.num_layers': 1,
@@ -53,6 +54,9 @@ OVERRIDES = {
   'eval_every': 3,
   'checkpoint_every': 3,
   'data_shards': 2,
+  'polyak_decay': 0.9,
+  'fewshot_every': 3,
+  'fewshot.datasets': ('digits',),
 }
 
 
@@ -113,12 +117,18 @@ def _run_here(workdir: str, data_shards: int = OVERRIDES['data_shards']) -> dict
 
 def _metrics(workdir: str) -> list[dict]:
   keys = ('loss', 'accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
+  keys += (
+    'polyak/accuracy_test',
+    'polyak/loss_test',
+    *(f'fewshot/digits/{n}shot' for n in (1, 25)),
+  )
   return [{k: m[k] for k in ('step', *keys) if k in m} for m in rundir.read_metrics(workdir)]
 
 
-def _final_params(workdir: str) -> dict[str, np.ndarray]:
-  """The parameters of the last checkpoint, read back as host arrays whatever wrote them."""
-  tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
+def _final_params(workdir: str, entry: str = 'params') -> dict[str, np.ndarray]:
+  """The parameters (or their Polyak average) of the last checkpoint, read back as host arrays
+  whatever wrote them."""
+  tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'), params_entry=entry)
   return {
     '/'.join(str(k.key) for k in path): np.asarray(x)
     for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -134,7 +144,12 @@ def _assert_same_run(workdir: str, reference: str) -> None:
     np.testing.assert_allclose(
       [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], atol=1e-5, rtol=0, err_msg=str(a)
     )
-  assert_trained_params_close(_final_params(workdir), _final_params(reference), atol=1e-5)
+  assert [m['step'] for m in got if 'fewshot/digits/1shot' in m] == [3, 6]
+  assert [m['step'] for m in got if 'polyak/accuracy_test' in m] == [3, 6]
+  for entry in ('params', 'polyak'):
+    assert_trained_params_close(
+      _final_params(workdir, entry), _final_params(reference, entry), atol=1e-5
+    )
 
 
 @pytest.fixture(scope='module')

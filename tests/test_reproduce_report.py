@@ -13,7 +13,9 @@ from vit_jax.reproduce import paper, report, vtab
 
 
 def _run(root, name, accuracy, model='ViT-B_16', dataset='cifar10', ckpt='ViT-B_16.npz',
-         dropout=0.0, test='test', train='train', steps=100, step=None, seed=0):  # fmt: skip
+         dropout=0.0, test='test', train='train', steps=100, step=None, seed=0, crop=384,
+         polyak=0.0, extra=None, fewshot=None):  # fmt: skip
+  """A run folder; `extra`: more keys of the last evaluation line; `fewshot`: a last line."""
   folder = os.path.join(root, name)
   os.makedirs(folder)
   config = {
@@ -24,7 +26,8 @@ def _run(root, name, accuracy, model='ViT-B_16', dataset='cifar10', ckpt='ViT-B_
     'pretrained_path': '',
     'seed': seed,
     'base_lr': 0.01,
-    'pp': {'train': train, 'test': test, 'crop': 384},
+    'pp': {'train': train, 'test': test, 'crop': crop},
+    'polyak_decay': polyak,
     'total_steps': steps,
     '_resolved': {'total_steps': steps, 'pretrained_path': ckpt},
   }
@@ -34,7 +37,9 @@ def _run(root, name, accuracy, model='ViT-B_16', dataset='cifar10', ckpt='ViT-B_
   with open(os.path.join(folder, 'metrics.jsonl'), 'w') as f:
     f.write(json.dumps({'step': step // 2, 'accuracy_test': accuracy - 0.05}) + '\n')
     f.write(json.dumps({'step': step, 'loss': 0.01}) + '\n')
-    f.write(json.dumps({'step': step, 'accuracy_test': accuracy}) + '\n')
+    f.write(json.dumps({'step': step, 'accuracy_test': accuracy, **(extra or {})}) + '\n')
+    if fewshot:
+      f.write(json.dumps({'step': step, **fewshot}) + '\n')
   return folder
 
 
@@ -178,3 +183,37 @@ def test_bad_input_is_one_clear_error(tmp_path):
     f.write('{"step": 3, "accuracy_test": \n')
   with pytest.raises(ValueError, match=r'bad/metrics.jsonl:4 is not JSON'):
     report.report([str(tmp_path)])
+
+
+def test_polyak_real_and_fewshot_cells_beside_the_paper(tmp_path):
+  """Table 2's ImageNet and ReaL cells (512 px, Polyak 0.9999) against a run in that setting,
+  which reports its Polyak average; a plain 384 px run is marked as not like for like; the
+  few-shot metric of a run from scratch on JFT beside Table 8."""
+  root = str(tmp_path)
+  polyak_line = {
+    'accuracy_real': 0.9000, 'polyak/accuracy_test': 0.8780, 'polyak/accuracy_real': 0.9050,
+  }  # fmt: skip
+  _run(root, 'l16_i1k_512', 0.8700, model='ViT-L_16', dataset='imagenet2012', crop=512,
+       polyak=0.9999, ckpt='jft/ViT-L_16.npz', extra=polyak_line)  # fmt: skip
+  _run(root, 'l16_i1k_384', 0.8710, model='ViT-L_16', dataset='imagenet2012',
+       ckpt='jft/ViT-L_16.npz', dropout=0.1)  # fmt: skip
+  fewshot = {'fewshot/imagenet2012/5shot': 0.6300, 'fewshot/imagenet2012/5shot/l2_1024': 0.63}
+  _run(root, 'b16_jft', 0.5, model='ViT-B_16', dataset='jft300m', ckpt=None, fewshot=fewshot)
+  rows, _, text = report.report([root])
+  by = {(r.dataset, r.source, r.dropout): r for r in rows}
+
+  imagenet = by['imagenet2012', 'Table 2', 0.0]
+  assert imagenet.ours == pytest.approx(87.80) and imagenet.paper == 87.76  # the average's
+  assert 'not like' not in imagenet.note and 'Polyak 0.9999' in imagenet.note
+  real = by['imagenet2012_real', 'Table 2', 0.0]
+  assert (real.ours, real.paper) == (pytest.approx(90.50), 90.54)
+  assert 'not like' not in real.note
+  assert by['imagenet2012_real', 'Table 5', 0.0].note.startswith('not like for like')
+  plain = by['imagenet2012', 'Table 2', 0.1]
+  assert plain.ours == pytest.approx(87.10) and plain.note.startswith('not like for like')
+  assert ('imagenet2012_real', 'Table 2', 0.1) not in by  # that run measured no ReaL
+
+  few = by['fewshot/imagenet2012/5shot', 'Table 8', 0.0]
+  assert (few.model, few.pretrain, few.ours, few.paper) == ('ViT-B_16', 'jft300m', 63.0, 64.206)
+  assert '| ViT-B_16 | jft300m | ImageNet 5-shot linear | 0 | 1 | 63.00 | Table 8 |' in text
+  assert not any('/l2_' in r.dataset for r in rows)

@@ -1,6 +1,8 @@
 """The compiled training steps: one step against a hand-computed optax update, and the
 per-device shard_map step against the jit step on 1 and 8 devices."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -35,12 +37,15 @@ def _state(run: spec.RunSpec, model, tx, seed: int = 0) -> dict:
   params = model.init(jax.random.key(seed), jnp.zeros((1, 8, 8, 3)), train=False)['params']
   rng = np.random.default_rng(seed)  # random weights everywhere (the head starts at zero)
   params = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), params)
-  return {
+  state = {
     'params': params,
     'opt_state': tx.init(params),
     'step': jnp.zeros((), jnp.int32),
     'rng': jax.random.key_data(jax.random.key(run.init.seed + 1)),
   }
+  if run.step.polyak_decay:
+    state['polyak'] = jax.tree.map(jnp.zeros_like, params)  # its start carries no weight
+  return state
 
 
 def test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulation():
@@ -83,8 +88,14 @@ def test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulati
       np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
+def _flat(tree) -> dict[str, np.ndarray]:
+  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]
+  return {'/'.join(str(k.key) for k in path): np.asarray(x) for path, x in flat}
+
+
 def _train(run: spec.RunSpec, devices, batches) -> tuple[dict, list[float]]:
-  """The spec's compiled step (jit or shard_map) on a mesh of `devices`, over `batches`."""
+  """The spec's compiled step (jit or shard_map) on a mesh of `devices`, over `batches`:
+  the final parameters (and Polyak average, as `polyak/...`) flat, and the losses."""
   mesh = parallel.create_mesh(devices)
   model = setup.build_model(run.model, num_classes=10)
   tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
@@ -100,8 +111,8 @@ def _train(run: spec.RunSpec, devices, batches) -> tuple[dict, list[float]]:
   for batch in batches:
     state, metrics = step_fn(state, parallel.global_batch(batch, parallel.batch_sharding(mesh)))
     losses.append(float(metrics['loss']))
-  flat = jax.tree_util.tree_flatten_with_path(jax.device_get(state['params']))[0]
-  return {'/'.join(str(k.key) for k in path): np.asarray(x) for path, x in flat}, losses
+  averaged = {f'polyak/{k}': v for k, v in _flat(state.get('polyak', {})).items()}
+  return _flat(state['params']) | averaged, losses
 
 
 # Stochastic depth (two blocks: the first never drops), mixup or CutMix per batch, label
@@ -116,14 +127,15 @@ REGULARISED = dict(
 @pytest.mark.parametrize('devices', [1, 8])
 def test_shard_map_step_equals_the_jit_step(devices, regularised):
   """Per-device loss and gradient, explicit pmean: the jit step's parameters after 4 steps
-  of SGD with momentum and clipping, with dropout (per-example keys) and 2 micro-batches
-  per device; and with stochastic depth, mixup/CutMix (the predecessor of a device's first
-  row is on the previous device) and label smoothing. (SGD: Adam would scale the rounding
-  noise of the attention key bias, whose gradient is zero, up to a full step; see
-  conftest.ZERO_GRADIENT.)"""
+  of SGD with momentum and clipping, with dropout (per-example keys), 2 micro-batches per
+  device and the Polyak average; and with stochastic depth, mixup/CutMix (the predecessor of
+  a device's first row is on the previous device) and label smoothing. (SGD: Adam would scale
+  the rounding noise of the attention key bias, whose gradient is zero, up to a full step;
+  see conftest.ZERO_GRADIENT.)"""
   overrides = dict(
     model__transformer__dropout_rate=0.1, accum_steps=2, total_steps=10, warmup_steps=1,
-    optimizer='sgd', base_lr=0.1, weight_decay=0.0, **(REGULARISED if regularised else {}),
+    optimizer='sgd', base_lr=0.1, weight_decay=0.0, polyak_decay=0.5,
+    **(REGULARISED if regularised else {}),
   )  # fmt: skip
   batches = _batches(4)
   mesh_devices = jax.devices()[:devices]
@@ -132,6 +144,7 @@ def test_shard_map_step_equals_the_jit_step(devices, regularised):
   np.testing.assert_allclose(sm_losses, jit_losses, atol=1e-6, rtol=0)
   assert len(set(np.round(jit_losses, 4))) == 4  # the steps trained
   assert sm_params.keys() == jit_params.keys()
+  assert sum(k.startswith('polyak/') for k in jit_params) == len(jit_params) // 2
   for k in jit_params:
     np.testing.assert_allclose(sm_params[k], jit_params[k], atol=1e-6, rtol=0, err_msg=k)
 
@@ -167,3 +180,44 @@ def test_shard_map_step_equals_the_jit_step_with_a_teacher(tmp_path):
   np.testing.assert_allclose(fsdp_losses, jit_losses, atol=1e-5, rtol=0)
   for k in jit_params:
     np.testing.assert_allclose(fsdp_params[k], jit_params[k], atol=1e-5, rtol=0, err_msg=k)
+
+
+@functools.cache  # each decay's run once for this module
+def _record_polyak(decay: float, n: int = 5) -> tuple[list[dict], dict, list[float]]:
+  """The raw parameters after each of `n` jit steps, the final state's average, the losses."""
+  run = _spec(optimizer='sgd', base_lr=0.3, total_steps=10, warmup_steps=1, polyak_decay=decay)
+  model = setup.build_model(run.model, num_classes=10)
+  tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
+  step_fn = jax.jit(steps.make_train_step(model, tx, schedule, run.step, 10, run.data.batch))
+  state, raw, losses = _state(run, model, tx), [], []
+  for batch in _batches(n):
+    state, metrics = step_fn(state, batch)
+    raw.append(_flat(state['params']))
+    losses.append(float(metrics['loss']))
+  return raw, _flat(state.get('polyak', {})), losses
+
+
+def test_polyak_average_equals_its_closed_form():
+  """After k steps: sum_s (1 - d) d^(k-s) p_s / (1 - d^k), from each step's raw parameters
+  (float64 here); the starting parameters carry no weight."""
+  decay, k = 0.9, 5
+  raw, averaged, _ = _record_polyak(decay, k)
+  weights = np.array([(1 - decay) * decay ** (k - s) for s in range(1, k + 1)]) / (1 - decay**k)
+  assert averaged.keys() == raw[0].keys()
+  apart = 0.0  # how far the average is from the last step's parameters
+  for key in averaged:
+    expected = sum(w * p[key].astype(np.float64) for w, p in zip(weights, raw, strict=True))
+    np.testing.assert_allclose(averaged[key], expected, atol=2e-6, rtol=0, err_msg=key)
+    apart = max(apart, np.abs(expected - raw[-1][key]).max())
+  assert apart > 0.01
+
+
+def test_polyak_decay_zero_keeps_the_state_and_the_training_as_before():
+  """decay 0: no average in the state; with an average, the raw parameters train identically."""
+  plain_raw, plain_average, plain_losses = _record_polyak(0.0)
+  raw, _, losses = _record_polyak(0.9)
+  assert plain_average == {}
+  assert losses == plain_losses
+  for before, after in zip(plain_raw, raw, strict=True):
+    for key in before:
+      np.testing.assert_array_equal(before[key], after[key], err_msg=key)

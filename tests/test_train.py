@@ -119,6 +119,8 @@ def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
   workdir, result = reference_run
   loaded = checkpoint.load(workdir)  # the run directory: its latest step (6)
   _assert_trees_close(loaded, jax.tree.map(np.asarray, result['params']), atol=0)
+  with pytest.raises(checkpoint.CheckpointError, match='polyak_decay > 0'):
+    checkpoint.fit(workdir, params_entry='polyak')
 
 
 def test_digits_trains_to_accuracy(tmp_path):
@@ -137,8 +139,11 @@ def test_digits_trains_to_accuracy(tmp_path):
 
 
 def test_one_and_eight_devices_agree(tmp_path):
-  """Same losses and parameters to 1e-5 on 1 device and on 8 (FSDP), with dropout on."""
-  config = tiny_config(model__transformer__dropout_rate=0.1, total_steps=4, eval_every=4)
+  """Same losses, parameters and Polyak average to 1e-5 on 1 device and on 8 (FSDP), with
+  dropout on."""
+  config = tiny_config(
+    model__transformer__dropout_rate=0.1, total_steps=4, eval_every=4, polyak_decay=0.9
+  )
   one = train.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices()[:1])
   config.sharding = 'fsdp'
   old = parallel.FSDP_MIN_SIZE
@@ -154,6 +159,7 @@ def test_one_and_eight_devices_agree(tmp_path):
   assert len(losses_one) == 4
   np.testing.assert_allclose(losses_one, losses_eight, atol=1e-5, rtol=0)
   assert_trained_params_close(_flat(one['params']), _flat(eight['params']), atol=1e-5)
+  assert_trained_params_close(_flat(one['polyak']), _flat(eight['polyak']), atol=1e-5)
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path):
@@ -208,6 +214,37 @@ def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   plain = [m['loss'] for m in _metrics(reference_run[0], ('loss',)) if 'loss' in m]
   # Step 1's loss is ln 10 for any targets (the head starts at zero); the others differ.
   assert np.abs(np.subtract(losses[0], plain))[1:].max() > 5e-3
+
+
+def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, compilation_cache):
+  """The same with the Polyak average in the state and few-shot evaluations at steps 3 and 6:
+  the average is restored exactly, and every metric line (few-shot and Polyak ones
+  included) is written again equal."""
+  config = tiny_config(polyak_decay=0.9, fewshot_every=3, fewshot__datasets=('digits',))
+  one = jax.devices()[:1]
+  ref = train.train_and_evaluate(config, str(tmp_path / 'ref'), devices=one)
+  resumed = str(tmp_path / 'resumed')
+  first = train.train_and_evaluate(config, resumed, devices=one, stop_after=3)
+  assert first['status'] == 'preempted'
+  second = train.train_and_evaluate(config, resumed, devices=one)
+  for key in ('params', 'polyak'):
+    _assert_trees_close(ref[key], second[key], atol=0)
+  lines = [{k: v for k, v in m.items() if k != 'img_per_sec'} for m in rundir.read_metrics(resumed)]
+  expected = [
+    {k: v for k, v in m.items() if k != 'img_per_sec'}
+    for m in rundir.read_metrics(tmp_path / 'ref')
+  ]
+  assert lines == expected
+  assert [m['step'] for m in lines if 'fewshot/digits/10shot' in m] == [3, 6]
+  assert [m['step'] for m in lines if 'polyak/accuracy_test' in m] == [3, 6]
+  last = rundir.last_evaluation(resumed)
+  assert second['polyak/accuracy_test'] == last['polyak/accuracy_test']
+  # The average exported as a file of its own, for predict and fine-tuning.
+  from vit_jax import checkpoint, convert
+
+  npz = str(tmp_path / 'polyak.npz')
+  convert.convert(resumed, npz, 'npz', params_entry='polyak', out=lambda line: None)
+  _assert_trees_close(checkpoint.load(npz), second['polyak'], atol=0)
 
 
 @pytest.fixture

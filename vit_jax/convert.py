@@ -1,7 +1,7 @@
 r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout, Hugging Face and timm.
 
   python -m vit_jax.convert SRC DST --to={npz,hf,timm} [--model=NAME] [--num_classes=K] \
-      [--resolution=R]
+      [--resolution=R] [--params=polyak]
   python -m vit_jax.convert --list [QUERY]     # the released checkpoints and their --model
 
 SRC is any format `vit_jax.checkpoint.read` reads (original/AugReg/big_vision .npz, a Hugging
@@ -10,9 +10,10 @@ layer is kept when the checkpoint has one. The checkpoint is fitted to the model
 `vit_jax.checkpoint.fit`: `--model` (default: the architecture read off the weights), with
 `--num_classes` classes (default: the checkpoint's; a different count gives a fresh zero head,
 0 drops the head) at `--resolution` pixels (default: the checkpoint's; another resizes the
-position embeddings as the original vit_jax fine-tuning does). The command prints what it read
-and wrote, and on any failure exits with status 1 and a one-line reason, leaving DST untouched;
-bad usage exits with status 2.
+position embeddings as the original vit_jax fine-tuning does). `--params=polyak` exports a
+training run's Polyak average (`config.polyak_decay`) instead of its parameters. The command
+prints what it read and wrote, and on any failure exits with status 1 and a one-line reason,
+leaving DST untouched; bad usage exits with status 2.
 """
 
 import json
@@ -95,6 +96,7 @@ def convert(
   num_classes: int | None = None,
   resolution: int | None = None,
   out: Callable[[str], None] = print,
+  params_entry: str = 'params',
 ) -> checkpoint.LoadReport:
   """Reads `src`, fits it to the model, writes `dst` as `to` (a key of WRITERS); returns the
   surgery's report."""
@@ -104,7 +106,7 @@ def convert(
     raise checkpoint.CheckpointError(
       f'--num_classes={num_classes}: must be >= 0 (0 drops the head)'
     )
-  fitted = checkpoint.fit(src, model, num_classes, resolution)
+  fitted = checkpoint.fit(src, model, num_classes, resolution, params_entry=params_entry)
   out(_read_line(src, fitted.found))
   written = WRITERS[to](fitted, dst)
   out(
@@ -136,6 +138,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "Image size in pixels (default: the checkpoint's); resizes posemb.",
     flag_values=flag_values,
   )
+  flags.DEFINE_enum(
+    'params',
+    'params',
+    ['params', 'polyak'],
+    "A training run's parameters, or its Polyak average (config.polyak_decay > 0).",
+    flag_values=flag_values,
+  )
   flags.DEFINE_bool(
     'list',
     False,
@@ -162,7 +171,7 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS) -> int:
     print('error: SRC, DST and --to are required (or --list)', file=sys.stderr)
     return 2
   try:
-    convert(*args, f.to, f.model, f.num_classes, f.resolution)
+    convert(*args, f.to, f.model, f.num_classes, f.resolution, params_entry=f.params)
   except checkpoint.CheckpointError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

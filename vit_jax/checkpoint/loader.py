@@ -100,10 +100,15 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
   return config, tree.match_registry(config)
 
 
-def _read(path: str | os.PathLike, heads: int | None) -> tuple[dict, Found, dict[str, Any]]:
-  """(the tree, what it is, the model fields the file states beyond its shapes)."""
+def _read(
+  path: str | os.PathLike, heads: int | None, params_entry: str = 'params'
+) -> tuple[dict, Found, dict[str, Any]]:
+  """(the tree, what it is, the model fields the file states beyond its shapes);
+  `params_entry='polyak'`: a training run's Polyak average instead of its parameters."""
   fmt = formats.detect_format(path)
-  restored, description = fmt.read(Path(path), num_heads=heads)
+  if params_entry != 'params' and fmt.name != 'orbax':
+    raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
+  restored, description = fmt.read(Path(path), num_heads=heads, params_entry=params_entry)
   fields = fmt.fields(Path(path))
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
@@ -174,6 +179,7 @@ def fit(
   *,
   keep_head: bool | None = None,
   init_params: Mapping[str, Any] | None = None,
+  params_entry: str = 'params',
   **surgery: Any,
 ) -> Fitted:
   """Reads the checkpoint at `path` and fits it to a runnable model.
@@ -193,6 +199,7 @@ def fit(
     init_params: the model's initialised tree (concrete leaves are the initial values of
       keys the checkpoint does not give), whose head sets the class count; None: the
       model's shapes at `resolution` (`jax.eval_shape`, nothing allocated).
+    params_entry: 'polyak' reads a training run's Polyak average (orbax checkpoints only).
     **surgery: `merge_pretrained` options: `dont_load`, `strict`, `pretrained_grid`,
       `resize_patch_embedding`.
 
@@ -203,7 +210,7 @@ def fit(
   config, name = _model_config(model)
   transformer = None if config is None else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, found, fields = _read(path, heads)
+  restored, found, fields = _read(path, heads, params_entry)
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
   elif isinstance(model, str):

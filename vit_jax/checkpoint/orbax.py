@@ -54,17 +54,18 @@ def _is_vit(tree: Any) -> bool:
   return isinstance(tree, Mapping) and 'embedding' in tree
 
 
-def _find_params(name: str, tree: Any) -> tuple[str, ...] | None:
-  """The path of the parameter tree inside an item's tree, or None."""
-  if name == 'params' and _is_vit(tree):
+def _find_params(name: str, tree: Any, entry: str = 'params') -> tuple[str, ...] | None:
+  """The path of the parameter tree `entry` ('params', or a training state's 'polyak')
+  inside an item's tree, or None."""
+  if name == entry and _is_vit(tree):
     return ()
-  if isinstance(tree, Mapping) and 'params' in tree:
-    sub = tree['params']
+  if isinstance(tree, Mapping) and entry in tree:
+    sub = tree[entry]
     if _is_vit(sub):
-      return ('params',)
+      return (entry,)
     if isinstance(sub, Mapping) and _is_vit(sub.get('params')):  # {'params': {'params': ...}}
-      return ('params', 'params')
-  if _is_vit(tree):
+      return (entry, 'params')
+  if _is_vit(tree) and entry == 'params':
     return ()
   return None
 
@@ -81,8 +82,11 @@ def _quiet_absl() -> Iterator[None]:
     logger.setLevel(level)
 
 
-def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
-  """Restores the parameters of an orbax checkpoint; returns (tree, description)."""
+def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tuple[dict, str]:
+  """Restores the parameters of an orbax checkpoint; returns (tree, description).
+
+  `params_entry='polyak'` restores a training run's Polyak average instead of its parameters.
+  """
   del unused
   import orbax.checkpoint as ocp  # heavy (tensorstore): only when an orbax checkpoint is read
 
@@ -102,7 +106,7 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
           tree = getattr(ocp.PyTreeCheckpointHandler().metadata(item.resolve()), 'tree', None)
       except Exception:  # not a PyTree item (e.g. JSON metadata)
         continue
-      where = _find_params(item.name, tree)
+      where = _find_params(item.name, tree, params_entry)
       if where is None:
         continue
       target = tree
@@ -128,6 +132,11 @@ def read(path: str | Path, **unused: Any) -> tuple[dict, str]:
       inside = '/'.join(where) or 'the whole item'
       return params, f'orbax (step {step}, item {item.name!r}, {inside})'
   names = ', '.join(c.name for c in items)
+  if params_entry != 'params':
+    raise CheckpointError(
+      f'{path}: no {params_entry!r} parameters in the orbax items ({names}); a training run '
+      'keeps its Polyak average only with --config.polyak_decay > 0'
+    )
   raise CheckpointError(
     f'{path}: no ViT parameters in the orbax items ({names}); expected an item named params or a'
     " tree with a 'params' entry"

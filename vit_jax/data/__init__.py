@@ -28,6 +28,7 @@ from vit_jax.data.sources import (
   FolderSource,
   Reader,
   Source,
+  Subset,
   TfdsSource,
   get_source,
 )
@@ -39,6 +40,7 @@ __all__ = [
   'Preprocessing',
   'Reader',
   'Source',
+  'Subset',
   'TfdsSource',
   'check_data_shards',
   'default_threads',

@@ -145,7 +145,7 @@ def _mask_unreadable(good: Records, names: tf.Tensor, size: int) -> Records:
   """Evaluation: unreadable slots and the slots past the records are zeros with mask 0."""
   readable, _ = _slots(good, size)
   slots = tf.cast(good['slot'][:, None], tf.int32)
-  keys = ('image', 'label')
+  keys = [k for k in good if k != 'slot']  # 'image', 'label' and any further fields
   out = tf.cond(
     tf.shape(slots)[0] == size,
     lambda: {k: good[k] for k in keys},
@@ -400,7 +400,11 @@ def eval_dataset(
   threads: int = 0,
 ) -> tf.data.Dataset:
   """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches; padding and unreadable
-  examples have mask 0, the unreadable ones `bad` = 1 and their `name`."""
+  examples have mask 0, the unreadable ones `bad` = 1 and their `name`.
+
+  Any other field of the source's examples (ImageNet ReaL's label sets, a subset's example
+  index) comes along unchanged, as zeros where the mask is 0.
+  """
   threads = threads or default_threads()
   size = group_size(local_batch)
 
@@ -408,22 +412,21 @@ def eval_dataset(
   def process(_, raw):
     example = source.example(raw)
     image = preprocess.eval_image(source.decode(example['image']), pp.crop)
-    return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
+    return {**example, 'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
   @_graph_fn
   def to_batch(raw):
     decoded = _decoded(raw, tf.constant(0, tf.int64), process, size)
     return decoded.map(lambda good: _mask_unreadable(good, raw['name'], size))
 
+  groups = source.chunks(split, size, process_index, process_count)
+  spec = groups.flat_map(to_batch).element_spec  # the fields a batch of this source holds
+
   @_graph_fn
   def padding(_):
-    return {
-      'image': tf.zeros([size, pp.crop, pp.crop, 3], tf.float32),
-      **{k: tf.zeros([size], tf.int32) for k in ('label', 'mask', 'bad')},
-      'name': tf.fill([size], ''),
-    }
+    zeros = {k: tf.zeros([size, *s.shape[1:]], s.dtype) for k, s in spec.items()}
+    return {**zeros, 'name': tf.fill([size], '')}
 
-  groups = source.chunks(split, size, process_index, process_count)
   then = tf.data.Dataset.range(_FOREVER).map(padding)
   ds = _batches(groups, to_batch, local_batch, size, threads, then=then)
   batches = num_eval_batches(source, split, local_batch, process_count)

@@ -96,8 +96,9 @@ class Source(abc.ABC):
     return f'{self.name!r} split {split!r} can only be read in order'
 
   def example(self, raw: Records) -> Records:
-    """`{'image', 'label'}` of a raw record."""
-    return {'image': raw['image'], 'label': raw['label']}
+    """`{'image', 'label'}` of a raw record, and its further fields but `name` (e.g. ImageNet
+    ReaL's label sets), which evaluation batches carry along."""
+    return {k: v for k, v in raw.items() if k != 'name'}
 
   def encoded(self, image: tf.Tensor) -> tf.Tensor:
     """A record's image as encoded bytes (sources of encoded images)."""
@@ -238,6 +239,8 @@ class TfdsSource(Source):
   (tfds' default) it is read in order, hosts reading `tfds.even_splits` shares.
   """
 
+  label_key = 'label'  # the builder's class-label feature
+
   def __init__(self, name: str, data_dir: str | None = None):
     self.name = name
     self.builder = tfds.builder(name, data_dir=data_dir)
@@ -248,7 +251,7 @@ class TfdsSource(Source):
   def class_names(self) -> list[str]:
     """The label names the builder declares, if it declares one per class."""
     try:
-      names = list(self.builder.info.features['label'].names)
+      names = list(self.builder.info.features[self.label_key].names)
     except (KeyError, AttributeError):  # no 'label' feature, or not a ClassLabel
       names = []
     return names if len(names) == self.num_classes else super().class_names()
@@ -256,7 +259,7 @@ class TfdsSource(Source):
   # Hooks for datasets whose label is derived from other features (vtab.VtabSource).
   def declared_classes(self) -> int:
     """The number of classes."""
-    return self.builder.info.features['label'].num_classes
+    return self.builder.info.features[self.label_key].num_classes
 
   def tfds_split(self, split: str) -> str:
     """The tfds split string behind `split`."""
@@ -267,8 +270,9 @@ class TfdsSource(Source):
     return {'image': tfds.decode.SkipDecoding()}
 
   def from_features(self, features: Records) -> Records:
-    """`{'image', 'label'}` from the decoded tfds features."""
-    return {'image': features['image'], 'label': features['label']}
+    """`{'image', 'label'}` (and any further fields of the example) from the decoded tfds
+    features."""
+    return {'image': features['image'], 'label': features[self.label_key]}
 
   @property
   def file_format(self) -> str:
@@ -363,6 +367,79 @@ class TfdsSource(Source):
       f'its position; `tfds build {self.builder.name} --file_format=array_record` makes '
       'resuming free'
     )
+
+
+class Subset(Source):
+  """Chosen examples of one split of `base` (positions in the split's full order), each
+  record with its position as `index` (int32); hosts read every `process_count`-th one.
+  Read by index where `base` is."""
+
+  def __init__(self, base: Source, split: str, indices):
+    self.base, self.split = base, split
+    self.name, self.num_classes = base.name, base.num_classes
+    self.holds_pixels = base.holds_pixels
+    self.indices = sorted({int(i) for i in indices})
+
+  def _check(self, split: str) -> None:
+    if split != self.split:
+      raise ValueError(f'This subset holds split {self.split!r} of {self.name!r}, not {split!r}.')
+
+  def reader(self, split: str, process_index: int = 0, process_count: int = 1) -> Reader | None:
+    self._check(split)
+    base = self.base.reader(split)
+    if base is None:
+      return None
+    if self.indices and self.indices[-1] >= base.size:
+      raise ValueError(f'Subset position {self.indices[-1]} is past {split!r} of {self.name}.')
+    positions = tf.constant(self.indices[process_index::process_count], tf.int64)
+
+    def fetch(indices):
+      chosen = tf.gather(positions, indices)
+      return {**base.fetch(chosen), 'index': tf.cast(chosen, tf.int32)}
+
+    return Reader(int(positions.shape[0]), fetch)
+
+  def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
+    if self.reader(split) is not None:
+      return super().records(split, process_index, process_count)
+    keep = [False] * (self.indices[-1] + 1 if self.indices else 0)
+    for i in self.indices:
+      keep[i] = True
+    table = tf.constant(keep, tf.bool)
+
+    @tf.autograph.experimental.do_not_convert
+    def chosen(i, _):
+      return tf.gather(table, i)
+
+    @tf.autograph.experimental.do_not_convert
+    def with_index(i, record):
+      return {**record, 'index': tf.cast(i, tf.int32)}
+
+    ds = self.base.records(split).enumerate().take(len(keep)).filter(chosen).map(with_index)
+    return ds.shard(process_count, process_index)
+
+  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
+    self._check(split)
+    return len(self.indices[process_index::process_count])
+
+  def example(self, raw: Records) -> Records:
+    rest = {k: v for k, v in raw.items() if k != 'index'}
+    return {**self.base.example(rest), 'index': raw['index']}
+
+  def encoded(self, image: tf.Tensor) -> tf.Tensor:
+    return self.base.encoded(image)
+
+  def adjust(self, pixels: tf.Tensor) -> tf.Tensor:
+    return self.base.adjust(pixels)
+
+  def decode(self, image: tf.Tensor) -> tf.Tensor:
+    return self.base.decode(image)
+
+  def in_order_cost(self, split: str) -> str:
+    return self.base.in_order_cost(split)
+
+  def class_names(self) -> list[str]:
+    return self.base.class_names()
 
 
 def get_source(dataset: str, data_dir: str | None = None) -> Source:

@@ -8,8 +8,11 @@ Polyak averaging) and the fine-tuning table of the google-research/vision_transf
 
 Keys: model = registry name ('ViT-B_16', 'R50+ViT-B_16'); pretrain = 'imagenet2012',
 'imagenet21k' or 'jft300m'; dataset = the tfds name ('cifar10', 'imagenet2012',
-'imagenet2012_real' for ImageNet ReaL, 'oxford_iiit_pet', 'oxford_flowers102') or 'vtab'
-for the 19-task VTAB-1k mean. Accuracies are in percent.
+'imagenet2012_real' for ImageNet ReaL, 'oxford_iiit_pet', 'oxford_flowers102'), 'vtab'
+for the 19-task VTAB-1k mean, or 'fewshot/<tfds name>/<n>shot' for linear few-shot accuracy
+on frozen features (the training metric of that name, vit_jax/fewshot.py). Accuracies are in
+percent. Each number carries the setting it was measured in (crop, Polyak decay) where the
+source gives it, so that a run in another setting is not compared as if it were like.
 """
 
 import dataclasses
@@ -38,6 +41,8 @@ class Reference:
   std: float | None = None
   dropout: float | None = None  # README rows: the fine-tuning dropout of that column
   note: str = ''
+  crop: int | None = None  # the fine-tuning resolution, where the source gives it
+  polyak: float = 0.0  # the Polyak averaging decay of the fine-tuning (0: none)
 
 
 _T2_COLUMNS = (('ViT-H_14', 'jft300m'), ('ViT-L_16', 'jft300m'), ('ViT-L_16', 'imagenet21k'))
@@ -50,11 +55,15 @@ _T2 = {
   'oxford_flowers102': ((99.68, 0.02), (99.74, 0.00), (99.61, 0.02)),
   'vtab': ((77.63, 0.23), (76.28, 0.46), (72.72, 0.21)),
 }
-# ImageNet fine-tuning in Table 2 ran at 512 px (L/16) or 518 px (H/14) with Polyak averaging.
-_T2_NOTE = {
-  'imagenet2012': '512/518 px, Polyak 0.9999',
-  'imagenet2012_real': '512/518 px, Polyak 0.9999',
-}
+# ImageNet fine-tuning in Table 2 ran at 512 px (L/16) or 518 px (H/14) with Polyak averaging
+# 0.9999; the other columns at 384 px (Table 4's resolution).
+_T2_IMAGENET = ('imagenet2012', 'imagenet2012_real')
+_T2_IMAGENET_CROP = {'ViT-H_14': 518, 'ViT-L_16': 512}
+_T2_POLYAK = 0.9999
+
+# Table 8: ImageNet 5-shot linear accuracy of ViT-B/16 pretrained on JFT-300M, by position
+# embedding; the learned 1-D embedding is the models' default ('learn').
+_T8 = {'fewshot/imagenet2012/5shot': 64.206}
 
 _T5_MODELS = ('ViT-B_16', 'ViT-B_32', 'ViT-L_16', 'ViT-L_32', 'ViT-H_14')
 _T5 = {
@@ -118,13 +127,19 @@ def _build() -> tuple[Reference, ...]:
   refs = []
   for dataset, cells in _T2.items():
     for (model, pretrain), (acc, std) in zip(_T2_COLUMNS, cells, strict=True):
-      note = _T2_NOTE.get(dataset, 'mean ± std of 3 runs')
-      refs.append(Reference('Table 2', model, pretrain, dataset, acc, std, note=note))
+      imagenet = dataset in _T2_IMAGENET
+      crop, polyak = (_T2_IMAGENET_CROP[model], _T2_POLYAK) if imagenet else (384, 0.0)
+      note = f'{crop} px' + (f', Polyak {polyak}' if polyak else '') + ', mean ± std of 3 runs'
+      ref = Reference('Table 2', model, pretrain, dataset, acc, std, note=note, crop=crop)
+      refs.append(dataclasses.replace(ref, polyak=polyak))
   for pretrain, rows in _T5.items():
     for dataset, cells in rows.items():
       for model, acc in zip(_T5_MODELS, cells, strict=True):
         if acc is not None:
-          refs.append(Reference('Table 5', model, pretrain, dataset, acc, note='384 px'))
+          refs.append(Reference('Table 5', model, pretrain, dataset, acc, note='384 px', crop=384))
+  for dataset, acc in _T8.items():
+    note = 'learned 1-D position embedding'
+    refs.append(Reference('Table 8', 'ViT-B_16', 'jft300m', dataset, acc, note=note))
   for model, rows in _README.items():
     for dataset, cells in rows.items():
       for dropout, acc in zip((0.0, 0.1), cells, strict=True):
@@ -137,12 +152,21 @@ def _build() -> tuple[Reference, ...]:
             acc,
             dropout=dropout,
             note='384 px, 10k/20k steps',
+            crop=384,
           )
         )
   return tuple(refs)
 
 
 REFERENCES: tuple[Reference, ...] = _build()
+
+
+def title(dataset: str) -> str:
+  """A dataset key as the tables name it: 'CIFAR-10', 'ImageNet 5-shot linear'."""
+  if dataset.startswith('fewshot/'):
+    _, name, shots = dataset.split('/')
+    return f'{DATASET_TITLES.get(name, name)} {shots.removesuffix("shot")}-shot linear'
+  return DATASET_TITLES.get(dataset, dataset)
 
 
 def references(

@@ -3,12 +3,18 @@ r"""Measured accuracies beside the paper's: markdown, CSV and a bar chart from r
   python -m vit_jax.reproduce report runs/ [more dirs...] [--out=reports/ours] [--csv]
 
 Every directory under the given paths that holds a run (`config.json` and `metrics.jsonl`)
-is read: the model, the dataset, the pretraining checkpoint, the fine-tuning dropout and the
-last `accuracy_test`. Runs of the same (model, pretraining, dataset, dropout) are one row:
-mean ± std over the runs (seeds). Each row is printed beside every published number that
-applies (paper Table 2, Table 5, the original README's table; `vit_jax.reproduce.paper`),
-with the difference. VTAB-1k runs (`vtab/<task>` datasets) are averaged over the 19 tasks
-and compared with Table 2's VTAB column.
+is read: the model, the dataset, the pretraining checkpoint, the fine-tuning dropout, crop
+and Polyak decay, and the last evaluation: `accuracy_test` (the Polyak average's,
+`polyak/accuracy_test`, when the run kept one), ImageNet ReaL (`accuracy_real`) when the run
+measured it, and the last few-shot accuracies (`fewshot/<dataset>/<n>shot`). Runs of the
+same (model, pretraining, dataset, dropout) are one row: mean ± std over the runs (seeds).
+Each row is printed beside every published number that applies (paper Tables 2, 5 and 8,
+the original README's table; `vit_jax.reproduce.paper`), with the difference; a row whose
+crop or Polyak averaging differs from the published setting (Table 2's ImageNet cells: 512
+or 518 px and Polyak 0.9999) says so in its note. VTAB-1k runs (`vtab/<task>` datasets) are
+averaged over the 19 tasks and compared with Table 2's VTAB column. Few-shot rows name the
+data the features were trained on: the run's dataset for a run from scratch, else
+`<pretraining>+<dataset>`.
 
 Runs evaluated on a development split (part of the training data, e.g. the learning-rate
 sweep's dev runs, or VTAB's val200) are never reported as test accuracy: they are counted
@@ -21,7 +27,7 @@ import io
 import os
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from etils import epath
@@ -39,7 +45,7 @@ class Run:
   dataset: str
   pretrain: str
   dropout: float
-  accuracy: float  # %, the last evaluation
+  accuracy: float  # %, the last evaluation (the Polyak average's, if the run kept one)
   step: int
   total_steps: int
   eval_split: str
@@ -47,6 +53,9 @@ class Run:
   crop: int
   seed: int
   base_lr: float
+  polyak: float = 0.0  # the Polyak averaging decay (0: none)
+  # Further measurements, %: 'imagenet2012_real', 'fewshot/<dataset>/<n>shot'.
+  extra: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
   def complete(self) -> bool:
@@ -91,21 +100,41 @@ def infer_pretrain(config: dict) -> str:
   return 'unknown'
 
 
+def _measured(
+  evaluation: Mapping, metrics: Sequence[Mapping], polyak: float
+) -> tuple[float, dict[str, float]]:
+  """(test accuracy, further measurements) in %, from the last evaluation and few-shot lines;
+  the Polyak average's numbers where the run kept one."""
+  prefix = 'polyak/' if polyak and 'polyak/accuracy_test' in evaluation else ''
+  extra = {}
+  if prefix + 'accuracy_real' in evaluation:
+    extra['imagenet2012_real'] = 100 * float(evaluation[prefix + 'accuracy_real'])
+  fewshot = [m for m in metrics if any(k.startswith('fewshot/') for k in m)]
+  for key, value in (fewshot[-1] if fewshot else {}).items():
+    if key.startswith('fewshot/') and '/l2_' not in key:
+      extra[key] = 100 * float(value)
+  return 100 * float(evaluation[prefix + 'accuracy_test']), extra
+
+
 def read_run(path: str, pretrain: str | None = None) -> Run | None:
   """The run in `path`, or None when it has no evaluation yet."""
   config = rundir.read_config(path)
-  evaluation = rundir.last_evaluation(path)
-  if evaluation is None:
+  metrics = rundir.read_metrics(path)
+  evaluations = [m for m in metrics if 'accuracy_test' in m]
+  if not evaluations:
     return None
+  evaluation = evaluations[-1]
   model_config = config.get('model') or {}
   pp = config.get('pp') or {}
+  polyak = float(config.get('polyak_decay') or 0.0)
+  accuracy, extra = _measured(evaluation, metrics, polyak)
   return Run(
     path=path,
     model=config.get('model_name') or '?',
     dataset=config.get('dataset', '?'),
     pretrain=pretrain or infer_pretrain(config),
     dropout=float((model_config.get('transformer') or {}).get('dropout_rate', 0.0)),
-    accuracy=100 * float(evaluation['accuracy_test']),
+    accuracy=accuracy,
     step=int(evaluation['step']),
     total_steps=rundir.total_steps(config),
     eval_split=str(pp.get('test', 'test')),
@@ -113,6 +142,8 @@ def read_run(path: str, pretrain: str | None = None) -> Run | None:
     crop=int(pp.get('crop', 0)),
     seed=int(config.get('seed', 0)),
     base_lr=float(config.get('base_lr', 0.0)),
+    polyak=polyak,
+    extra=extra,
   )
 
 
@@ -182,28 +213,55 @@ def _left_out(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
   return test_runs, notes
 
 
+def _setting(crops: Sequence[int], polyak: float) -> str:
+  return f'{"/".join(map(str, sorted(set(crops))))} px' + (f', Polyak {polyak:g}' if polyak else '')
+
+
+def _unlike(ref: paper.Reference, crops: Sequence[int], polyak: float) -> bool:
+  """Whether runs at `crops` with Polyak decay `polyak` differ from the reference's setting."""
+  other_crop = ref.crop is not None and set(crops) != {ref.crop}
+  return other_crop or abs(polyak - ref.polyak) > 1e-12
+
+
 def _beside_the_paper(
-  base: dict, refs: Sequence[paper.Reference], note: str, paper_note: bool
+  base: dict, refs: Sequence[paper.Reference], note: str, paper_note: bool, setting=None
 ) -> list[Row]:
   """One row per paper reference of `base` (the note adds the reference's own with
-  `paper_note`), or one row without the paper when it has none."""
+  `paper_note`, and says when the runs' `setting`, (crops, polyak), is not the reference's),
+  or one row without the paper when it has none."""
   if not refs:
     return [Row(**base, note=note)]
   rows = []
   for ref in refs:
     both = f'ours {note}' + (f'; paper {ref.note}' if ref.note else '') if paper_note else note
+    if setting is not None and _unlike(ref, *setting):
+      both = f'not like for like: {both}'
     rows.append(Row(**base, source=ref.source, paper=ref.accuracy, paper_std=ref.std, note=both))
   return rows
 
 
+def _measurements(run: Run) -> dict[tuple[str, str], float]:
+  """{(pretraining data, dataset key): %} of one run: its test accuracy, and the extra ones
+  (few-shot features come from the run's own training, on top of its pretraining)."""
+  out = {(run.pretrain, run.dataset): run.accuracy}
+  for key, value in run.extra.items():
+    upstream = run.pretrain
+    if key.startswith('fewshot/'):
+      scratch = run.pretrain == 'scratch'
+      upstream = run.dataset if scratch else f'{run.pretrain}+{run.dataset}'
+    out[upstream, key] = value
+  return out
+
+
 def _dataset_rows(runs: Sequence[Run]) -> list[Row]:
   """Runs of one (model, pretraining, dataset, dropout) averaged, beside the paper's."""
-  groups: dict[tuple, list[Run]] = {}
+  groups: dict[tuple, list[tuple[Run, float]]] = {}
   for r in runs:
-    groups.setdefault((r.model, r.pretrain, r.dataset, r.dropout), []).append(r)
+    for (pretrain, dataset), value in _measurements(r).items():
+      groups.setdefault((r.model, pretrain, dataset, r.dropout), []).append((r, value))
   rows = []
   for (model, pretrain, dataset, dropout), members in sorted(groups.items()):
-    mean, std = _mean_std([m.accuracy for m in members])
+    mean, std = _mean_std([value for _, value in members])
     base = dict(
       model=model,
       pretrain=pretrain,
@@ -213,9 +271,13 @@ def _dataset_rows(runs: Sequence[Run]) -> list[Row]:
       ours=mean,
       ours_std=std if len(members) > 1 else None,  # one run has no spread
     )
-    note = f'{"/".join(map(str, sorted({m.crop for m in members})))} px'
+    crops = [m.crop for m, _ in members]
+    polyak = max(m.polyak for m, _ in members)
+    note = _setting(crops, polyak)
+    if len({m.polyak for m, _ in members}) > 1:
+      note += ' (some runs without)'
     refs = paper.references(model, pretrain, dataset, dropout)
-    rows += _beside_the_paper(base, refs, note, paper_note=True)
+    rows += _beside_the_paper(base, refs, note, paper_note=True, setting=(crops, polyak))
   return rows
 
 
@@ -271,7 +333,7 @@ def format_markdown(rows: Sequence[Row]) -> str:
     '|---|---|---|---|---|---|---|---|---|---|',
   ]
   for r in rows:
-    title = paper.DATASET_TITLES.get(r.dataset, r.dataset)
+    title = paper.title(r.dataset)
     diff = '-' if r.diff is None else f'{r.diff:+.2f}'
     lines.append(
       f'| {r.model} | {r.pretrain} | {title} | {r.dropout:g} | {r.runs} | '
@@ -324,10 +386,7 @@ def plot(rows: Sequence[Row], path: str) -> str | None:
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
 
-  labels = [
-    f'{r.model}\n{paper.DATASET_TITLES.get(r.dataset, r.dataset)}\n{r.pretrain}\n{r.source}'
-    for r in compared
-  ]
+  labels = [f'{r.model}\n{paper.title(r.dataset)}\n{r.pretrain}\n{r.source}' for r in compared]
   x = np.arange(len(compared))
   fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(compared) + 2), 5.5))
   ax.bar(

@@ -5,7 +5,8 @@ and at the last step):
   Progress     clu's ReportProgress: writes the training line of metrics.jsonl (loss,
                learning rate, gradient norm, img/s without compilation, evaluation and
                checkpoint time) and draws the progress line.
-  Evaluator    an exact pass over the test split (PeriodicCallback).
+  Evaluator    an exact pass over the test split (and ImageNet ReaL, and the Polyak
+               average's), or the few-shot linear evaluation (PeriodicCallbacks).
   Saver        an orbax checkpoint of the state (PeriodicCallback).
   Profile      clu's Profile: a trace of `profile_steps` steps for TensorBoard's profile plugin.
 Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics of the
@@ -30,8 +31,6 @@ from clu import metric_writers, periodic_actions, profiler
 from vit_jax import data as data_lib
 from vit_jax import distributed, events, files, rundir
 from vit_jax.train import state as state_lib
-
-EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test', 'bad_test_images')
 
 
 class NonFiniteGuard:
@@ -226,23 +225,43 @@ def every(
   )
 
 
-class Evaluator:
-  """Evaluates the state's parameters (`evaluate(params)`) and writes the result."""
+def describe_evaluation(results: dict[str, Any]) -> str:
+  """The test-split line of the progress output."""
+  text = (
+    f'accuracy_test {results["accuracy_test"]:.4f} (top-5 {results["accuracy_test_top5"]:.4f}, '
+    f'{results["num_test"]} examples)'
+  )
+  if 'accuracy_real' in results:
+    text += f', ReaL {results["accuracy_real"]:.4f}'
+  if 'polyak/accuracy_test' in results:
+    text += f', Polyak {results["polyak/accuracy_test"]:.4f}'
+  return text
 
-  def __init__(self, evaluate: Callable, guard, writer, progress: Progress):
+
+class Evaluator:
+  """Evaluates the state (`evaluate(state)` -> scalars), writes the scalars and a line."""
+
+  def __init__(
+    self,
+    evaluate: Callable,
+    guard,
+    writer,
+    progress: Progress,
+    *,
+    name='eval',
+    describe: Callable[[dict], str] = describe_evaluation,
+  ):
     self._evaluate, self._guard, self._writer, self._progress = evaluate, guard, writer, progress
+    self._name, self._describe = name, describe
     self.last: dict[str, Any] = {}
 
   def __call__(self, step: int, t: float, state: dict[str, Any]) -> None:
     del t
-    with self._progress.timed('eval', wait_jax_async_dispatch=False):
+    with self._progress.timed(self._name, wait_jax_async_dispatch=False):
       self._guard.check()
-      self.last = self._evaluate(state['params'])
-      self._writer.write_scalars(step, {k: self.last[k] for k in EVAL_KEYS if k in self.last})
-      self._progress.message(
-        f'step {step}: accuracy_test {self.last["accuracy_test"]:.4f} '
-        f'(top-5 {self.last["accuracy_test_top5"]:.4f}, {self.last["num_test"]} examples)'
-      )
+      self.last = self._evaluate(state)
+      self._writer.write_scalars(step, self.last)
+      self._progress.message(f'step {step}: {self._describe(self.last)}')
 
 
 class Saver:

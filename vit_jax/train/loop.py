@@ -13,6 +13,7 @@ stops the run before any checkpoint of the bad state is written.
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import distributed, files, optim, parallel, rundir
+from vit_jax import distributed, fewshot, files, optim, parallel, rundir
 from vit_jax.train import actions, distill, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -33,11 +34,13 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _eval_batches(setup: Setup, bad: data_lib.BadExamples) -> Iterator[dict]:
+def _eval_sums(eval_step, params, setup: Setup, source, split: str, batch_sharding, what: str):
+  """(the eval step's sums over one exact pass of `split`, padding and unreadable images
+  masked; an error naming the first unreadable image, unless `skip_bad_test_images`)."""
   data = setup.spec.data
   ds = data_lib.eval_dataset(
-    setup.source,
-    data.pp.test,
+    source,
+    split,
     local_batch=parallel.local_batch_size(data.batch_eval),
     pp=setup.pp_eval,
     process_index=jax.process_index(),
@@ -45,36 +48,56 @@ def _eval_batches(setup: Setup, bad: data_lib.BadExamples) -> Iterator[dict]:
     prefetch=data.prefetch,
     threads=data.input_threads,
   )
-  return (bad.take(local) for local in data_lib.host_batches(ds))
+  bad = data_lib.BadExamples(what)
+  totals = None
+  for local in data_lib.host_batches(ds):
+    sums = eval_step(params, parallel.global_batch(bad.take(local), batch_sharding))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = jax.device_get(totals)
+  unreadable = int(totals['bad'])
+  if unreadable and not data.skip_bad_test_images:
+    raise ValueError(
+      f'Unreadable {what} image {bad.first()} ({unreadable} in all): evaluation counts every '
+      f'{what} image; fix or remove it (or set --config.skip_bad_test_images=True to leave it '
+      'out).'
+    )
+  return totals
 
 
 def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
-  """One exact pass over the test split: every example counted once (padding is masked).
+  """One exact pass over the test split: every example counted once (padding is masked);
+  and ImageNet ReaL when configured.
 
   An unreadable test image is an error naming it, or with `skip_bad_test_images` left out
   of the count (`bad_test_images`).
   """
-  bad = data_lib.BadExamples('test')
-  totals = None
-  for local in _eval_batches(setup, bad):
-    sums = eval_step(params, parallel.global_batch(local, batch_sharding))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
-  count, unreadable = int(totals['count']), int(totals['bad'])
-  if unreadable and not setup.spec.data.skip_bad_test_images:
-    raise ValueError(
-      f'Unreadable test image {bad.first()} ({unreadable} in all): evaluation counts every '
-      'test image; fix or remove it (or set --config.skip_bad_test_images=True to leave it out).'
-    )
-  metrics = {
+  test = setup.spec.data.pp.test
+  totals = _eval_sums(eval_step, params, setup, setup.source, test, batch_sharding, 'test')
+  count = int(totals['count'])
+  results = {
     'accuracy_test': float(totals['correct']) / count,
     'accuracy_test_top5': float(totals['correct_top5']) / count,
     'loss_test': float(totals['loss']) / count,
     'num_test': count,
   }
-  if unreadable:
-    metrics['bad_test_images'] = unreadable
-  return metrics
+  if totals['bad']:
+    results['bad_test_images'] = int(totals['bad'])
+  if setup.real_source is not None:
+    split = setup.spec.evals.real_split
+    real = _eval_sums(eval_step, params, setup, setup.real_source, split, batch_sharding, 'ReaL')
+    results['accuracy_real'] = float(real['real_correct']) / max(1, int(real['real_count']))
+    results['num_real'] = int(real['real_count'])
+  return results
+
+
+def evaluate_state(evaluate_params: Callable, state: dict) -> dict[str, float]:
+  """The parameters' evaluation, and the Polyak average's as `polyak/...` (counts aside)."""
+  results = evaluate_params(state['params'])
+  if 'polyak' in state:
+    averaged = evaluate_params(state['polyak'])
+    counts = ('num_test', 'num_real', 'bad_test_images')
+    results |= {f'polyak/{k}': v for k, v in averaged.items() if k not in counts}
+  return results
 
 
 def _train_batches(
@@ -193,6 +216,45 @@ def _why(notes: dict[int, str]) -> str:
   )
 
 
+def _fewshot_action(setup: Setup, lay, guard, writer, progress) -> actions.Evaluator:
+  """The few-shot linear evaluation of the state's parameters (vit_jax/fewshot.py)."""
+  spec = setup.spec
+  features = fewshot.compile_features(setup.model, lay.shardings['params'], setup.mesh)
+  evaluate = fewshot.Evaluator(
+    setup.fewshot_tasks,
+    spec.evals.fewshot,
+    features,
+    setup.pp_eval,
+    spec.data.batch_eval,
+    setup.mesh,
+  )
+  return actions.Evaluator(
+    lambda state: evaluate(state['params']),
+    guard,
+    writer,
+    progress,
+    name='fewshot',
+    describe=fewshot.describe,
+  )
+
+
+def _evaluators(setup: Setup, lay, guard, writer, progress) -> tuple[actions.Evaluator, list]:
+  """The test split's evaluator, and the evaluation callbacks (with the few-shot one)."""
+  spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
+  eval_step = steps.compile_eval_step(setup.model, setup.num_classes, lay.shardings['params'], mesh)
+  evaluate_params = functools.partial(
+    evaluate, eval_step, setup=setup, batch_sharding=parallel.batch_sharding(mesh)
+  )
+  evaluator = actions.Evaluator(
+    functools.partial(evaluate_state, evaluate_params), guard, writer, progress
+  )
+  callbacks = [actions.every(spec.loop.eval_every, total, evaluator)]
+  if setup.fewshot_tasks:
+    action = _fewshot_action(setup, lay, guard, writer, progress)
+    callbacks.append(actions.every(spec.evals.fewshot_every, total, action))
+  return evaluator, callbacks
+
+
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   start = int(meta['step'])
@@ -204,8 +266,6 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, wr
     spec, setup.model, tx, schedule, setup.num_classes, mesh, lay.shardings,
     setup.teacher, teacher_params,
   )  # fmt: skip
-  eval_step = steps.compile_eval_step(setup.model, setup.num_classes, lay.shardings['params'], mesh)
-  batch_sharding = parallel.batch_sharding(mesh)
   bad = data_lib.BadExamples('training')
   guard = actions.NonFiniteGuard(
     checkpoints, bad, int(meta.get('bad_images', 0)), spec.data.skip_bad_images
@@ -217,20 +277,16 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, wr
     guard=guard,
     writer=writer,
   )
-  evaluator = actions.Evaluator(
-    lambda params: evaluate(eval_step, params, setup, batch_sharding), guard, writer, progress
-  )
+  evaluator, callbacks = _evaluators(setup, lay, guard, writer, progress)
   saver = actions.Saver(checkpoints, guard, progress, spec.data.batch, data_shards)
+  callbacks.append(actions.every(spec.loop.checkpoint_every, total, saver))
   return _Parts(
     total_steps=total,
     train_step=train_step,
     batches=_train_batches(setup, start, data_shards, bad),
     guard=guard,
     progress=progress,
-    callbacks=(
-      actions.every(spec.loop.eval_every, total, evaluator),
-      actions.every(spec.loop.checkpoint_every, total, saver),
-    ),
+    callbacks=tuple(callbacks),
     profile=actions.make_profile(workdir, spec.loop.profile_steps, start, total),
     evaluator=evaluator,
     saver=saver,
@@ -241,7 +297,7 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, wr
 def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
   """The last evaluation of this call, or of the run before it (an already finished run)."""
   last = parts.evaluator.last or rundir.last_evaluation(workdir) or {}
-  return {k: v for k, v in last.items() if k in actions.EVAL_KEYS}
+  return {k: v for k, v in last.items() if k != 'step'}
 
 
 def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
@@ -269,8 +325,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) 
   return {
     'status': status,
     'step': step,
-    'params': state['params'],
-    'opt_state': state['opt_state'],
+    **{k: state[k] for k in ('params', 'opt_state', 'polyak') if k in state},
     **_evaluation_of(parts, workdir),
   }
 
@@ -291,7 +346,8 @@ def train_and_evaluate(
 
   Returns:
     {'step': last step, 'status': 'done' | 'preempted', 'params' and 'opt_state' (final,
-    on the mesh), and the last evaluation's metrics}.
+    on the mesh; and 'polyak', the parameters' average, with polyak_decay), and the last
+    evaluation's metrics}.
   """
   spec = config if isinstance(config, spec_lib.RunSpec) else spec_lib.from_config(config)
   setup = prepare(spec, workdir, devices)

@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import data as data_lib
-from vit_jax import files, parallel, rundir
+from vit_jax import fewshot, files, parallel, rundir
+from vit_jax.data import real
 from vit_jax.models import VisionTransformer, model_from_config
 from vit_jax.train import distill
 from vit_jax.train import spec as spec_lib
@@ -40,6 +41,9 @@ class Setup:
   # The distillation teacher and its parameters on the host (float32), or None.
   teacher: distill.Teacher | None = None
   teacher_params: Any = None
+  # The extra evaluations' data: few-shot datasets (vit_jax.fewshot.Task), ImageNet ReaL.
+  fewshot_tasks: tuple = ()
+  real_source: data_lib.Source | None = None
 
   @property
   def num_classes(self) -> int:
@@ -121,6 +125,29 @@ def _source(data: spec_lib.Data) -> tuple[data_lib.Source, int]:
   return source, num_classes
 
 
+def _extra_sources(
+  spec: spec_lib.RunSpec, num_classes: int
+) -> tuple[tuple, data_lib.Source | None]:
+  """The few-shot datasets and the ReaL labels the spec asks for, opened and checked."""
+  data_dir, evals = spec.data.tfds_data_dir or None, spec.evals
+  tasks = fewshot.open_tasks(evals.fewshot.datasets, data_dir) if evals.fewshot_every else ()
+  real_source = None
+  if evals.real_split:
+    try:
+      real_source = real.RealSource(data_dir)
+      real_source.num_examples(evals.real_split)
+    except Exception as e:  # tfds raises many kinds for a dataset that is not prepared
+      raise ValueError(
+        f'ImageNet ReaL (config.real_split={evals.real_split!r}): {str(e).splitlines()[0]}'
+      ) from e
+    if num_classes != real_source.num_classes:
+      raise ValueError(
+        f'config.real_split needs a {real_source.num_classes}-class ImageNet model; this one '
+        f'has {num_classes} classes.'
+      )
+  return tasks, real_source
+
+
 def _total_steps(spec: spec_lib.RunSpec, source: data_lib.Source) -> int:
   total_steps = spec.loop.total_steps
   if spec.loop.total_epochs:
@@ -166,6 +193,7 @@ def prepare(
   resuming = rundir.latest_step(workdir) is not None
   pretrained_path = None if resuming else resolve_pretrained_path(spec)
   source, num_classes = _source(spec.data)
+  fewshot_tasks, real_source = _extra_sources(spec, num_classes)
   total_steps = _total_steps(spec, source)
   mesh = parallel.create_mesh(devices)
   _check_batches(spec, mesh)
@@ -193,4 +221,6 @@ def prepare(
     pretrained_path=pretrained_path,
     teacher=teacher,
     teacher_params=teacher_params,
+    fewshot_tasks=fewshot_tasks,
+    real_source=real_source,
   )

@@ -190,6 +190,9 @@ class Step:
   # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
   sharding: Any = 'replicate'
   distill: Distill = Distill()
+  # Polyak averaging: an exponential moving average of the parameters with this decay, kept
+  # in the state beside them and evaluated as `polyak/...` (0 = off; the paper's 0.9999).
+  polyak_decay: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +213,32 @@ class Loop:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fewshot:
+  """`config.fewshot`: linear few-shot evaluation on frozen pre-logits (vit_jax/fewshot.py)."""
+
+  # Datasets: a name as `config.dataset` takes ('digits', a tfds name, an image folder) with
+  # its 'train' and 'test' splits, or a triple (name, train split, test split).
+  datasets: tuple = ()
+  # Examples per class; the L2 regularisations (the first one names the headline metric);
+  # seeds 0 .. seeds-1 of the per-class draw (big_vision's fewshot_lsr defaults).
+  shots: tuple = (1, 5, 10, 25)
+  l2_reg: tuple = (2.0**10,)
+  seeds: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Evals:
+  """Evaluations beside the test split's."""
+
+  # Few-shot linear accuracy every so many steps (and at the end); 0 = never.
+  fewshot_every: int = 0
+  fewshot: Fewshot = Fewshot()
+  # A split of tfds `imagenet2012_real` (e.g. 'validation'): ImageNet ReaL accuracy at every
+  # evaluation ('' = none).
+  real_split: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSpec:
   """A resolved training config: one section per part of training."""
 
@@ -219,6 +248,7 @@ class RunSpec:
   optim: Optim = Optim()
   step: Step = Step()
   loop: Loop = Loop()
+  evals: Evals = Evals()
 
 
 # ----------------------------------------------------------------------------------------
@@ -263,6 +293,8 @@ def _convert(key: str, value: Any, kind: Any) -> Any:
     if kind is int and numeric and float(value).is_integer():
       return int(value)
     raise ValueError(f'config.{key}={value!r}; expected {kind.__name__}.')
+  if kind is tuple:  # a sequence; one value alone is a sequence of one
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
   if origin in (typing.Union, types.UnionType):  # the model's fields: a mapping or None
     if value is None:
       return None
@@ -273,7 +305,7 @@ def _convert(key: str, value: Any, kind: Any) -> Any:
 
 
 def _nested(key: str, kind: type, value: Any) -> Any:
-  """A nested section (`pp`, `distill`) from its dict; unknown keys rejected."""
+  """A nested section (`pp`, `distill`, `fewshot`) from its dict; unknown keys rejected."""
   known = frozenset(f.name for f in dataclasses.fields(kind))
   if not isinstance(value, Mapping):
     raise ValueError(f'config.{key}={value!r}; expected a dict of {sorted(known)}.')
@@ -362,7 +394,10 @@ def check(spec: RunSpec) -> None:
       raise ValueError(f'config.{key}={value}; expected a positive integer.')
   if spec.loop.profile_steps < 0:
     raise ValueError(f'config.profile_steps={spec.loop.profile_steps}; expected >= 0.')
+  if not 0.0 <= spec.step.polyak_decay < 1.0:
+    raise ValueError(f'config.polyak_decay={spec.step.polyak_decay}; expected 0 <= decay < 1.')
   _check_distill(spec.step)
+  _check_fewshot(spec.evals)
 
 
 def _check_distill(step: Step) -> None:
@@ -385,6 +420,30 @@ def _check_distill(step: Step) -> None:
     raise ValueError(f'config.distill.temperature={d.temperature}; expected > 0.')
   if d.teacher_resolution < 0:
     raise ValueError(f'config.distill.teacher_resolution={d.teacher_resolution}; expected >= 0.')
+
+
+def _check_fewshot(evals: Evals) -> None:
+  fewshot = evals.fewshot
+  if evals.fewshot_every < 0:
+    raise ValueError(f'config.fewshot_every={evals.fewshot_every}; expected >= 0 (0 = never).')
+  if evals.fewshot_every and not fewshot.datasets:
+    raise ValueError('config.fewshot_every is set but config.fewshot.datasets is empty.')
+  for entry in fewshot.datasets:
+    triple = isinstance(entry, tuple | list) and len(entry) == 3
+    if not (isinstance(entry, str) and entry) and not (triple and all(entry)):
+      raise ValueError(
+        f'config.fewshot.datasets entry {entry!r}: expected a dataset name or a triple '
+        '(name, train split, test split).'
+      )
+  checks = {
+    'shots': all(isinstance(n, int) and n > 0 for n in fewshot.shots) and fewshot.shots,
+    'l2_reg': all(isinstance(v, int | float) and v > 0 for v in fewshot.l2_reg) and fewshot.l2_reg,
+    'seeds': fewshot.seeds > 0,
+  }
+  for key, ok in checks.items():
+    if not ok:
+      value = getattr(fewshot, key)
+      raise ValueError(f'config.fewshot.{key}={value!r}; expected positive numbers.')
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The train state: its shapes and shardings, a fresh start (scratch or pretrained), and the
 orbax checkpoints it is saved to and restored from.
 
-State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`.
+State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`,
+and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/polyak.py), shaped
+and sharded like the parameters.
 A checkpoint holds two items: `state`, and `meta` (JSON: the step, the data position, the
 global batch, the number of data shards the training stream was read as, and the unreadable
 training images replaced so far).
@@ -46,6 +48,8 @@ def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
     'step': parallel.replicated(mesh),
     'rng': parallel.replicated(mesh),
   }
+  if setup.spec.step.polyak_decay:
+    abstract['polyak'], shardings['polyak'] = abstract['params'], shardings['params']
   placed = jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
@@ -84,12 +88,16 @@ def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[
   else:
     params = _pretrained_params(setup, init, init_rng, lay)
     opt_state = jax.jit(tx.init, out_shardings=shardings['opt_state'])(params)
-  return {
+  state = {
     'params': params,
     'opt_state': opt_state,
     'step': jax.device_put(jnp.zeros((), jnp.int32), shardings['step']),
     'rng': jax.device_put(jax.random.key_data(dropout_rng), shardings['rng']),
   }
+  if 'polyak' in shardings:  # its own buffers: the step donates the state
+    copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings['polyak'])
+    state['polyak'] = copy(params)
+  return state
 
 
 class Checkpoints:

@@ -1,6 +1,7 @@
 """The compiled steps: the training step (jit or per-device shard_map) and the evaluation step.
 
-The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` and a batch
+The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` (and `'polyak'`, the
+average of the parameters, with `polyak_decay`) and a batch
 `{'image': f32 (B, H, W, 3), 'label': int32 (B,)}`. Both training steps compute the same
 update: the mean loss over the global batch (mixed first with `mixup`/`cutmix`, see
 `mixing`; in `accum_steps` micro-batches), its gradient, the optax update, and the metrics
@@ -27,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import optim, parallel
-from vit_jax.train import distill, mixing
+from vit_jax.train import distill, mixing, polyak
 from vit_jax.train import spec as spec_lib
 
 State = dict[str, Any]
@@ -104,12 +105,16 @@ def _loss_and_grad(
   return optim.accumulate_gradient(loss_and_grad, params, data, accum_steps, axis)
 
 
-def _apply(tx, schedule, state: State, loss, grads) -> tuple[State, dict[str, jax.Array]]:
-  """The optimizer update and the step's metrics."""
+def _apply(
+  tx, schedule, state: State, loss, grads, polyak_decay: float
+) -> tuple[State, dict[str, jax.Array]]:
+  """The optimizer update (and the Polyak average's), and the step's metrics."""
   step = state['step']
   updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
   params = optax.apply_updates(state['params'], updates)
   new_state = {'params': params, 'opt_state': opt_state, 'step': step + 1, 'rng': state['rng']}
+  if 'polyak' in state:
+    new_state['polyak'] = polyak.update(state['polyak'], params, step + 1, polyak_decay)
   finite = jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])
   metrics = {
     'loss': loss,
@@ -132,7 +137,7 @@ def make_train_step(
     first_id = state['step'].astype(jnp.int32) * batch_size
     args = (loss_fn, mix, step.accum_steps, state['params'], state, batch, first_id)
     loss, grads = _loss_and_grad(*args, teacher_params)
-    return _apply(tx, schedule, state, loss, grads)
+    return _apply(tx, schedule, state, loss, grads, step.polyak_decay)
 
   return train_step
 
@@ -163,7 +168,7 @@ def make_shard_map_train_step(
     args = (loss_fn, mix, step.accum_steps, params, state, batch, first_id)
     loss, grads = _loss_and_grad(*args, teacher_params, axis)
     loss, grads = jax.lax.pmean((loss, grads), axis)
-    return _apply(tx, schedule, state, loss, grads)
+    return _apply(tx, schedule, state, loss, grads, step.polyak_decay)
 
   in_specs = (P(), P(axis)) + ((P(),) if teacher is not None else ())
   return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), P()))
@@ -220,23 +225,29 @@ def train_step_for(
 
 def make_eval_step(model, num_classes: int):
   """Masked sums over one batch: top-1 and top-5 hits, loss, the number of real examples, and
-  of unreadable ones (the input pipeline's `bad` flags, if the batch has them)."""
+  of unreadable ones (the input pipeline's `bad` flags, if the batch has them); with ImageNet
+  ReaL label sets (`real`, multi-hot), the hits in them and the labelled count."""
   k = min(5, num_classes)
 
   def eval_step(params, batch):
     logits = model.apply({'params': params}, batch['image'], train=False)
     labels, mask = batch['label'], batch['mask']
-    top1 = jnp.argmax(logits, -1) == labels
+    predicted = jnp.argmax(logits, -1)
     topk = jnp.any(jax.lax.top_k(logits, k)[1] == labels[:, None], axis=-1)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
     sums = {
-      'correct': jnp.sum(top1 * mask),
+      'correct': jnp.sum((predicted == labels) * mask),
       'correct_top5': jnp.sum(topk * mask),
       'loss': jnp.sum(jnp.where(mask > 0, loss, 0.0)),
       'count': jnp.sum(mask),
     }
     if 'bad' in batch:
       sums['bad'] = jnp.sum(batch['bad'])
+    if 'real' in batch:  # images with an empty set count nowhere
+      labelled = jnp.any(batch['real'] > 0, axis=-1) * mask
+      in_set = jnp.take_along_axis(batch['real'], predicted[:, None], axis=-1)[:, 0] > 0
+      sums['real_correct'] = jnp.sum(in_set * labelled)
+      sums['real_count'] = jnp.sum(labelled)
     return sums
 
   return eval_step
