@@ -15,13 +15,13 @@ shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set 
 import dataclasses
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import ml_collections
 from absl import logging
 
+from vit_jax import files
 from vit_jax.checkpoint import formats, tree
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
@@ -103,8 +103,9 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
 def _read(path: str | os.PathLike, heads: int | None) -> tuple[dict, Found, dict[str, Any]]:
   """(the tree, what it is, the model fields the file states beyond its shapes)."""
   fmt = formats.detect_format(path)
-  restored, description = fmt.read(Path(path), num_heads=heads)
-  fields = fmt.fields(Path(path))
+  path = files.path(path)
+  restored, description = fmt.read(path, num_heads=heads)
+  fields = fmt.fields(path)
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
   config.update(fields)
