@@ -15,13 +15,13 @@ shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set 
 import dataclasses
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
 import ml_collections
 from absl import logging
 
+from vit_jax import files
 from vit_jax.checkpoint import formats, tree
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
@@ -108,8 +108,9 @@ def _read(
   fmt = formats.detect_format(path)
   if params_entry != 'params' and fmt.name != 'orbax':
     raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
-  restored, description = fmt.read(Path(path), num_heads=heads, params_entry=params_entry)
-  fields = fmt.fields(Path(path))
+  path = files.path(path)
+  restored, description = fmt.read(path, num_heads=heads, params_entry=params_entry)
+  fields = fmt.fields(path)
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
   config.update(fields)

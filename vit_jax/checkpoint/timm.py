@@ -40,11 +40,12 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+from etils.epath import Path
 
+from vit_jax import files
 from vit_jax.checkpoint import hf
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import (
@@ -135,6 +136,8 @@ _UNSUPPORTED = {
 def _state_keys(path: Path) -> list[str]:
   """The tensor names of a weights file, without reading the tensors; [] if unreadable."""
   try:
+    if not files.is_local(path):  # a bucket object: read whole
+      return list(hf.read_state_dict(path))
     if path.suffix == '.safetensors':
       from safetensors import safe_open
 
@@ -394,7 +397,7 @@ def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
   """Reads a timm folder or weights file; returns (tree, description)."""
   del unused
-  path = Path(path)
+  path = files.path(path)
   directory = path if path.is_dir() else path.parent
   config = _read_config(directory / 'config.json')
   weights = _weights_in(path) if path.is_dir() else path
