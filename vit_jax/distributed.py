@@ -244,6 +244,20 @@ def mark_finished() -> None:
     _watch.finished()
 
 
+def collective_failed(e: BaseException) -> None:
+  """A device collective of a multi-process run raised (gloo or NCCL saw a peer's connection
+  close): the peer watch names the silent peer within its bound, so wait for it; a failure
+  with every peer alive ends the process with the error's first line. Never returns while
+  several processes run; a single process returns (its caller re-raises)."""
+  if _watch is None:
+    return
+  time.sleep(_timeout_s * 1.1)  # the watch exits the process first if a peer died
+  _exit_now(
+    f'Process {_watch.me}: a collective with the other processes failed ({_first_line(e)}); '
+    'rerun every process to resume from the last checkpoint.'
+  )
+
+
 def _jax_timeouts(timeout_s: float) -> dict[str, int]:
   """JAX's own bounds, behind ours: its connect and its heartbeats get more time than the
   watchdog and `_PeerWatch`; at exit a process waits for the others (tearing down the
@@ -354,7 +368,7 @@ class _PeerWatch:
     import jax
 
     self._timeout_s, self._client = timeout_s, _client()
-    self._me, self._n = jax.process_index(), jax.process_count()
+    self.me, self._n = jax.process_index(), jax.process_count()
     self._prefix = f'{_KEY_PREFIX}/alive/'
     self._thread = threading.Thread(target=self._run, name='peer-watch', daemon=True)
     self._stopped = threading.Event()
@@ -367,22 +381,22 @@ class _PeerWatch:
     self._stopped.set()
     self._thread.join(timeout=self._timeout_s)  # its last beat must not follow 'done'
     with contextlib.suppress(_jax_runtime_error()):
-      self._client.key_value_set(self._prefix + str(self._me), 'done', allow_overwrite=True)
+      self._client.key_value_set(self._prefix + str(self.me), 'done', allow_overwrite=True)
 
   def _run(self) -> None:
-    last_seen = {p: (None, time.monotonic()) for p in range(self._n) if p != self._me}
+    last_seen = {p: (None, time.monotonic()) for p in range(self._n) if p != self.me}
     beat = 0
     while not self._stopped.wait(self._timeout_s / 10):
       beat += 1
       now = time.monotonic()
       try:
-        self._client.key_value_set(self._prefix + str(self._me), str(beat), allow_overwrite=True)
+        self._client.key_value_set(self._prefix + str(self.me), str(beat), allow_overwrite=True)
         posted = dict(self._client.key_value_dir_get(self._prefix))
       except _jax_runtime_error() as e:  # the coordinator is gone, or this process is exiting
         if self._stopped.is_set():
           return
         _exit_now(
-          f'Process {self._me}: lost the coordination service ({_first_line(e)}): process 0 '
+          f'Process {self.me}: lost the coordination service ({_first_line(e)}): process 0 '
           'died or its host is gone; rerun every process to resume from the last checkpoint.'
         )
       for p, (value, since) in last_seen.items():
@@ -393,7 +407,7 @@ class _PeerWatch:
           last_seen[p] = (new, now)
         elif now - since > self._timeout_s:
           _exit_now(
-            f'Process {self._me}: process {p} of {self._n} has been silent for '
+            f'Process {self.me}: process {p} of {self._n} has been silent for '
             f'{self._timeout_s:g} s (killed, hung, failed or its host gone): stopping; rerun '
             'every process to resume from the last checkpoint.'
           )

@@ -90,6 +90,9 @@ def main(argv: list[str]) -> int:
   except OSError as e:  # a file or bucket that cannot be read or written: its own message
     print(f'Error: {" ".join(str(e).split()) or type(e).__name__}', file=sys.stderr)
     sys.exit(1)
+  except jax.errors.JaxRuntimeError as e:
+    distributed.collective_failed(e)  # several processes: one line, exit 1 (a peer died?)
+    raise
   distributed.mark_finished()
   if result['status'] == 'done' and 'accuracy_test' in result and jax.process_index() == 0:
     print(
