@@ -19,7 +19,7 @@ pretrained file is loaded (32x32 and 37x37 patches). Above 384 px the config com
 bfloat16 (float32 weights and momentum) and rematerialises every encoder block
 (`remat_policy='full'`): the README's "High-resolution fine-tuning" table gives the memory per
 device and the `accum_steps` that fit 16, 40 and 80 GB devices. Table 2 also averaged the
-parameters (Polyak, decay 0.9999); this trainer has no such key yet.
+parameters: add `--config.polyak_decay=0.9999` (4 B more per parameter on the device).
 """
 
 import ml_collections
