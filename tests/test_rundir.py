@@ -62,6 +62,23 @@ def test_a_resumed_log_keeps_the_lines_up_to_its_checkpoint(tmp_path):
   assert rundir.read_metrics(tmp_path) == []
 
 
+def test_curves_leave_matplotlib_backend_alone(tmp_path):
+  """A training run started from a notebook keeps its inline plots: curves.png is drawn on a
+  bare Figure, without switching the process's matplotlib backend."""
+  import matplotlib
+  from matplotlib import image as mpimg
+
+  _write(tmp_path / 'metrics.jsonl', LINES)
+  before = matplotlib.get_backend()
+  matplotlib.use('svg')  # any backend but the Agg one a PNG is drawn with
+  try:
+    path = rundir.plot_curves(str(tmp_path))
+    assert matplotlib.get_backend() == 'svg'
+  finally:
+    matplotlib.use(before)
+  assert mpimg.imread(path).shape == (400, 1000, 4)  # 10 x 4 inches at 100 dpi
+
+
 def test_config_json_and_the_run_it_belongs_to(tmp_path):
   run = tmp_path / 'run'
   (run / 'checkpoints' / '7' / 'state').mkdir(parents=True)

@@ -232,14 +232,12 @@ def plot_curves(workdir: str) -> str | None:
   metrics = read_metrics(workdir)
   if not metrics:
     return None
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # not pyplot: the caller's backend stays as it is
 
   train = [(m['step'], m['loss']) for m in metrics if 'loss' in m]
   test = [(m['step'], m['accuracy_test']) for m in metrics if 'accuracy_test' in m]
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+  fig = Figure(figsize=(10, 4))
+  ax_loss, ax_acc = fig.subplots(1, 2)
   if train:
     ax_loss.plot(*zip(*train, strict=True), lw=1)
   ax_loss.set(xlabel='step', ylabel='training loss', yscale='log', title='Training loss')
@@ -251,5 +249,4 @@ def plot_curves(workdir: str) -> str | None:
   fig.tight_layout()
   path = files.join(workdir, CURVES_FILE)
   files.atomic_write(path, lambda f: fig.savefig(f, format='png', dpi=100))
-  plt.close(fig)
   return path

@@ -381,14 +381,12 @@ def plot(rows: Sequence[Row], path: str) -> str | None:
   compared = [r for r in rows if r.paper is not None]
   if not compared:
     return None
-  import matplotlib
-
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt
+  from matplotlib.figure import Figure  # not pyplot: the caller's backend stays as it is
 
   labels = [f'{r.model}\n{paper.title(r.dataset)}\n{r.pretrain}\n{r.source}' for r in compared]
   x = np.arange(len(compared))
-  fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(compared) + 2), 5.5))
+  fig = Figure(figsize=(max(6.0, 1.6 * len(compared) + 2), 5.5))
+  ax = fig.subplots()
   ax.bar(
     x - 0.2,
     [r.ours for r in compared],
@@ -421,7 +419,6 @@ def plot(rows: Sequence[Row], path: str) -> str | None:
   fig.tight_layout()
   buffer = io.BytesIO()
   fig.savefig(buffer, format='png', dpi=100)
-  plt.close(fig)
   files.atomic_write(path, lambda f: f.write(buffer.getvalue()))
   return path
 
