@@ -459,7 +459,7 @@ def get_source(dataset: str, data_dir: str | None = None) -> Source:
     raise ValueError(
       f'Image folder {dataset!r} does not exist; expected {dataset}/train/<class>/*.jpg.'
     )
-  builders = tfds.list_builders()
+  builders = tfds.list_builders(with_community_datasets=False)  # community: a bucket read
   if dataset.split(':')[0] not in builders:
     close = difflib.get_close_matches(dataset, [*builders, 'digits'], n=3, cutoff=0.6)
     hint = f' Did you mean: {", ".join(close)}?' if close else ''
