@@ -404,6 +404,21 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
   _assert_trees_close(ref['params'], result['params'], atol=0)
 
 
+def test_converting_a_damaged_run_is_one_line_and_writes_nothing(tmp_path, reference_run):
+  """The reads a failed orbax read abandons print nothing after the one-line error."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(reference_run[0], workdir)
+  _truncate_arrays(os.path.join(workdir, 'checkpoints', '6'))
+  out = tmp_path / 'out.npz'
+  command = [sys.executable, '-m', 'vit_jax.convert', workdir, str(out), '--to=npz']
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1, done.stderr
+  assert done.stdout == '' and done.stderr.startswith('error: ') and done.stderr.count('\n') == 1, (
+    done.stderr
+  )
+  assert not out.exists()
+
+
 def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
   tmp_path, reference_run, run_main
 ):

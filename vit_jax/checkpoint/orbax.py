@@ -11,6 +11,7 @@ training loop beyond orbax's own directory structure.
 
 import contextlib
 import logging
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -82,6 +83,26 @@ def _quiet_absl() -> Iterator[None]:
     logger.setLevel(level)
 
 
+def drop_abandoned_read_tracebacks() -> None:
+  """Before an orbax read: one that fails (a damaged file) abandons its other reads, and each
+  finishing later reaches the event loop orbax has closed, printing a traceback ('Event loop
+  is closed') around the caller's one-line error until the process exits. From now on those,
+  and only those, are dropped (`sys.unraisablehook`; installing it twice is a no-op)."""
+  previous = sys.unraisablehook
+  if getattr(previous, 'drops_abandoned_reads', False):
+    return
+
+  def hook(unraisable: Any) -> None:
+    late = isinstance(unraisable.exc_value, RuntimeError) and (
+      str(unraisable.exc_value) == 'Event loop is closed'
+    )
+    if not late:
+      previous(unraisable)
+
+  hook.drops_abandoned_reads = True
+  sys.unraisablehook = hook
+
+
 def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tuple[dict, str]:
   """Restores the parameters of an orbax checkpoint; returns (tree, description).
 
@@ -97,6 +118,7 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
   rank = {name: i for i, name in enumerate(PREFERRED_ITEMS)}
   items.sort(key=lambda c: rank.get(c.name, len(rank)))  # stable: the rest by name
   checkpointer = ocp.PyTreeCheckpointer()
+  drop_abandoned_read_tracebacks()
   with _quiet_absl():
     for item in items:
       try:

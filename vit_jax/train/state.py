@@ -10,8 +10,6 @@ training images replaced so far).
 """
 
 import dataclasses
-import sys
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -20,6 +18,7 @@ import numpy as np
 
 from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, rundir
+from vit_jax.checkpoint.orbax import drop_abandoned_read_tracebacks
 from vit_jax.train.setup import Setup
 
 
@@ -144,14 +143,12 @@ class Checkpoints:
     """
     vote = distributed.Vote('restore')
     failed: list[tuple[int, str]] = []
+    drop_abandoned_read_tracebacks()
     for step in sorted(self.manager.all_steps(), reverse=True):
       problem, restored = rundir.checkpoint_step_problem(self.directory, step), None
       if problem is None:
-        hook = sys.unraisablehook
-        sys.unraisablehook = _drop_late_read_callbacks(hook)  # kept only if the restore fails
         try:
           restored = self.restore(step, lay)
-          sys.unraisablehook = hook
         except Exception as e:  # orbax and tensorstore raise many kinds on damaged files
           problem = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
       problems = vote(problem)
@@ -192,21 +189,6 @@ class Checkpoints:
       self._closed = True
       self.manager.wait_until_finished()
       self.manager.close()
-
-
-def _drop_late_read_callbacks(previous: Callable[[Any], None]) -> Callable[[Any], None]:
-  """`sys.unraisablehook` for a restore: one that fails abandons its other reads, and each
-  finishing later reaches the event loop orbax has closed and would print a traceback ('Event
-  loop is closed') around the run's one-line outcome. Those, and only those, are dropped."""
-
-  def hook(unraisable: Any) -> None:
-    late = isinstance(unraisable.exc_value, RuntimeError) and (
-      str(unraisable.exc_value) == 'Event loop is closed'
-    )
-    if not late:
-      previous(unraisable)
-
-  return hook
 
 
 def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict[str, int]:
