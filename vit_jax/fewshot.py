@@ -192,9 +192,12 @@ class _Drawn:
 class Evaluator:
   """`evaluator(params)` -> {'fewshot/<dataset>/<shots>shot': accuracy, ...}."""
 
-  def __init__(self, tasks, fewshot, features_fn, pp, batch_eval: int, mesh: Mesh):
+  def __init__(
+    self, tasks, fewshot, features_fn, pp, batch_eval: int, mesh: Mesh, *, prefetch=2, threads=0
+  ):
     self._fewshot, self._features_fn, self._pp = fewshot, features_fn, pp
     self._local_batch = parallel.local_batch_size(batch_eval)
+    self._prefetch, self._threads = prefetch, threads  # as the test split's evaluation
     self._sharding = parallel.batch_sharding(mesh)
     self._tasks = []
     for task in tasks:  # the union of every seed's draw of the most shots: read once
@@ -213,6 +216,8 @@ class Evaluator:
       pp=self._pp,
       process_index=jax.process_index(),
       process_count=jax.process_count(),
+      prefetch=self._prefetch,
+      threads=self._threads,
     )
     parts, bad = [], data_lib.BadExamples('few-shot')  # unreadable images: masked out
     for local in data_lib.host_batches(ds):

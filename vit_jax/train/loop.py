@@ -227,6 +227,8 @@ def _fewshot_action(setup: Setup, lay, guard, writer, progress) -> actions.Evalu
     setup.pp_eval,
     spec.data.batch_eval,
     setup.mesh,
+    prefetch=spec.data.prefetch,
+    threads=spec.data.input_threads,
   )
   return actions.Evaluator(
     lambda state: evaluate(state['params']),
