@@ -130,8 +130,11 @@ def _build() -> tuple[Reference, ...]:
       imagenet = dataset in _T2_IMAGENET
       crop, polyak = (_T2_IMAGENET_CROP[model], _T2_POLYAK) if imagenet else (384, 0.0)
       note = f'{crop} px' + (f', Polyak {polyak}' if polyak else '') + ', mean ± std of 3 runs'
-      ref = Reference('Table 2', model, pretrain, dataset, acc, std, note=note, crop=crop)
-      refs.append(dataclasses.replace(ref, polyak=polyak))
+      refs.append(
+        Reference(
+          'Table 2', model, pretrain, dataset, acc, std, note=note, crop=crop, polyak=polyak
+        )
+      )
   for pretrain, rows in _T5.items():
     for dataset, cells in rows.items():
       for model, acc in zip(_T5_MODELS, cells, strict=True):
