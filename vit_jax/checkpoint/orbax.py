@@ -11,6 +11,7 @@ training loop beyond orbax's own directory structure.
 
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -83,11 +84,30 @@ def _quiet_absl() -> Iterator[None]:
     logger.setLevel(level)
 
 
+def _abandoned_read_error(error: BaseException | None) -> bool:
+  """A tensorstore read error ('OUT_OF_RANGE: Error reading ...'), as a damaged file gives."""
+  return isinstance(error, ValueError) and bool(_TENSORSTORE_READ_ERROR.match(str(error)))
+
+
+_TENSORSTORE_READ_ERROR = re.compile(r'[A-Z_]+: Error (opening|reading) ')
+
+
+class _AbandonedTasks(logging.Filter):
+  """asyncio's 'Task exception was never retrieved' for a read a failed restore abandoned."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    never_retrieved = record.getMessage().startswith('Task exception was never retrieved')
+    return not (never_retrieved and _abandoned_read_error(error))
+
+
 def drop_abandoned_read_tracebacks() -> None:
-  """Before an orbax read: one that fails (a damaged file) abandons its other reads, and each
-  finishing later reaches the event loop orbax has closed, printing a traceback ('Event loop
-  is closed') around the caller's one-line error until the process exits. From now on those,
-  and only those, are dropped (`sys.unraisablehook`; installing it twice is a no-op)."""
+  """Before an orbax read: one that fails (a damaged file) abandons its other reads; each
+  finishing later reaches the event loop orbax has closed ('Event loop is closed', through
+  `sys.unraisablehook`), or is collected with its error unread (asyncio's 'Task exception
+  was never retrieved', through its logger), and prints a traceback around the caller's
+  one-line error until the process exits. From now on those, and only those, are dropped
+  (installing it twice is a no-op)."""
   previous = sys.unraisablehook
   if getattr(previous, 'drops_abandoned_reads', False):
     return
@@ -101,6 +121,7 @@ def drop_abandoned_read_tracebacks() -> None:
 
   hook.drops_abandoned_reads = True
   sys.unraisablehook = hook
+  logging.getLogger('asyncio').addFilter(_AbandonedTasks())
 
 
 def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tuple[dict, str]:
