@@ -16,7 +16,8 @@
   fresh machine as written.
 - A code block after `<!-- shows: error -->` shows a command failing on purpose: its config must
   fail to load or to resolve.
-- Every `python -m vit_jax.X` names an entry point and flags that it defines.
+- Every `python -m vit_jax.X` names an entry point and flags that it defines, and every
+  `jax[EXTRA]==VERSION` the jax that requirements.txt pins.
 
 Each check is shown failing once, on a copy of the pages with one thing broken.
 """
@@ -411,6 +412,22 @@ def first_screen_problems(root: Path) -> list[str]:
   ]
 
 
+# --- Versions ---------------------------------------------------------------------------------
+
+
+def pin_problems(root: Path) -> list[str]:
+  """Every `jax[EXTRA]==VERSION` of a command is the jax that requirements.txt pins."""
+  pins = dict(re.findall(r'(?m)^([\w-]+)==(\S+)', (root / 'requirements.txt').read_text()))
+  problems = []
+  for page in pages(root):
+    for block in page.blocks:
+      for n, line in enumerate(block.lines, block.line + 1):
+        for version in re.findall(r'jax\[\w+\]==([\w.]+)', line):
+          if version != pins['jax']:
+            problems.append(f'{page.path}:{n}: jax {version}; requirements.txt pins {pins["jax"]}')
+  return problems
+
+
 # --- Entry points' flags ----------------------------------------------------------------------
 # `_entry_point_flags` is the one place that knows where an entry point's flags are defined.
 # Today they are absl DEFINE_* calls in its source, some run at import and some in a function,
@@ -493,6 +510,10 @@ def test_the_readme_first_screen_needs_no_download():
   assert first_screen_problems(ROOT) == []
 
 
+def test_every_jax_version_in_a_command_is_the_pinned_one():
+  assert pin_problems(ROOT) == []
+
+
 def test_every_entry_point_command_names_its_flags():
   entry_flags = _entry_point_flags()
   assert {'config', 'workdir', 'distributed_timeout'} <= entry_flags['vit_jax.main']
@@ -509,7 +530,15 @@ def copy(tmp_path: Path) -> Path:
   """The pages copied into tmp_path, the code beside them linked as the pages see it."""
   shutil.copy(ROOT / 'README.md', tmp_path / 'README.md')
   shutil.copytree(ROOT / 'docs', tmp_path / 'docs')
-  for name in ('configs', 'vit_jax', 'launch', 'notebooks', 'tests', 'Makefile', 'pyproject.toml'):
+  for name in (
+    'configs',
+    'vit_jax',
+    'launch',
+    'notebooks',
+    'tests',
+    'Makefile',
+    'requirements.txt',
+  ):
     (tmp_path / name).symlink_to(ROOT / name)
   return tmp_path
 
@@ -589,6 +618,14 @@ def test_an_unmarked_download_or_a_marked_first_screen_is_reported(copy):
   readme.write_text('\n'.join([*lines[:first], '<!-- needs: download -->', *lines[first:]]) + '\n')
   assert first_screen_problems(copy) == [
     f'README.md:{first + 2}: marked needs: download on the first screen'
+  ]
+
+
+def test_a_stale_jax_version_is_reported(copy):
+  n = _append(copy / 'docs' / 'training.md', '```bash\npip install "jax[cuda13]==0.4.1"\n```')
+  pinned = dict(re.findall(r'(?m)^([\w-]+)==(\S+)', (ROOT / 'requirements.txt').read_text()))
+  assert pin_problems(copy) == [
+    f'docs/training.md:{n + 1}: jax 0.4.1; requirements.txt pins {pinned["jax"]}'
   ]
 
 
