@@ -18,6 +18,9 @@ no stochastic depth; train on train[:99%].
 
 One difference, named: evaluation resizes the image to 224 px (big_vision resizes the short
 side to 256 and crops the central 224).
+
+Not run here (no ImageNet, no accelerator); a test runs it for 2 steps on
+`tfds.testing.mock_data`.
 """
 
 import ml_collections
