@@ -19,7 +19,8 @@ approximation of our default; without a config.json the default holds. Exports w
 names, `model.safetensors` and a `config.json` with the model's GELU (`gelu_pytorch_tanh`
 unless `gelu_approximate=False`: the released weights were trained with it, though the hub
 configs of Google's ViTs say 'gelu') and `layer_norm_eps=1e-6` (the hub configs say 1e-12,
-which shifts logits slightly).
+which shifts logits slightly). This module holds the key maps, the checks and the config
+writer; reading, walking and writing are `pytorch`'s, shared with timm.
 """
 
 import re
@@ -211,6 +212,7 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
 
 
 def _check_exportable(flat: Mapping[str, Any], model_config: Any) -> None:
+  """Our tree is a ViT that Hugging Face's ViT computes the same way: token pooling."""
   pytorch.check_exportable(flat, model_config, _WHAT)
   classifier = config_field(model_config, 'classifier', 'token')
   if classifier != 'token' or 'cls' not in flat:

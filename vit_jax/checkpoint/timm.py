@@ -33,7 +33,8 @@ are the `timm.create_model` arguments that reproduce our logits, among them the 
 (`act_layer='gelu_tanh'`, that the released weights were trained with, unless
 `gelu_approximate=False`: 'gelu') and timm's LayerNorm with epsilon 1e-6
 (`norm_layer='layernorm'`): `timm.create_model('local-dir:DIR', pretrained=True)` loads the
-folder.
+folder. This module holds the key maps, the checks and the config writer; reading, walking and
+writing are `pytorch`'s, shared with Hugging Face.
 """
 
 import re
