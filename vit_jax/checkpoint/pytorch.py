@@ -355,6 +355,7 @@ class Export:
     image_size: ImageSize | None = None,
     labels: list[str] | None = None,
   ) -> 'Export':
+    """The export of `params`; `labels` must name every class of the head, or be None."""
     flat = {k: np.asarray(v) for k, v in flatten(params).items()}
     arch = infer_config(flat)
     if labels is not None and len(labels) != (arch.num_classes or 0):
