@@ -322,6 +322,8 @@ def test_other_model_types_are_refused(hf_dir):
     ('R+ViT-Ti_16', {'num_classes': 3}, 'hybrid'),
     ('testing', {'num_classes': 3, 'classifier': 'gap'}, "'gap'"),
     ('testing', {'num_classes': 3, 'representation_size': 8}, 'both pre_logits'),
+    ('Mixer-S_32', {'num_classes': 3}, 'MLP-Mixer models have no Hugging Face ViT'),
+    ('testing', {'num_classes': 3, 'posemb': 'sincos2d', 'hidden_size': 32}, 'sincos2d'),
   ],
 )
 def test_unexportable_models_fail_and_write_nothing(
@@ -352,3 +354,27 @@ def test_export_replaces_an_earlier_export(tmp_path, random_params):
   checkpoint.export_hf(second, None, tmp_path / 'out')
   np.testing.assert_array_equal(checkpoint.load(tmp_path / 'out')['cls'], second['cls'])
   assert sorted(p.name for p in tmp_path.iterdir()) == ['out']
+
+
+def test_labels_name_the_head_classes_in_transformers(tmp_path, random_params):
+  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  checkpoint.export_hf(params, None, tmp_path / 'hf', labels=['cat', 'dog', 'fox'])
+  config = transformers.AutoConfig.from_pretrained(tmp_path / 'hf')
+  assert config.id2label == {0: 'cat', 1: 'dog', 2: 'fox'}
+  assert config.label2id == {'cat': 0, 'dog': 1, 'fox': 2}
+  features = random_params(stats.param_shapes(get_model('testing', num_classes=0, **SMALL), 32))
+  for p, labels in ((params, ['cat', 'dog']), (features, ['cat'])):
+    with pytest.raises(checkpoint.CheckpointError, match=f'^{len(labels)} labels for a head of'):
+      checkpoint.export_hf(p, None, tmp_path / 'bad', labels=labels)
+  assert not (tmp_path / 'bad').exists()
+
+
+def test_export_writes_the_formats_of_the_table_and_refuses_others(tmp_path, random_params):
+  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  checkpoint.export_hf(params, None, tmp_path / 'hf')
+  checkpoint.export(params, None, tmp_path / 'by_name', to='hf')
+  for name in ('model.safetensors', 'config.json'):
+    assert (tmp_path / 'by_name' / name).read_bytes() == (tmp_path / 'hf' / name).read_bytes()
+  with pytest.raises(checkpoint.CheckpointError, match=r"^'npz': .*choose timm or hf$"):
+    checkpoint.export(params, None, tmp_path / 'npz', to='npz')
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['by_name', 'hf']

@@ -417,6 +417,8 @@ def test_missing_key_is_named(tmp_path):
   [
     ('R+ViT-Ti_16', {'num_classes': 3}, 'hybrid'),
     ('testing', {'num_classes': 3, 'representation_size': 8}, 'pre_logits'),
+    ('Mixer-S_32', {'num_classes': 3}, 'MLP-Mixer models have no timm VisionTransformer'),
+    ('testing', {'num_classes': 3, 'posemb': 'sincos2d', 'hidden_size': 32}, 'sincos2d'),
   ],
 )
 def test_unexportable_models_fail_and_write_nothing(
@@ -439,3 +441,13 @@ def test_convert_to_timm(tmp_path, random_params):
   images = _images(32)
   ours = np.asarray(_apply(model)(params, images))
   np.testing.assert_allclose(_timm_logits(theirs_model, images), ours, atol=1e-5, rtol=0)
+
+
+def test_labels_are_timm_label_names(tmp_path, random_params):
+  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  checkpoint.export_timm(params, None, tmp_path / 'timm', labels=['cat', 'dog', 'fox'])
+  theirs_model = timm.create_model(f'local-dir:{tmp_path / "timm"}', pretrained=True)
+  assert theirs_model.pretrained_cfg['label_names'] == ['cat', 'dog', 'fox']
+  with pytest.raises(checkpoint.CheckpointError, match=r'^2 labels for a head of 3 classes$'):
+    checkpoint.export_timm(params, None, tmp_path / 'bad', labels=['cat', 'dog'])
+  assert not (tmp_path / 'bad').exists()

@@ -6,11 +6,21 @@ params = load_pretrained(path, init_params, model_config)  # fine-tuning surgery
 save_npz(params, 'out.npz')                    # the released Google layout
 export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json, transformers
 export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json, timm
+export(params, model_config, 'out_dir', to=name)  # any format of FORMATS that writes
 """
 
-from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, surgery, timm, tree
-from vit_jax.checkpoint.formats import FORMATS, Format, detect_format, load, read
-from vit_jax.checkpoint.hf import export_hf, from_hf_state_dict, to_hf_state_dict
+from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, pytorch, surgery, timm, tree
+from vit_jax.checkpoint.formats import (
+  FORMATS,
+  Format,
+  detect_format,
+  export,
+  export_hf,
+  export_timm,
+  load,
+  read,
+)
+from vit_jax.checkpoint.hf import from_hf_state_dict, to_hf_state_dict
 from vit_jax.checkpoint.loader import Fitted, Found, fit, load_pretrained
 from vit_jax.checkpoint.npz import save_npz
 from vit_jax.checkpoint.surgery import (
@@ -19,7 +29,7 @@ from vit_jax.checkpoint.surgery import (
   resample_patch_embedding,
   resize_posemb,
 )
-from vit_jax.checkpoint.timm import export_timm, from_timm_state_dict, to_timm_state_dict
+from vit_jax.checkpoint.timm import from_timm_state_dict, to_timm_state_dict
 from vit_jax.checkpoint.tree import CheckpointError, flatten, infer_config, unflatten
 
 __all__ = [
@@ -31,6 +41,7 @@ __all__ = [
   'LoadReport',
   'catalog',
   'detect_format',
+  'export',
   'export_hf',
   'export_timm',
   'fit',
@@ -45,6 +56,7 @@ __all__ = [
   'merge_pretrained',
   'npz',
   'orbax',
+  'pytorch',
   'read',
   'resample_patch_embedding',
   'resize_posemb',

@@ -9,6 +9,7 @@ every AugReg file follows the same layout and loads the same way.
 """
 
 import dataclasses
+from typing import Any
 
 GCS = 'https://storage.googleapis.com/vit_models'
 MIXER_GCS = 'https://storage.googleapis.com/mixer_models'
@@ -31,59 +32,46 @@ class Entry:
   notes: str = ''
 
 
+def _npz(bucket: str, path: str, notes: str, name: str = '', **fields: Any) -> Entry:
+  """The released file `{bucket}/{path}.npz`, named `path` unless `name` is given."""
+  file = path.rsplit('/', 1)[-1] + '.npz'
+  return Entry(name=name or path, file=file, url=f'{bucket}/{path}.npz', notes=notes, **fields)
+
+
+# gs://vit_models/imagenet21k: (model, size).
+_IN21K = [
+  ('ViT-B_16', '393.69 MiB'),
+  ('ViT-B_32', '400.01 MiB'),
+  ('ViT-B_8', '393.72 MiB'),
+  ('ViT-L_16', '1.22 GiB'),
+  ('ViT-L_32', '1.23 GiB'),
+  ('ViT-H_14', '2.46 GiB'),
+  ('R50+ViT-B_16', '439.85 MiB'),
+  ('R26+ViT-B_32', '450.23 MiB'),
+  ('R50+ViT-L_32', '1.31 GiB'),
+]
+# gs://vit_models/imagenet21k+imagenet2012: (file stem, model, resolution, size).
+_IN1K = [
+  ('ViT-B_16', 'ViT-B_16', 384, '331.4 MiB'),
+  ('ViT-B_16-224', 'ViT-B_16', 224, '330.29 MiB'),
+  ('ViT-B_32', 'ViT-B_32', 384, '336.89 MiB'),
+  ('ViT-B_8', 'ViT-B_8', 384, '334.78 MiB'),
+  ('ViT-L_16', 'ViT-L_16', 384, '1.14 GiB'),
+  ('ViT-L_16-224', 'ViT-L_16', 224, '1.13 GiB'),
+  ('ViT-L_32', 'ViT-L_32', 384, '1.14 GiB'),
+  ('R50+ViT-B_16', 'R50+ViT-B_16', 384, '377.57 MiB'),
+]
+
+
 def _original() -> list[Entry]:
-  entries = []
-  in21k = [
-    ('ViT-B_16', '393.69 MiB'),
-    ('ViT-B_32', '400.01 MiB'),
-    ('ViT-B_8', '393.72 MiB'),
-    ('ViT-L_16', '1.22 GiB'),
-    ('ViT-L_32', '1.23 GiB'),
-    ('ViT-H_14', '2.46 GiB'),
-    ('R50+ViT-B_16', '439.85 MiB'),
-    ('R26+ViT-B_32', '450.23 MiB'),
-    ('R50+ViT-L_32', '1.31 GiB'),
-  ]
-  for model, size in in21k:
-    entries.append(
-      Entry(
-        name=f'imagenet21k/{model}',
-        family='original',
-        file=f'{model}.npz',
-        url=f'{GCS}/imagenet21k/{model}.npz',
-        model=model,
-        resolution=224,
-        num_classes=21843,
-        pre_logits=True,
-        size=size,
-        notes='ImageNet-21k pre-training; the 21843-class head is all zeros',
-      )
-    )
-  in1k = [
-    ('ViT-B_16', 'ViT-B_16', 384, '331.4 MiB'),
-    ('ViT-B_16-224', 'ViT-B_16', 224, '330.29 MiB'),
-    ('ViT-B_32', 'ViT-B_32', 384, '336.89 MiB'),
-    ('ViT-B_8', 'ViT-B_8', 384, '334.78 MiB'),
-    ('ViT-L_16', 'ViT-L_16', 384, '1.14 GiB'),
-    ('ViT-L_16-224', 'ViT-L_16', 224, '1.13 GiB'),
-    ('ViT-L_32', 'ViT-L_32', 384, '1.14 GiB'),
-    ('R50+ViT-B_16', 'R50+ViT-B_16', 384, '377.57 MiB'),
-  ]
-  for stem, model, resolution, size in in1k:
-    entries.append(
-      Entry(
-        name=f'imagenet21k+imagenet2012/{stem}',
-        family='original',
-        file=f'{stem}.npz',
-        url=f'{GCS}/imagenet21k+imagenet2012/{stem}.npz',
-        model=model,
-        resolution=resolution,
-        num_classes=1000,
-        pre_logits=False,
-        size=size,
-        notes='ImageNet-21k pre-training, ImageNet-1k fine-tune',
-      )
-    )
+  in21k = {'family': 'original', 'resolution': 224, 'num_classes': 21843, 'pre_logits': True}
+  notes = 'ImageNet-21k pre-training; the 21843-class head is all zeros'
+  entries = [_npz(GCS, f'imagenet21k/{m}', notes, model=m, size=s, **in21k) for m, s in _IN21K]
+  in1k = {'family': 'original', 'num_classes': 1000, 'pre_logits': False}
+  notes = 'ImageNet-21k pre-training, ImageNet-1k fine-tune'
+  for stem, model, resolution, size in _IN1K:
+    path = f'imagenet21k+imagenet2012/{stem}'
+    entries.append(_npz(GCS, path, notes, model=model, resolution=resolution, size=size, **in1k))
   return entries
 
 
@@ -102,37 +90,17 @@ _AUGREG = [
 
 
 def _augreg() -> list[Entry]:
+  upstream = {'family': 'augreg', 'resolution': 224, 'num_classes': 21843, 'pre_logits': False}
+  tuned = {'family': 'augreg', 'resolution': 384, 'num_classes': 1000, 'pre_logits': False}
+  notes = 'AugReg ImageNet-21k pre-training (README recommended)'
+  tuned_notes = 'AugReg ImageNet-1k fine-tune (README recommended)'
   entries = []
   for model, stem, lr, size in _AUGREG:
-    short = model.replace('ViT-', '').replace('+', '_')
-    entries.append(
-      Entry(
-        name=f'augreg/{short}-i21k',
-        family='augreg',
-        file=f'{stem}.npz',
-        url=f'{GCS}/augreg/{stem}.npz',
-        model=model,
-        resolution=224,
-        num_classes=21843,
-        pre_logits=False,
-        size=f'{size} MiB',
-        notes='AugReg ImageNet-21k pre-training (README recommended)',
-      )
-    )
-    tuned = f'{stem}--imagenet2012-steps_20k-lr_{lr}-res_384'
-    entries.append(
-      Entry(
-        name=f'augreg/{short}-i21k-imagenet2012-384',
-        family='augreg',
-        file=f'{tuned}.npz',
-        url=f'{GCS}/augreg/{tuned}.npz',
-        model=model,
-        resolution=384,
-        num_classes=1000,
-        pre_logits=False,
-        notes='AugReg ImageNet-1k fine-tune (README recommended)',
-      )
-    )
+    name = 'augreg/' + model.replace('ViT-', '').replace('+', '_') + '-i21k'
+    size = f'{size} MiB'
+    entries.append(_npz(GCS, f'augreg/{stem}', notes, name, model=model, size=size, **upstream))
+    path = f'augreg/{stem}--imagenet2012-steps_20k-lr_{lr}-res_384'
+    entries.append(_npz(GCS, path, tuned_notes, f'{name}-imagenet2012-384', model=model, **tuned))
   return entries
 
 
@@ -213,20 +181,19 @@ _MIXER = [
 
 
 def _mixer() -> list[Entry]:
+  # The token-mixing MLPs are sized for 224 px (the file sizes say so).
+  fields = {'family': 'mixer', 'resolution': 224, 'pre_logits': False}
   return [
-    Entry(
-      name=f'{folder}/{model}',
-      family='mixer',
-      file=f'{model}.npz',
-      url=f'{MIXER_GCS}/{folder}/{model}.npz',
+    _npz(
+      MIXER_GCS,
+      f'{folder}/{model}',
+      notes,
       model=model,
-      resolution=224,  # the token-mixing MLPs are sized for 224 px (the file sizes say so)
-      num_classes=classes,
-      pre_logits=False,
+      num_classes=n,
       size=f'{size} MiB',
-      notes=notes,
+      **fields,
     )
-    for folder, model, size, classes, notes in _MIXER
+    for folder, model, size, n, notes in _MIXER
   ]
 
 

@@ -1,16 +1,20 @@
-"""Which format a checkpoint file is, and reading it into our tree.
+"""Which format a checkpoint file is, reading it into our tree, and exporting our tree to it.
 
-Formats are detected by `FORMATS`, a list of (name, detect, read, fields) tried in order.
+`FORMATS` is the table of formats, tried in order to detect a file: each one module that reads
+(detect, read, fields) and, for a format of PyTorch model directories, writes (to_state_dict,
+config), on the skeleton of `pytorch`. A new format is its module and one entry here.
 """
 
 import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 from etils.epath import Path
 
 from vit_jax import files
-from vit_jax.checkpoint import hf, npz, orbax, timm
+from vit_jax.checkpoint import hf, npz, orbax, pytorch, timm
 from vit_jax.checkpoint.tree import CheckpointError
 
 
@@ -22,24 +26,30 @@ def _no_fields(path: Path) -> dict[str, Any]:
 @dataclasses.dataclass(frozen=True)
 class Format:
   """A checkpoint format: `detect(path) -> bool`, `read(path, **kw) -> (tree, description)`,
-  `fields(path) -> {model field: value}`.
+  `fields(path) -> {model field: value}`; to export to it, `to_state_dict(params,
+  model_config) -> {name: array}` and `config(pytorch.Export) -> config.json`.
 
   `read` takes keyword options it may ignore (`num_heads`, which Hugging Face and timm files
   need when they have no config.json) and returns our tree of numpy arrays. `fields` gives
   the model fields the file states that its shapes cannot tell (the GELU its config names:
   `gelu_approximate=False` for the exact one), only those that differ from the defaults.
+  `to_state_dict` refuses, in one line, a model the format cannot hold.
   """
 
   name: str
   detect: Callable[[Path], bool]
   read: Callable[..., tuple[dict, str]]
   fields: Callable[[Path], dict[str, Any]] = _no_fields
+  to_state_dict: Callable[[Mapping[str, Any], Any], dict[str, np.ndarray]] | None = None
+  config: Callable[[pytorch.Export], dict[str, Any]] | None = None
 
 
 FORMATS: list[Format] = [
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
-  Format('timm', timm.detect, timm.read, timm.model_fields),
-  Format('hf', hf.detect, hf.read, hf.model_fields),
+  Format(
+    'timm', timm.detect, timm.read, timm.model_fields, timm.to_timm_state_dict, timm.timm_config
+  ),
+  Format('hf', hf.detect, hf.read, hf.model_fields, hf.to_hf_state_dict, hf.hf_config),
   Format('npz', npz.detect, npz.read),
   Format('orbax', orbax.detect, orbax.read),
 ]
@@ -77,3 +87,51 @@ def load(path: str | Path, **kwargs: Any) -> dict:
   step or item directory; params only).
   """
   return read(path, **kwargs)[0]
+
+
+def export(
+  params: Mapping[str, Any],
+  model_config: Any,
+  out_dir: str | os.PathLike,
+  *,
+  to: str,
+  image_size: pytorch.ImageSize | None = None,
+  labels: list[str] | None = None,
+) -> Path:
+  """Writes our tree as format `to`: `model.safetensors` + `config.json`, nothing partial.
+
+  `model_config` gives what the shapes cannot tell (the classifier, the GELU; None: the
+  defaults); `image_size` defaults to the square the position embeddings are laid out for;
+  `labels` names the head's classes.
+  """
+  fmt = next((f for f in FORMATS if f.name == to and f.to_state_dict and f.config), None)
+  if fmt is None:
+    writable = [f.name for f in FORMATS if f.to_state_dict and f.config]
+    raise CheckpointError(
+      f'{to!r}: not a format to export a model directory to; choose {" or ".join(writable)}'
+    )
+  state = fmt.to_state_dict(params, model_config)
+  config = fmt.config(pytorch.Export.of(params, model_config, image_size, labels))
+  return pytorch.write_model_dir(out_dir, state, config)
+
+
+def export_hf(
+  params: Mapping[str, Any], model_config: Any, out_dir: str | os.PathLike, **kw: Any
+) -> Path:
+  """`export(..., to='hf')`: a directory that transformers' `from_pretrained` loads with our
+  logits (`ViTForImageClassification` with a head, else `ViTModel`)."""
+  return export(params, model_config, out_dir, to='hf', **kw)
+
+
+def export_timm(
+  params: Mapping[str, Any], model_config: Any, out_dir: str | os.PathLike, **kw: Any
+) -> Path:
+  """`export(..., to='timm')`: a directory that timm loads with our logits:
+
+    model = timm.create_model('local-dir:OUT_DIR', pretrained=True)
+    # or: timm.create_model(config['architecture'], **config['model_args']) and
+    #     model.load_state_dict(safetensors.torch.load_file('OUT_DIR/model.safetensors'))
+
+  `model_config` gives the classifier (default: 'token' with a class token, else 'gap').
+  """
+  return export(params, model_config, out_dir, to='timm', **kw)

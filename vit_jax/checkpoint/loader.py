@@ -172,6 +172,30 @@ def _resolution(
   return resolution
 
 
+def _fitted_config(
+  model: Any,
+  config: ml_collections.ConfigDict | None,
+  name: str | None,
+  found: Found,
+  fields: Mapping[str, Any],
+  resize_patch_embedding: bool,
+  source: str,
+) -> tuple[ml_collections.ConfigDict, str | None]:
+  """(config, registry name) of the model `fit` builds for the checkpoint `found`: `config`
+  as `model` gave it (checked against the file, with the fields the file states), or the
+  architecture read off the shapes."""
+  if config is None:
+    config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
+  elif isinstance(model, str):
+    _check_fits(name, config, found, resize_patch_embedding)
+    config.update(fields)  # the registry's architecture, computed as the file says
+  else:
+    _warn_unlike(config, fields, source)
+  if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
+    config.representation_size = found.config.representation_size
+  return config, name
+
+
 def fit(
   path: str | os.PathLike,
   model: str | Mapping[str, Any] | ml_collections.ConfigDict | None = None,
@@ -212,15 +236,8 @@ def fit(
   transformer = None if config is None else config.get('transformer')
   heads = transformer.num_heads if transformer else None
   restored, found, fields = _read(path, heads, params_entry)
-  if config is None:
-    config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
-  elif isinstance(model, str):
-    _check_fits(name, config, found, surgery.get('resize_patch_embedding', False))
-    config.update(fields)  # the registry's architecture, computed as the file says
-  else:
-    _warn_unlike(config, fields, source)
-  if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
-    config.representation_size = found.config.representation_size
+  resize = surgery.get('resize_patch_embedding', False)
+  config, name = _fitted_config(model, config, name, found, fields, resize, source)
   image_size = resolution
   if init_params is None:
     config.num_classes = found.config.num_classes if num_classes is None else num_classes or None

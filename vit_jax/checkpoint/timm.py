@@ -33,11 +33,10 @@ are the `timm.create_model` arguments that reproduce our logits, among them the 
 (`act_layer='gelu_tanh'`, that the released weights were trained with, unless
 `gelu_approximate=False`: 'gelu') and timm's LayerNorm with epsilon 1e-6
 (`norm_layer='layernorm'`): `timm.create_model('local-dir:DIR', pretrained=True)` loads the
-folder.
+folder. This module holds the key maps, the checks and the config writer; reading, walking and
+writing are `pytorch`'s, shared with Hugging Face.
 """
 
-import json
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,22 +45,17 @@ import numpy as np
 from etils.epath import Path
 
 from vit_jax import files
-from vit_jax.checkpoint import hf
-from vit_jax.checkpoint.npz import check_arrays
+from vit_jax.checkpoint import pytorch
+from vit_jax.checkpoint.pytorch import ATTN, BACKBONE, BLOCK, QKV
 from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
   block_numbers,
-  check_complete,
   config_field,
   flatten,
   gelu_fields,
-  infer_config,
-  natural_key,
-  num_prefix_tokens,
   shape_str,
   square_side,
-  unflatten,
 )
 
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
@@ -89,26 +83,25 @@ _SIZES = {(192, 12, 3): 'tiny', (384, 12, 6): 'small', (768, 12, 12): 'base'}
 _SIZES |= {(1024, 24, 16): 'large', (1280, 32, 16): 'huge'}
 _PATCHES = {'tiny': (16,), 'small': (8, 16, 32), 'base': (8, 16, 32), 'large': (14, 16, 32)}
 _PATCHES |= {'huge': (14,)}
-_QKV = ('query', 'key', 'value')
-_BLOCK = 'Transformer/encoderblock_{i}'
-_ATTN = _BLOCK + '/MultiHeadDotProductAttention_0'
 _LAYER_RE = re.compile(r'^blocks\.(\d+)\.(.+)$')
+_QKV_RE = re.compile(r'^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$')
 # timm name inside a block -> (our key, kind of transform); attn.qkv is split separately.
 _BLOCK_MAP = {
-  'norm1.weight': (_BLOCK + '/LayerNorm_0/scale', 'copy'),
-  'norm1.bias': (_BLOCK + '/LayerNorm_0/bias', 'copy'),
-  'attn.proj.weight': (_ATTN + '/out/kernel', 'out_kernel'),
-  'attn.proj.bias': (_ATTN + '/out/bias', 'copy'),
-  'norm2.weight': (_BLOCK + '/LayerNorm_1/scale', 'copy'),
-  'norm2.bias': (_BLOCK + '/LayerNorm_1/bias', 'copy'),
-  'mlp.fc1.weight': (_BLOCK + '/MlpBlock_0/Dense_0/kernel', 'linear'),
-  'mlp.fc1.bias': (_BLOCK + '/MlpBlock_0/Dense_0/bias', 'copy'),
-  'mlp.fc2.weight': (_BLOCK + '/MlpBlock_0/Dense_1/kernel', 'linear'),
-  'mlp.fc2.bias': (_BLOCK + '/MlpBlock_0/Dense_1/bias', 'copy'),
+  'norm1.weight': (BLOCK + '/LayerNorm_0/scale', 'copy'),
+  'norm1.bias': (BLOCK + '/LayerNorm_0/bias', 'copy'),
+  'attn.proj.weight': (ATTN + '/out/kernel', 'out_kernel'),
+  'attn.proj.bias': (ATTN + '/out/bias', 'copy'),
+  'norm2.weight': (BLOCK + '/LayerNorm_1/scale', 'copy'),
+  'norm2.bias': (BLOCK + '/LayerNorm_1/bias', 'copy'),
+  'mlp.fc1.weight': (BLOCK + '/MlpBlock_0/Dense_0/kernel', 'linear'),
+  'mlp.fc1.bias': (BLOCK + '/MlpBlock_0/Dense_0/bias', 'copy'),
+  'mlp.fc2.weight': (BLOCK + '/MlpBlock_0/Dense_1/kernel', 'linear'),
+  'mlp.fc2.bias': (BLOCK + '/MlpBlock_0/Dense_1/bias', 'copy'),
 }
-# timm name outside the blocks -> (our key, kind); pos_embed and fc_norm are handled apart.
+# timm name outside the blocks -> (our key, kind); reading handles pos_embed and fc_norm apart.
 _TOP_MAP = {
   'cls_token': ('cls', 'copy'),
+  'pos_embed': (POSEMB, 'copy'),
   'dist_token': ('dist_token', 'copy'),
   'patch_embed.proj.weight': ('embedding/kernel', 'conv'),
   'patch_embed.proj.bias': ('embedding/bias', 'copy'),
@@ -129,6 +122,10 @@ _UNSUPPORTED = {
 }
 
 
+_WHAT = 'timm VisionTransformer'
+_OUR_QKV_RE = re.compile(r'/MultiHeadDotProductAttention_0/(query|key|value)/')
+
+
 # ---------------------------------------------------------------------------------------------
 # Reading.
 
@@ -137,7 +134,7 @@ def _state_keys(path: Path) -> list[str]:
   """The tensor names of a weights file, without reading the tensors; [] if unreadable."""
   try:
     if not files.is_local(path):  # a bucket object: read whole
-      return list(hf.read_state_dict(path))
+      return list(pytorch.read_state_dict(path))
     if path.suffix == '.safetensors':
       from safetensors import safe_open
 
@@ -162,26 +159,22 @@ def _looks_like_timm(keys: list[str]) -> bool:
 
 
 def _read_config(path: Path) -> dict[str, Any] | None:
-  """timm's hub `config.json` (it has an `architecture`), or None."""
+  """timm's hub `config.json` (it has an `architecture`) in or beside `path`, or None."""
   try:
-    config = json.loads(path.read_text())
-  except (OSError, ValueError):
+    config = pytorch.read_config(path)
+  except CheckpointError:  # not ours to judge: the format that claims the folder reports it
     return None
-  return config if isinstance(config, dict) and 'architecture' in config else None
-
-
-def _weights_in(directory: Path) -> Path | None:
-  return next((directory / n for n in WEIGHT_FILES if (directory / n).is_file()), None)
+  return config if config is not None and 'architecture' in config else None
 
 
 def detect(path: Path) -> bool:
   """A folder timm wrote (hub `config.json` + weights), or a weights file with timm's names."""
   if path.is_dir():
-    weights = _weights_in(path)
+    weights = pytorch.weights_in(path, WEIGHT_FILES)
     if weights is None:
       return False
-    return _read_config(path / 'config.json') is not None or _looks_like_timm(_state_keys(weights))
-  suffixes = ('.safetensors', *hf.TORCH_SUFFIXES)
+    return _read_config(path) is not None or _looks_like_timm(_state_keys(weights))
+  suffixes = ('.safetensors', *pytorch.TORCH_SUFFIXES)
   return path.is_file() and path.suffix in suffixes and _looks_like_timm(_state_keys(path))
 
 
@@ -225,17 +218,12 @@ def _gelu_approximate(config: Mapping[str, Any], source: Path) -> bool:
       f"{source}: config.json names no act_layer, and {arch}'s depends on the variant: add"
       " model_args.act_layer ('gelu' or 'gelu_tanh') to it"
     )
-  act = 'gelu' if act is None else act
-  if act not in ACT_LAYERS:
-    raise CheckpointError(
-      f'{source}: act_layer={act!r}; our models compute the GELU only ({", ".join(ACT_LAYERS)})'
-    )
-  return ACT_LAYERS[act]
+  return pytorch.gelu_approximate('gelu' if act is None else act, ACT_LAYERS, 'act_layer', source)
 
 
 def model_fields(path: Path) -> dict[str, Any]:
   """The model fields timm's `config.json` states beyond the shapes: the GELU it computes."""
-  config = _read_config((path if path.is_dir() else path.parent) / 'config.json')
+  config = _read_config(path)
   return {} if config is None else gelu_fields(_gelu_approximate(config, path))
 
 
@@ -298,6 +286,12 @@ def _prefix_rows(
   return posemb
 
 
+def _unsupported(key: str, source: str) -> None:
+  for pattern, what in _UNSUPPORTED.items():
+    if pattern.search(key):
+      raise CheckpointError(f'{source}: {key!r} is {what}, which our ViT does not compute')
+
+
 def _split_qkv(
   kind: str, value: np.ndarray, heads: int | None, key: str, source: str
 ) -> dict[str, np.ndarray]:
@@ -306,35 +300,24 @@ def _split_qkv(
     raise CheckpointError(f'{source}: {key} {shape_str(value.shape)} does not split into q, k, v')
   parts = np.split(value, 3, axis=0)
   return {
-    n: hf.torch_to_ours(kind, p, heads, key, source) for n, p in zip(_QKV, parts, strict=True)
+    n: pytorch.torch_to_ours(kind, p, heads, key, source) for n, p in zip(QKV, parts, strict=True)
   }
-
-
-def _unsupported(key: str, source: str) -> None:
-  for pattern, what in _UNSUPPORTED.items():
-    if pattern.search(key):
-      raise CheckpointError(f'{source}: {key!r} is {what}, which our ViT does not compute')
 
 
 def _map_key(key: str, value: np.ndarray, heads: int | None, source: str) -> dict[str, np.ndarray]:
   """One timm tensor (not pos_embed) as our key(s) and array(s)."""
-  if key in _TOP_MAP:
-    ours, kind = _TOP_MAP[key]
-    return {ours: hf.torch_to_ours(kind, value, heads, key, source)}
-  if m := _LAYER_RE.match(key):
-    i, name = int(m.group(1)), m.group(2)
-    if name in ('attn.qkv.weight', 'attn.qkv.bias'):
-      kind = 'qkv_kernel' if name.endswith('weight') else 'qkv_bias'
-      leaf = 'kernel' if name.endswith('weight') else 'bias'
-      split = _split_qkv(kind, value, heads, key, source)
-      return {f'{_ATTN.format(i=i)}/{n}/{leaf}': v for n, v in split.items()}
-    if name in _BLOCK_MAP:
-      template, kind = _BLOCK_MAP[name]
-      return {template.format(i=i): hf.torch_to_ours(kind, value, heads, key, source)}
-  raise CheckpointError(
-    f'{source}: unexpected key {key!r} {shape_str(value.shape)}: not a parameter of a plain'
-    ' timm VisionTransformer'
-  )
+  if m := _QKV_RE.match(key):
+    leaf = 'kernel' if m.group(2) == 'weight' else 'bias'
+    split = _split_qkv(f'qkv_{leaf}', value, heads, key, source)
+    return {f'{ATTN.format(i=int(m.group(1)))}/{n}/{leaf}': v for n, v in split.items()}
+  found = pytorch.lookup(key, _TOP_MAP, _LAYER_RE, _BLOCK_MAP)
+  if found is None:
+    raise CheckpointError(
+      f'{source}: unexpected key {key!r} {shape_str(value.shape)}: not a parameter of a plain'
+      ' timm VisionTransformer'
+    )
+  ours, kind = found
+  return {ours: pytorch.torch_to_ours(kind, value, heads, key, source)}
 
 
 def from_timm_state_dict(
@@ -355,57 +338,38 @@ def from_timm_state_dict(
   for key in state:
     _unsupported(key, source)
   _check_pooling(state, global_pool, source)
-  flat: dict[str, np.ndarray] = {}
-  for key in sorted(state, key=natural_key):
-    value = np.asarray(state[key])
+  num_prefix = int('cls_token' in state) + int('dist_token' in state)
+
+  def map_key(key: str, value: np.ndarray) -> dict[str, np.ndarray]:
     if key == 'pos_embed':
-      num_prefix = int('cls_token' in state) + int('dist_token' in state)
-      mapped = {POSEMB: _prefix_rows(value, num_prefix, grid, source)}
-    else:
-      name = 'norm.' + key.removeprefix('fc_norm.') if key.startswith('fc_norm.') else key
-      mapped = _map_key(name, value, num_heads, source)
-    for ours, array in mapped.items():
-      if ours in flat:
-        raise CheckpointError(f'{source}: {key!r} maps to {ours!r}, which another key already set')
-      flat[ours] = array
+      return {POSEMB: _prefix_rows(value, num_prefix, grid, source)}
+    name = 'norm.' + key.removeprefix('fc_norm.') if key.startswith('fc_norm.') else key
+    return _map_key(name, value, num_heads, source)
+
+  flat = pytorch.walk(state, map_key, source)
   if not any(k.endswith('.attn.qkv.bias') for k in state):  # qkv_bias=False
     _zero_qkv_biases(flat)
-  check_arrays(flat, source)
-  _check_complete(flat, source)
-  return unflatten(flat)
+  pairs = [('head/kernel', 'head/bias'), ('head_dist/kernel', 'head_dist/bias')]
+  return pytorch.checked_tree(flat, BACKBONE, pairs, source, 'a timm VisionTransformer')
 
 
 def _zero_qkv_biases(flat: dict[str, np.ndarray]) -> None:
   """Zero q/k/v biases (timm's `qkv_bias=False`) for every block with a query kernel."""
   for key in [k for k in flat if k.endswith('/query/kernel')]:
     kernel = flat[key]
-    for name in _QKV:
+    for name in QKV:
       flat[key.replace('/query/kernel', f'/{name}/bias')] = np.zeros(kernel.shape[1:], kernel.dtype)
-
-
-def _check_complete(flat: Mapping[str, np.ndarray], source: str) -> None:
-  """Every backbone weight is present; heads come in (weight, bias) pairs."""
-  required = ['embedding/kernel', 'embedding/bias', POSEMB]
-  required += ['Transformer/encoder_norm/scale', 'Transformer/encoder_norm/bias']
-  for i in block_numbers(flat):
-    required += [template.format(i=i) for template, _ in _BLOCK_MAP.values()]
-    required += [f'{_ATTN.format(i=i)}/{n}/{leaf}' for n in _QKV for leaf in ('kernel', 'bias')]
-  pairs = [('head/kernel', 'head/bias'), ('head_dist/kernel', 'head_dist/bias')]
-  check_complete(flat, required, pairs, source, 'a timm VisionTransformer')
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
   """Reads a timm folder or weights file; returns (tree, description)."""
   del unused
   path = files.path(path)
-  directory = path if path.is_dir() else path.parent
-  config = _read_config(directory / 'config.json')
-  weights = _weights_in(path) if path.is_dir() else path
-  if weights is None:
-    raise CheckpointError(f'{path}: no {" / ".join(WEIGHT_FILES)} in this directory')
+  config = _read_config(path)
+  weights = pytorch.weights_of(path, WEIGHT_FILES)
   if num_heads is None:
     num_heads = _heads_from_config(config)
-  state = hf.read_state_dict(weights)
+  state = pytorch.read_state_dict(weights)
   grid = None
   if (size := _image_size_from_config(config)) and 'patch_embed.proj.weight' in state:
     ph, pw = state['patch_embed.proj.weight'].shape[2:]
@@ -414,15 +378,15 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
     state, num_heads, global_pool=_global_pool(config), grid=grid, source=str(path)
   )
 
-  parts = [weights.name, f'{len(state)} tensors', 'qkv split into query/key/value']
+  notes = ['qkv split into query/key/value']
   if not any(k.endswith('.attn.qkv.bias') for k in state):
-    parts.append('no qkv bias: zeros')
+    notes.append('no qkv bias: zeros')
   if config is None:
-    parts.append('no config.json: tanh GELU')
+    notes.append('no config.json: tanh GELU')
   else:
     gelu = 'tanh' if _gelu_approximate(config, path) else 'exact'
-    parts.append(f'{config["architecture"]}, {gelu} GELU')
-  return tree, 'timm (' + ', '.join(parts) + ')'
+    notes.append(f'{config["architecture"]}, {gelu} GELU')
+  return tree, pytorch.description('timm', weights, state, notes)
 
 
 def load(path: str | Path, *, num_heads: int | None = None) -> dict:
@@ -438,15 +402,11 @@ _GLOBAL_POOL = {'token': 'token', 'gap': 'avg', 'unpooled': '', 'token_unpooled'
 
 def _classifier(flat: Mapping[str, Any], model_config: Any) -> str:
   """Our classifier, checked to be exportable: a plain ViT timm computes the same way."""
-  if 'conv_root/kernel' in flat or config_field(model_config, 'resnet') is not None:
-    raise CheckpointError(
-      'hybrid (ResNet+ViT) models have no timm VisionTransformer equivalent; export them with'
-      ' --to npz'
-    )
+  pytorch.check_exportable(flat, model_config, _WHAT)
   if 'pre_logits/kernel' in flat:
     raise CheckpointError(
       'pre_logits (the representation layer) has no counterpart in timm 1.x VisionTransformer:'
-      ' export with --to hf (--num-classes 0) or --to npz'
+      ' export with --to=hf --num_classes=0, or --to=npz'
     )
   classifier = config_field(model_config, 'classifier', 'token' if 'cls' in flat else 'gap')
   if classifier not in _GLOBAL_POOL:
@@ -469,26 +429,11 @@ def to_timm_state_dict(
   """
   flat = {k: np.asarray(v) for k, v in flatten(params).items()}
   _classifier(flat, model_config)
-  inverse = {ours: (key, kind) for key, (ours, kind) in _TOP_MAP.items()}
-  layers = block_numbers(flat)
-  for i in layers:
-    for name, (template, kind) in _BLOCK_MAP.items():
-      inverse[template.format(i=i)] = (f'blocks.{i}.{name}', kind)
-  state = {}
-  for key, value in flat.items():
-    if key == POSEMB:
-      state['pos_embed'] = np.ascontiguousarray(value)
-    elif key in inverse:
-      name, kind = inverse[key]
-      state[name] = hf.ours_to_torch(kind, value)
-    elif not re.search(r'/MultiHeadDotProductAttention_0/(query|key|value)/', key):
-      raise CheckpointError(
-        f'{key!r} {shape_str(value.shape)} has no timm VisionTransformer equivalent'
-      )
-  for i in layers:
-    attn = _ATTN.format(i=i)
+  state = pytorch.unwalk(flat, _TOP_MAP, ('blocks.{i}.', _BLOCK_MAP), _WHAT, skip=_OUR_QKV_RE)
+  for i in block_numbers(flat):
+    attn = ATTN.format(i=i)
     for leaf, kind, suffix in (('kernel', 'qkv_kernel', 'weight'), ('bias', 'qkv_bias', 'bias')):
-      parts = [hf.ours_to_torch(kind, flat[f'{attn}/{n}/{leaf}']) for n in _QKV]
+      parts = [pytorch.ours_to_torch(kind, flat[f'{attn}/{n}/{leaf}']) for n in QKV]
       state[f'blocks.{i}.attn.qkv.{suffix}'] = np.concatenate(parts, axis=0)
   return state
 
@@ -501,20 +446,6 @@ def _architecture(size: str | None, patch: tuple[int, int], distilled: bool) -> 
   if size in _PATCHES and patch[0] == patch[1] and patch[0] in _PATCHES[size]:
     return f'vit_{size}_patch{patch[0]}_224'
   return 'vit_base_patch16_224'
-
-
-def _image_size(flat: Mapping[str, Any], image_size: int | tuple[int, int] | None) -> list[int]:
-  """[height, width]: `image_size`, or the square the position embeddings are laid out for."""
-  if image_size is None:
-    side = square_side(flat[POSEMB].shape[1] - num_prefix_tokens(flat))
-    if side is None:
-      raise CheckpointError(
-        f'{POSEMB} {shape_str(flat[POSEMB].shape)} is not a square grid: pass'
-        ' image_size=(height, width)'
-      )
-    ph, pw = flat['embedding/kernel'].shape[:2]
-    return [side * ph, side * pw]
-  return [image_size, image_size] if isinstance(image_size, int) else list(image_size)
 
 
 def _pretrained_cfg(image_size: list[int], num_classes: int, distilled: bool) -> dict[str, Any]:
@@ -533,22 +464,17 @@ def _pretrained_cfg(image_size: list[int], num_classes: int, distilled: bool) ->
   }
 
 
-def timm_config(
-  params: Mapping[str, Any],
-  model_config: Any = None,
-  image_size: int | tuple[int, int] | None = None,
-  labels: list[str] | None = None,
-) -> dict[str, Any]:
+def timm_config(model: pytorch.Export) -> dict[str, Any]:
   """The exported `config.json`: timm's hub format, `model_args` = create_model's arguments."""
-  flat = flatten(params)
-  classifier = _classifier(flat, model_config)
-  arch = infer_config(flat)
+  flat, arch = model.flat, model.arch
+  classifier = _classifier(flat, model.model_config)
   t, d = arch.transformer, arch.hidden_size
   if int(d * (t.mlp_dim / d)) != t.mlp_dim:
     raise CheckpointError(f'mlp_dim {t.mlp_dim} is not int(hidden * mlp_ratio) for any float ratio')
   num_classes, distilled = arch.num_classes or 0, 'dist_token' in flat
+  size = model.image_size
   model_args = {
-    'img_size': _image_size(flat, image_size),
+    'img_size': [size, size] if isinstance(size, int) else list(size),
     'patch_size': list(arch.patches.size),
     'embed_dim': d,
     'depth': t.num_layers,
@@ -560,42 +486,19 @@ def timm_config(
     'global_pool': _GLOBAL_POOL[classifier],
     'fc_norm': False,
     'num_classes': num_classes,
-    'act_layer': 'gelu_tanh' if config_field(model_config, 'gelu_approximate', True) else 'gelu',
+    'act_layer': 'gelu_tanh' if model.gelu_approximate else 'gelu',
     'norm_layer': NORM_LAYER,
   }
-  size = _SIZES.get((d, t.num_layers, t.num_heads))
   config: dict[str, Any] = {
-    'architecture': _architecture(size, tuple(arch.patches.size), distilled),
+    'architecture': _architecture(
+      _SIZES.get((d, t.num_layers, t.num_heads)), tuple(arch.patches.size), distilled
+    ),
     'num_classes': num_classes,
     'num_features': d,
     'global_pool': model_args['global_pool'],
     'model_args': model_args,
     'pretrained_cfg': _pretrained_cfg(model_args['img_size'], num_classes, distilled),
   }
-  if labels is not None:
-    if len(labels) != num_classes:
-      raise CheckpointError(f'{len(labels)} labels for a head of {num_classes} classes')
-    config['label_names'] = list(labels)
+  if model.labels is not None:
+    config['label_names'] = model.labels
   return config
-
-
-def export_timm(
-  params: Mapping[str, Any],
-  model_config: Any,
-  out_dir: str | os.PathLike,
-  *,
-  image_size: int | tuple[int, int] | None = None,
-  labels: list[str] | None = None,
-) -> Path:
-  """Writes `model.safetensors` + `config.json` that timm loads with our logits:
-
-    model = timm.create_model('local-dir:OUT_DIR', pretrained=True)
-    # or: timm.create_model(config['architecture'], **config['model_args']) and
-    #     model.load_state_dict(safetensors.torch.load_file('OUT_DIR/model.safetensors'))
-
-  `model_config` gives the classifier (default: 'token' with a class token, else 'gap').
-  Nothing partial is left (`hf.write_model_dir`).
-  """
-  state = to_timm_state_dict(params, model_config)
-  config = timm_config(params, model_config, image_size, labels)
-  return hf.write_model_dir(out_dir, state, config)

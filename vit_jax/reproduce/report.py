@@ -387,24 +387,10 @@ def plot(rows: Sequence[Row], path: str) -> str | None:
   x = np.arange(len(compared))
   fig = Figure(figsize=(max(6.0, 1.6 * len(compared) + 2), 5.5))
   ax = fig.subplots()
-  ax.bar(
-    x - 0.2,
-    [r.ours for r in compared],
-    0.4,
-    yerr=[r.ours_std or 0 for r in compared],
-    label='ours',
-    color='tab:blue',
-    capsize=3,
-  )
-  ax.bar(
-    x + 0.2,
-    [r.paper for r in compared],
-    0.4,
-    yerr=[r.paper_std or 0 for r in compared],
-    label='paper',
-    color='tab:gray',
-    capsize=3,
-  )
+  for offset, label, color in ((-0.2, 'ours', 'tab:blue'), (0.2, 'paper', 'tab:gray')):
+    values = [getattr(r, label) for r in compared]
+    stds = [getattr(r, f'{label}_std') or 0 for r in compared]
+    ax.bar(x + offset, values, 0.4, yerr=stds, label=label, color=color, capsize=3)
   for i, r in enumerate(compared):
     ax.annotate(
       f'{r.diff:+.2f}', (x[i], max(r.ours, r.paper)), ha='center', va='bottom', fontsize=8
