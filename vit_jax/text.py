@@ -18,6 +18,7 @@ graph (a `tf.data` map), one text (shape ()) or a batch (shape (n,)).
 The vocabulary file is read through the path layer (a local or a gs:// path).
 """
 
+import abc
 import hashlib
 import os
 from collections.abc import Sequence
@@ -35,15 +36,15 @@ TOKENIZERS = ('bert', 'sentencepiece')
 EOS = ('sticky', 'yes', 'none')  # big_vision's `tokenize(eos=...)`
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
   """Texts to int32 token ids, `max_len` of them per text."""
 
   max_len: int
   vocab_size: int  # how many pieces the vocabulary file has
 
+  @abc.abstractmethod
   def _tokenize(self, texts: tf.Tensor) -> tf.Tensor:
     """A batch of texts (n,) to int32 ids (n, max_len)."""
-    raise NotImplementedError
 
   def preprocess_tf(self, texts: tf.Tensor | str) -> tf.Tensor:
     """Tokenizes a text () to (max_len,), or texts (n,) to (n, max_len), in a TF graph."""
@@ -66,7 +67,7 @@ def get_tokenizer(name: str, vocab_path: files.PathLike, max_len: int, **options
   `options` are SentencepieceTokenizer's (`eos`, `pad_value`, `lower`)."""
   if name not in TOKENIZERS:
     raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(TOKENIZERS)}')
-  if not isinstance(max_len, int) or max_len < 1:
+  if not isinstance(max_len, int | np.integer) or max_len < 1:
     raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
   if name == 'bert':
     return BertTokenizer(vocab_path, max_len, **options)
