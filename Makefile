@@ -8,8 +8,6 @@ PY := $(VENV)/bin/python
 
 $(VENV)/.runtime: requirements.txt
 	python3 -m venv $(VENV)
-	# A venv made before tensorflow replaced tensorflow-cpu (the same files) drops both first.
-	! $(PY) -m pip show -q tensorflow-cpu 2>/dev/null || $(PY) -m pip uninstall -q -y tensorflow-cpu tensorflow
 	$(PY) -m pip install -q -r requirements.txt
 	touch $@
 
