@@ -344,7 +344,9 @@ def test_tokenizer_vocabularies_in_the_bucket_read_as_their_local_copies(gcs, tm
     'bert': text_vocabs.write_bert_vocab(tmp_path / 'LiT-B16B.txt'),
     'sentencepiece': str(tmp_path / 'LiT-L16S.model'),
   }
-  (tmp_path / 'LiT-L16S.model').write_bytes(text_vocabs.trained_model())
+  shutil.copy(
+    os.path.join(os.path.dirname(__file__), 'data', 'sp_unigram.model'), local['sentencepiece']
+  )
   texts = ['The cat sat on the mat!', 'Über café 中文 😀', '']
   for name, path in local.items():
     bucket_path = f'gs://{BUCKET}/lit/{os.path.basename(path)}'

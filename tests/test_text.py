@@ -1,85 +1,44 @@
 """vit_jax.text: the tokenizers give the ids derived by hand from vocabularies written here
-(tests/text_vocabs.py), and equal the original's code on them: vit_jax's BertTokenizer and
-SentencepieceTokenizer (preprocess.py, tensorflow_text) and big_vision's `tokenize` op."""
+(tests/text_vocabs.py), and the ids of the original's code on the vocabularies in tests/data:
+tests/data/tokenizer_oracle.json holds what vit_jax's BertTokenizer and SentencepieceTokenizer
+(preprocess.py, on tensorflow_text) and big_vision's `tokenize` op gave, called exactly as
+released, on hundreds of texts (tests/data/make_tokenizer_oracle.py wrote it; tensorflow_text
+is not needed here)."""
+
+import hashlib
+import itertools
+import json
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
 
 import numpy as np
 import pytest
+import sentencepiece
 import tensorflow as tf
-import tensorflow_text
 import text_vocabs as tv
 
 from vit_jax import text
 
-TEXTS = [
-  '',
-  'a',
-  'The cat sat on the mat.',
-  'THE CATS SAT!!',
-  'Über café, naïve façade',
-  'Ä Ö Ü ß ẞ ǅ',
-  'Zürich',
-  'İstanbul ΣΑΣ Straße',
-  '中文字 日本語 한국어',
-  '😀 cat 🐈\u200d⬛ 👍🏽',
-  'tab\tnew\nline\r\x00end',
-  '  leading and   trailing  ',
-  "don't-stop #$%&",
-  'Ελληνικά Русский हिन्दी عربى',
-  'x' * 150,
-  'a cat sat ' * 12,
-]
+DATA = Path(__file__).parent / 'data'
+ORACLE = json.loads((DATA / 'tokenizer_oracle.json').read_text(encoding='utf-8'))
+# The oracle's texts, then its strings that are not valid UTF-8 (as a tf.string may hold).
+INPUTS = [t.encode() for t in ORACLE['texts']] + [bytes.fromhex(t) for t in ORACLE['byte_texts']]
 SIGLIP = dict(eos='sticky', pad_value=1, lower=True)
 
 
-# The original's code, as released.
+def _padded(rows, max_len, pad):
+  """The oracle's rows (stored without their trailing padding) padded back to max_len."""
+  return np.array([row + [pad] * (max_len - len(row)) for row in rows], np.int32)
 
 
-def original_bert(vocab_path, max_len, texts):
-  """vit_jax's BertTokenizer.__call__ (preprocess.py)."""
-  tokenizer = tensorflow_text.BertTokenizer(vocab_path, token_out_type=tf.int32, lower_case=True)
-  with tf.io.gfile.GFile(vocab_path) as f:
-    vocab = f.read().split('\n')
-  cls_token = vocab.index('[CLS]')
-  tokens, _ = tensorflow_text.pad_model_inputs(tokenizer.tokenize(tf.constant(texts)), max_len - 1)
-  return tf.concat([tf.fill([tf.shape(tokens)[0], 1], cls_token), tokens], axis=1).numpy()
-
-
-def original_sentencepiece(model, max_len, texts):
-  """vit_jax's SentencepieceTokenizer.__call__ (preprocess.py)."""
-  tokenizer = tensorflow_text.SentencepieceTokenizer(model=model, add_eos=True)
-  eos_token = tokenizer.string_to_id('</s>')
-
-  def preprocess_tf(text):
-    tokens = tokenizer.tokenize(text)
-    tokens = tokens[: max_len - 1]
-    return tf.pad(tokens, [(0, max_len - tf.shape(tokens)[0])], constant_values=eos_token)
-
-  return tf.stack([preprocess_tf(t) for t in texts]).numpy()
-
-
-def big_vision_tokenize(model, max_len, texts, *, eos, pad_value, lower):
-  """big_vision's `tokenize(max_len, eos, pad_value, lower)` op (pp/ops_text.py) on each text."""
-  tokenizer = tensorflow_text.SentencepieceTokenizer(model=model, add_eos=eos != 'none')
-
-  def pad(tokens):
-    if eos == 'sticky':
-      tokens = tf.cond(
-        tf.shape(tokens)[0] >= max_len,
-        lambda: tf.concat([tokens[: max_len - 1], tokens[-1:]], axis=0),
-        lambda: tf.pad(tokens, [(0, max_len - tf.shape(tokens)[0])], constant_values=pad_value),
-      )
-    else:
-      tokens = tokens[:max_len]
-      tokens = tf.pad(tokens, [(0, max_len - tf.shape(tokens)[0])], constant_values=pad_value)
-    return tokens
-
-  def one(txt):
-    txt = tf.constant(txt)
-    if lower:
-      txt = tf.strings.lower(txt)
-    return pad(tokenizer.tokenize(txt)).numpy()
-
-  return np.stack([one(t) for t in texts])
+def _assert_rows_equal(ours, expected, context=''):
+  """Equal ids; else the first texts that differ, ours then the oracle's."""
+  assert ours.shape == expected.shape and ours.dtype == np.int32
+  wrong = [i for i in range(len(INPUTS)) if not np.array_equal(ours[i], expected[i])]
+  lines = [f'{INPUTS[i]!r}: {ours[i].tolist()} != {expected[i].tolist()}' for i in wrong[:5]]
+  assert not wrong, '\n'.join([f'{len(wrong)} texts differ {context}', *lines])
 
 
 @pytest.fixture(scope='module')
@@ -95,10 +54,8 @@ def word_model(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def trained_model(tmp_path_factory):
-  path = tmp_path_factory.mktemp('sp') / 'trained.model'
-  path.write_bytes(tv.trained_model())
-  return str(path)
+def trained_model():
+  return str(DATA / 'sp_unigram.model')
 
 
 # BERT.
@@ -140,11 +97,46 @@ def test_bert_the_originals_own_case(tmp_path):
   np.testing.assert_array_equal(ids, [[1, 2, 0], [1, 3, 0], [1, 4, 0], [1, 5, 0]])
 
 
-@pytest.mark.parametrize('max_len', [1, 2, 8, 16])
-def test_bert_equals_the_original(bert_vocab, max_len):
-  ours = text.get_tokenizer('bert', bert_vocab, max_len)(TEXTS)
-  np.testing.assert_array_equal(ours, original_bert(bert_vocab, max_len, TEXTS))
-  assert ours.shape == (len(TEXTS), max_len)
+@pytest.mark.parametrize(
+  'entry',
+  ORACLE['bert']['entries'],
+  ids=[f'max_len={e["max_len"]}' for e in ORACLE['bert']['entries']],
+)
+def test_bert_equals_tensorflow_text(entry):
+  """The original's BertTokenizer on bert_vocab.txt, every text of the oracle."""
+  tokenizer = text.get_tokenizer('bert', DATA / ORACLE['bert']['vocab'], entry['max_len'])
+  _assert_rows_equal(tokenizer(INPUTS), _padded(entry['ids'], entry['max_len'], entry['pad']))
+
+
+def test_bert_reads_the_vocabulary_as_tensorflow_does(tmp_path):
+  """'\\r\\n' line ends read as '\\n' ones (TensorFlow's text-file table drops the '\\r'); the
+  whole line is the piece (spaces and tabs included)."""
+  lines = ['[PAD]', '[UNK]', '[CLS]', 'the ', 'cat', 'the\tx', 'the']
+  (tmp_path / 'crlf.txt').write_bytes(('\r\n'.join(lines) + '\r\n').encode())
+  ids = text.get_tokenizer('bert', tmp_path / 'crlf.txt', 5)(['The cat', 'the\tx'])
+  np.testing.assert_array_equal(ids, [[2, 6, 4, 0, 0], [2, 6, 1, 0, 0]])
+
+
+def test_basic_tokenizer_equals_tensorflow_text_on_every_character():
+  """tensorflow_text's BasicTokenizer(lower_case=True) on every code point of Unicode planes
+  0-3 and 14 (every character assigned so far), 'x' between them, a block of 4,096 a text: the
+  oracle holds a digest of each block's words. Left out, by the oracle's explicit list: the
+  code points Python's unicodedata (of the Unicode version the oracle names) has not assigned
+  but tensorflow_text's newer ICU and RE2 tables know (and fold, drop or split)."""
+  chars = ORACLE['characters']
+  excluded = {int(c, 16) for c in chars['excluded']}
+  if unicodedata.unidata_version == chars['unicode']:
+    assert all(unicodedata.category(chr(c)) == 'Cn' for c in excluded)
+  wrong = []
+  for start, digest in chars['blocks'].items():
+    start = int(start, 16)
+    points = range(start, start + chars['block'])
+    kept = (chr(c) for c in points if not 0xD800 <= c <= 0xDFFF and c not in excluded)
+    words = text.basic_tokenize('x'.join(kept))
+    if hashlib.sha256('\n'.join(words).encode()).hexdigest()[: len(digest)] != digest:
+      wrong.append(f'{start:04X}')
+  assert not wrong, f'the words differ in the blocks at {wrong}'
+  assert len(chars['blocks']) == 65 and len(excluded) == 210  # as docs/image-text.md lists
 
 
 def test_bert_cls_is_its_line_index(tmp_path):
@@ -153,7 +145,6 @@ def test_bert_cls_is_its_line_index(tmp_path):
   vocab = tv.write_bert_vocab(tmp_path / 'v.txt', lines)
   ids = text.get_tokenizer('bert', vocab, 5)(['The cat', 'sat dog'])
   np.testing.assert_array_equal(ids, [[5, 2, 3, 0, 0], [5, 6, 1, 0, 0]])
-  np.testing.assert_array_equal(ids, original_bert(vocab, 5, ['The cat', 'sat dog']))
 
 
 # Sentencepiece.
@@ -213,30 +204,44 @@ def test_sentencepiece_eos_modes_of_big_vision(word_model, eos, pad_value, expec
   np.testing.assert_array_equal(tokenizer(['a', 'a a', 'a a a']), expected)
 
 
-@pytest.mark.parametrize('max_len', [1, 3, 4, 16, 17])
-def test_sentencepiece_equals_the_original(trained_model, max_len):
-  with open(trained_model, 'rb') as f:
-    model = f.read()
-  ours = text.get_tokenizer('sentencepiece', trained_model, max_len)(TEXTS)
-  np.testing.assert_array_equal(ours, original_sentencepiece(model, max_len, TEXTS))
+SENTENCEPIECE = [(model, e) for model, entries in ORACLE['sentencepiece'].items() for e in entries]
 
 
-@pytest.mark.parametrize('options', [SIGLIP, dict(eos='yes', pad_value=0, lower=False)])
-@pytest.mark.parametrize('max_len', [1, 3, 4, 17])
-def test_sentencepiece_equals_big_vision(trained_model, max_len, options):
-  with open(trained_model, 'rb') as f:
-    model = f.read()
-  ours = text.get_tokenizer('sentencepiece', trained_model, max_len, **options)(TEXTS)
-  np.testing.assert_array_equal(ours, big_vision_tokenize(model, max_len, TEXTS, **options))
+@pytest.mark.parametrize(
+  'model,entry',
+  SENTENCEPIECE,
+  ids=[
+    f'{m.split(".")[0]}-{e["options"].get("eos", "lit")}-{e["max_len"]}' for m, e in SENTENCEPIECE
+  ],
+)
+def test_sentencepiece_equals_tensorflow_text(model, entry):
+  """The original's SentencepieceTokenizer (options {}: LiT's) and big_vision's `tokenize` op
+  (eos, pad_value, lower) on both models, every text of the oracle. On the unigram model some
+  texts have segmentations of equal score: sentencepiece 0.2.1 breaks the ties as the copy
+  inside tensorflow_text does (0.2.2 and later do not)."""
+  max_len = entry['max_len']
+  tokenizer = text.get_tokenizer('sentencepiece', DATA / model, max_len, **entry['options'])
+  version = f'sentencepiece {sentencepiece.__version__} (requirements.txt: 0.2.1)'
+  _assert_rows_equal(tokenizer(INPUTS), _padded(entry['ids'], max_len, entry['pad']), version)
 
 
-def test_the_comparisons_cover_short_fitting_and_clipped_texts(trained_model):
-  with open(trained_model, 'rb') as f:
-    tokenizer = tensorflow_text.SentencepieceTokenizer(model=f.read(), add_eos=True)
-  lengths = {len(ids) for ids in tokenizer.tokenize(TEXTS).to_list()}  # </s> included
-  # max_len 3 and 17 fit some texts exactly, 4 and 16 leave them one position of padding, and
-  # every max_len clips some.
-  assert {1, 3, 15, 17} <= lengths and max(lengths) > 17, lengths
+def test_the_oracle_covers_empty_fitting_and_clipped_texts():
+  """At each max_len of the oracle some texts fit exactly, some leave one position of padding,
+  some are clipped by one and some by more; some texts have no piece at all."""
+  bert = text.get_tokenizer('bert', DATA / ORACLE['bert']['vocab'], 256)
+  lengths = {'bert': set((bert(INPUTS) != 0).sum(axis=1).tolist())}  # [CLS] included
+  for model, add_eos in itertools.product(ORACLE['sentencepiece'], (True, False)):
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(DATA / model))
+    lengths[model, add_eos] = {len(ids) for ids in processor.encode(INPUTS, add_eos=add_eos)}
+  assert max(lengths['bert']) < 256 and min(lengths['bert']) == 1  # [CLS] alone
+  for model in ORACLE['sentencepiece']:
+    assert min(lengths[model, True]) == 1 and min(lengths[model, False]) == 0  # </s> alone
+  entries = [('bert', e) for e in ORACLE['bert']['entries']]
+  entries += [((m, e['options'].get('eos') != 'none'), e) for m, e in SENTENCEPIECE]
+  for name, entry in entries:
+    max_len = entry['max_len']
+    assert {max_len - 1, max_len, max_len + 1} - {0} <= lengths[name], (name, max_len)
+    assert max(lengths[name]) > max_len + 1, (name, max_len)
 
 
 # Both.
@@ -257,8 +262,8 @@ def tokenizer(make_tokenizer):
 
 def test_tf_data_gives_the_same_ids(tokenizer):
   """One text per element, or a batch per element: the ids of the numpy call."""
-  expected = tokenizer(TEXTS)
-  dataset = tf.data.Dataset.from_tensor_slices(TEXTS)
+  expected = tokenizer(INPUTS)
+  dataset = tf.data.Dataset.from_tensor_slices(INPUTS)
   one = np.concatenate(list(dataset.map(tokenizer.preprocess_tf).batch(5).as_numpy_iterator()))
   batched = np.concatenate(list(dataset.batch(5).map(tokenizer.preprocess_tf).as_numpy_iterator()))
   np.testing.assert_array_equal(one, expected)
@@ -267,8 +272,8 @@ def test_tf_data_gives_the_same_ids(tokenizer):
 
 
 def test_a_tokenizer_built_inside_a_tf_data_map_gives_the_same_ids(make_tokenizer):
-  expected = make_tokenizer()(TEXTS)
-  dataset = tf.data.Dataset.from_tensor_slices(TEXTS).batch(len(TEXTS))
+  expected = make_tokenizer()(INPUTS)
+  dataset = tf.data.Dataset.from_tensor_slices(INPUTS).batch(len(INPUTS))
   (ids,) = dataset.map(lambda t: make_tokenizer().preprocess_tf(t)).as_numpy_iterator()
   np.testing.assert_array_equal(ids, expected)
 
@@ -308,7 +313,7 @@ def test_an_unknown_tokenizer_is_one_line(bert_vocab):
   assert _one_line(error) == "unknown tokenizer 'wordpiece'; choose one of bert, sentencepiece"
 
 
-def test_the_wrong_tokenizer_for_a_file_is_one_line(bert_vocab, trained_model):
+def test_the_wrong_tokenizer_for_a_file_is_one_line(bert_vocab, trained_model, tmp_path):
   with pytest.raises(ValueError) as error:
     text.get_tokenizer('sentencepiece', bert_vocab, 16)
   assert _one_line(error).startswith(f'{bert_vocab}: not a sentencepiece model')
@@ -317,11 +322,38 @@ def test_the_wrong_tokenizer_for_a_file_is_one_line(bert_vocab, trained_model):
   assert _one_line(error).startswith(f'{trained_model}: not a BERT vocabulary')
 
 
-def test_a_vocabulary_without_cls_is_one_line(tmp_path):
-  vocab = tv.write_bert_vocab(tmp_path / 'v.txt', ['[PAD]', '[UNK]', 'the'])
+def test_an_empty_model_file_is_one_line_and_nothing_else(tmp_path):
+  """sentencepiece takes empty bytes for no model, whose every call logs to stderr (at exit)."""
+  (tmp_path / 'LiT-L16S.model').write_bytes(b'')
+  code = (
+    'import sys; from vit_jax import text; text.get_tokenizer("sentencepiece", sys.argv[1], 16)'
+  )
+  run = subprocess.run(
+    [sys.executable, '-c', code, str(tmp_path / 'LiT-L16S.model')],
+    cwd=Path(__file__).parents[1],
+    capture_output=True,
+    text=True,
+  )
+  message = f'ValueError: {tmp_path}/LiT-L16S.model: not a sentencepiece model'
+  assert run.returncode == 1 and run.stderr.startswith('Traceback'), run.stderr
+  assert run.stderr.rstrip().splitlines()[-1].startswith(message), run.stderr
+
+
+@pytest.mark.parametrize(
+  'lines,problem',
+  [
+    (['[PAD]', '[UNK]', 'the'], 'no [CLS] line'),
+    (['[PAD]', '', '[CLS]', 'the'], 'line 2 is empty'),
+    (['[PAD]', '[CLS]', 'the', 'cat', 'the'], "'the' is on two lines"),
+  ],
+)
+def test_a_vocabulary_tensorflow_text_refuses_is_one_line(tmp_path, lines, problem):
+  """No [CLS] (the original's vocab.index('[CLS]') fails), an empty or a repeated line
+  (TensorFlow's text-file table refuses the file)."""
+  vocab = tv.write_bert_vocab(tmp_path / 'v.txt', lines)
   with pytest.raises(ValueError) as error:
     text.get_tokenizer('bert', vocab, 16)
-  assert _one_line(error) == f'{vocab}: not a BERT vocabulary (no [CLS] line)'
+  assert _one_line(error) == f'{vocab}: not a BERT vocabulary ({problem})'
 
 
 @pytest.mark.parametrize(
@@ -337,3 +369,14 @@ def test_bad_options_are_one_line(bert_vocab, word_model, name, options, match):
   with pytest.raises((ValueError, TypeError), match=match) as error:
     text.get_tokenizer(name, vocab, **options)
   _one_line(error)
+
+
+def test_importing_the_tokenizers_imports_no_tensorflow():
+  """TensorFlow is imported by `preprocess_tf` only: tokenizing lists of texts needs none."""
+  code = (
+    'import sys; from vit_jax import text; '
+    "text.get_tokenizer('bert', sys.argv[1], 16)(['a cat']); "
+    "assert not [m for m in sys.modules if m.startswith('tensorflow')], 'tensorflow imported'"
+  )
+  vocab = str(DATA / ORACLE['bert']['vocab'])
+  subprocess.run([sys.executable, '-c', code, vocab], check=True, cwd=Path(__file__).parents[1])

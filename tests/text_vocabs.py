@@ -1,11 +1,8 @@
 """Vocabulary files for the tokenizer tests, written by the tests: a BERT WordPiece vocabulary
 laid out as BERT's own (`[PAD]`, `[unused0..98]`, `[UNK]` = 100, `[CLS]` = 101, `[SEP]`,
-`[MASK]`, then the pieces), a sentencepiece word model whose ids are the positions of its
-pieces, and a sentencepiece unigram model trained on a few sentences."""
+`[MASK]`, then the pieces) and a sentencepiece word model whose ids are the positions of its
+pieces. (tests/data holds the vocabularies of the comparisons with tensorflow_text.)"""
 
-import io
-
-import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
 BERT_SPECIAL = ['[PAD]', *(f'[unused{i}]' for i in range(99)), '[UNK]', '[CLS]', '[SEP]', '[MASK]']
@@ -21,17 +18,6 @@ BERT_ID = {piece: BERT_VOCAB.index(piece) for piece in BERT_PIECES}
 SP_WORDS = ['a', 'cat', 'sat', 'ä', 'zürich', '中文', '😀']
 SP_UNK, SP_EOS = 0, 2
 SP_ID = {word: 3 + i for i, word in enumerate(SP_WORDS)}
-
-SENTENCES = [
-  'A cat sat on the mat.',
-  'The dog ate my homework, twice!',
-  'Zürich is a city in Switzerland; Genève is another.',
-  'Über café, naïve façade: ÄÖÜ äöü ß.',
-  '中文字 日本語 한국어',
-  'Emoji: 😀 🐈 👍🏽',
-  'Straße İstanbul Ελληνικά Русский',
-  'numbers 123 456 and symbols #$%&',
-]
 
 
 def write_bert_vocab(path, lines=BERT_VOCAB) -> str:
@@ -59,19 +45,3 @@ def word_model(words=SP_WORDS) -> bytes:
   for word in words:
     model.pieces.add(piece='\u2581' + word, score=0.0, type=piece.NORMAL)
   return model.SerializeToString()
-
-
-def trained_model(vocab_size: int = 120) -> bytes:
-  """A unigram sentencepiece model trained on SENTENCES (every character covered)."""
-  out = io.BytesIO()
-  sentencepiece.SentencePieceTrainer.train(
-    sentence_iterator=iter(SENTENCES),
-    model_writer=out,
-    model_type='unigram',
-    vocab_size=vocab_size,
-    hard_vocab_limit=False,
-    character_coverage=1.0,
-    num_threads=1,
-    minloglevel=2,
-  )
-  return out.getvalue()
