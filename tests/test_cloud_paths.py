@@ -333,3 +333,28 @@ def test_an_image_folder_in_the_bucket_reads_as_its_local_copy(gcs, tmp_path):
     for (a, label_a), (b, label_b) in zip(*read, strict=True):
       np.testing.assert_array_equal(a, b)
       assert label_a == label_b
+
+
+def test_tokenizer_vocabularies_in_the_bucket_read_as_their_local_copies(gcs, tmp_path):
+  import text_vocabs
+
+  from vit_jax import text
+
+  local = {
+    'bert': text_vocabs.write_bert_vocab(tmp_path / 'LiT-B16B.txt'),
+    'sentencepiece': str(tmp_path / 'LiT-L16S.model'),
+  }
+  shutil.copy(
+    os.path.join(os.path.dirname(__file__), 'data', 'sp_unigram.model'), local['sentencepiece']
+  )
+  texts = ['The cat sat on the mat!', 'Über café 中文 😀', '']
+  for name, path in local.items():
+    bucket_path = f'gs://{BUCKET}/lit/{os.path.basename(path)}'
+    with open(path, 'rb') as f:
+      gcs.pipe(bucket_path[len('gs://') :], f.read())
+    np.testing.assert_array_equal(
+      text.get_tokenizer(name, bucket_path, 16)(texts), text.get_tokenizer(name, path, 16)(texts)
+    )
+  missing = f'gs://{BUCKET}/lit/LiT-B16B_2.txt'
+  with pytest.raises(FileNotFoundError, match=f'^{missing}: no such vocabulary file$'):
+    text.get_tokenizer('bert', missing, 16)
