@@ -10,7 +10,7 @@ from typing import Any
 from etils.epath import Path
 
 from vit_jax import files
-from vit_jax.checkpoint import hf, npz, orbax, timm
+from vit_jax.checkpoint import hf, npz, orbax, timm, two_towers
 from vit_jax.checkpoint.tree import CheckpointError
 
 
@@ -40,7 +40,8 @@ FORMATS: list[Format] = [
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
   Format('timm', timm.detect, timm.read, timm.model_fields),
   Format('hf', hf.detect, hf.read, hf.model_fields),
-  Format('npz', npz.detect, npz.read),
+  # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
+  Format('npz', npz.detect, two_towers.read),
   Format('orbax', orbax.detect, orbax.read),
 ]
 
@@ -61,8 +62,15 @@ def detect_format(path: str | Path) -> Format:
 
 
 def read(path: str | Path, **kwargs: Any) -> tuple[dict, str]:
-  """(our tree, a one-line description of the format) of the checkpoint at `path`."""
-  return detect_format(path).read(files.path(path), **kwargs)
+  """(our tree, a one-line description of the format) of the checkpoint at `path`;
+  `PATH:img` reads the image tower of an image-text .npz alone."""
+  path, tower = two_towers.split_tower(path)
+  fmt = detect_format(path)
+  if tower is not None:
+    if fmt.name != 'npz':
+      raise CheckpointError(f'{path}:{tower}: only image-text .npz files have towers')
+    kwargs['tower'] = tower
+  return fmt.read(files.path(path), **kwargs)
 
 
 def load(path: str | Path, **kwargs: Any) -> dict:
