@@ -13,7 +13,7 @@ from conftest import randomize
 from jax.sharding import PartitionSpec as P
 from numpy_models import l2_normalize, text_transformer, vit
 
-from vit_jax import checkpoint, convert, parallel
+from vit_jax import checkpoint, convert, parallel, predict
 from vit_jax.checkpoint import tree, two_towers
 from vit_jax.models import (
   MODEL_CONFIGS,
@@ -188,19 +188,25 @@ def test_the_call_embeds_normalised_and_either_input_may_be_none():
   params = randomize(stats.param_shapes(model, SIZE, LEN)) | scalars
   assert sorted(params) == ['b', 'img', 't', 'txt']
   images, tokens = _inputs()
-  apply = jax.jit(model.apply)
-  zimg, ztxt, out = apply({'params': params}, images=images, tokens=tokens)
+
+  @jax.jit
+  def calls(params):  # both inputs, images alone, texts alone
+    variables = {'params': params}
+    return (
+      model.apply(variables, images=images, tokens=tokens),
+      model.apply(variables, images=images),
+      model.apply(variables, tokens=tokens),
+    )
+
+  (zimg, ztxt, out), (zimg_alone, no_text, _), (no_image, ztxt_alone, _) = calls(params)
   np.testing.assert_allclose(out['t'], [10.0], rtol=1e-6)
   np.testing.assert_array_equal(out['b'], [-10.0])
   # z / (|z| + 1e-8), the norm kept in `out`
   np.testing.assert_allclose(np.linalg.norm(zimg, axis=1), 1 / (1 + 1e-8 / out['img/norm'][:, 0]))
   raw = out['txt/pre_logits'] @ params['txt']['head']['kernel'] + params['txt']['head']['bias']
   np.testing.assert_allclose(ztxt, raw / (out['txt/norm'] + 1e-8), rtol=1e-5, atol=1e-7)
-  zimg_alone, none, _ = apply({'params': params}, images=images)
-  assert none is None
+  assert no_text is None and no_image is None
   np.testing.assert_allclose(zimg_alone, zimg, atol=1e-6, rtol=0)
-  none, ztxt_alone, _ = apply({'params': params}, tokens=tokens)
-  assert none is None
   np.testing.assert_allclose(ztxt_alone, ztxt, atol=1e-6, rtol=0)
 
 
@@ -542,11 +548,14 @@ def test_image_tower_alone_is_a_plain_vit(lit_text_transformer_file, tmp_path):
   fitted = checkpoint.fit(f'{path}:img', num_classes=5)  # fine-tuning: a fresh head
   assert (fitted.config.num_classes, fitted.config.classifier) == (5, 'token')
   assert fitted.report.fresh == ['head/kernel', 'head/bias']
-  vit_config = tiny_config('LiT-B16B', (None, 24)).image.to_dict()
-  by_model = checkpoint.fit(path, vit_config, num_classes=5)  # a ViT model takes the tower
-  assert 'its image tower taken' in by_model.found.description
+  # The trainer's path: a ViT model fine-tuned from the file takes its image tower.
+  vit_config = {**tiny_config('LiT-B16B', (None, 24)).image.to_dict(), 'num_classes': 5}
+  init = randomize(stats.param_shapes(model_from_config(vit_config), SIZE), seed=9)
+  loaded = tree.flatten(checkpoint.load_pretrained(path, init, vit_config))
+  assert loaded.keys() == tree.flatten(fitted.params).keys()
   for key, value in tree.flatten(fitted.params).items():
-    np.testing.assert_array_equal(tree.flatten(by_model.params)[key], value, err_msg=key)
+    want = tree.flatten(init)[key] if key.startswith('head/') else value
+    np.testing.assert_array_equal(loaded[key], want, err_msg=key)
 
 
 def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_path):
@@ -560,6 +569,7 @@ def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_pat
     (lambda: checkpoint.fit(path, 'LiT-B16B'), 'does not fit the checkpoint'),
     (lambda: checkpoint.fit(tmp_path / 'vit.npz', 'LiT-L16S'), 'holds no image-text model'),
     (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'hf'), 'converts to npz only'),
+    (lambda: predict.load(path), f"its image tower's features: {path}:img"),
   ]
   for call, message in cases:
     with pytest.raises(checkpoint.CheckpointError, match=re.escape(message)) as e:
@@ -574,13 +584,17 @@ def test_towers_take_the_vit_options(lit_text_transformer_file):
   images, tokens = _inputs()
   want = jax.jit(fitted.model().apply)({'params': fitted.params}, images=images, tokens=tokens)
   want = want[:2]
-  options = {'attention_impl': 'fused', 'remat_policy': 'full', 'scan_layers': True}
-  txt = dict(fitted.params['txt'])
-  encoder = dict(txt['Encoder_0'])
-  blocks = [encoder.pop(f'encoderblock_{i}') for i in range(2)]
-  encoder['encoderblock'] = jax.tree.map(lambda *x: np.stack(x), *blocks)  # big_vision's scan
-  scanned = {**fitted.params, 'txt': {**txt, 'Encoder_0': encoder}}
-  model = fitted.model(image={'attention_impl': 'fused', 'remat_policy': 'full'}, text=options)
+  options = {'attention_impl': 'fused', 'scan_layers': True}
+
+  def stacked(tower, encoder):  # encoderblock_{i} -> encoderblock, big_vision's scanned layout
+    blocks = dict(fitted.params[tower][encoder])
+    layers = [blocks.pop(f'encoderblock_{i}') for i in range(2)]
+    blocks['encoderblock'] = jax.tree.map(lambda *x: np.stack(x), *layers)
+    return {**fitted.params[tower], encoder: blocks}
+
+  scanned = {**fitted.params, 'img': stacked('img', 'Transformer')}
+  scanned['txt'] = stacked('txt', 'Encoder_0')
+  model = fitted.model(image=options, text=options)
   got = jax.jit(model.apply)({'params': scanned}, images=images, tokens=tokens)[:2]
   for a, b in zip(got, want, strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)

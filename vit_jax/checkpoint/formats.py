@@ -77,7 +77,9 @@ def load(path: str | Path, **kwargs: Any) -> dict:
   """The checkpoint at `path` as a nested dict of numpy arrays in our names.
 
   Formats: Google .npz (original and AugReg with pre-Linen names and (1,1,1,C) GroupNorm;
-  big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`),
+  big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`;
+  image-text models, LiT's and big_vision's, as `{'img', 'txt', 't'[, 'b']}`, or with
+  `PATH:img` the image tower alone),
   Hugging Face directories and .safetensors files (4.x and 5.x key names; `num_heads=` is
   needed when there is no config.json), timm VisionTransformer and DeiT state dicts (fused
   qkv; `num_heads=` is needed without timm's config.json), PyTorch .bin/.pth via

@@ -10,8 +10,9 @@ Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
   possibly scan-stacked as `Transformer/encoderblock/...` with a leading depth axis, and the
   position embedding at the top level (`pos_embedding`), or none (`posemb='sincos2d'`); a MAP
   head as `MAPHead_0/...` (or inline, as during ViT-G's development: moved into `MAPHead_0`).
-  Of an image-text (two-tower) file only the image tower `params/img/` is read; the arrays
-  left out (the text tower, the temperature and bias scalars) are named in the description.
+  Image-text (two-tower) files are read by `two_towers`; of a file whose text tower is
+  incomplete, only the image tower `params/img/` is read here, the arrays left out (the text
+  tower, the temperature and bias scalars) named in the description.
 * MLP-Mixer files (`gs://mixer_models/...`): `stem`, `MixerBlock_{i}`, `pre_head_layer_norm`,
   `head`, in Linen names (renumbered like the others, which leaves them as they are).
 
