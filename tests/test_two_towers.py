@@ -623,3 +623,21 @@ def test_sharding_rules_apply_to_each_towers_paths():
   )[:2]
   for a, b in zip(got, want, strict=True):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_damaged_image_text_files_are_one_line_errors(lit_text_transformer_file, tmp_path):
+  path, flat = lit_text_transformer_file
+  data = path.read_bytes()
+  (tmp_path / 'cut.npz').write_bytes(data[: len(data) // 2])  # a download cut short
+  missing = 'txt/Encoder_0/encoderblock_1/MlpBlock_0/Dense_1/kernel'
+  np.savez(tmp_path / 'hole.npz', **{k: v for k, v in flat.items() if k != missing})
+  np.savez(tmp_path / 'no_t.npz', **{k: v for k, v in flat.items() if k != 't'})
+  cases = [
+    ('cut.npz', 'not a readable .npz checkpoint'),
+    ('hole.npz', f'{tmp_path}/hole.npz:txt: the checkpoint lacks 1 model parameter(s)'),
+    ('no_t.npz', 'an image-text model without its temperature t'),
+  ]
+  for name, message in cases:
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(message)) as e:
+      checkpoint.fit(tmp_path / name)
+    assert '\n' not in str(e.value)

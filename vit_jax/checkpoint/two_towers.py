@@ -105,7 +105,7 @@ def _text_tree(flat: dict[str, np.ndarray], source: str) -> tuple[dict, str]:
   if npz.unstack_blocks(encoder, 'txt/Encoder_0'):
     parts.append('scan-stacked blocks')
   if 'pos_embedding' in encoder:  # older big_vision files added a second one in the encoder
-    tree['pos_embedding'] = tree['pos_embedding'] + encoder.pop('pos_embedding')
+    tree['pos_embedding'] = tree.get('pos_embedding', 0) + encoder.pop('pos_embedding')
     parts.append('Encoder_0/pos_embedding added into pos_embedding')
   return tree, ', '.join(parts)
 
@@ -204,39 +204,44 @@ def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = T
   files.atomic_write(path, lambda f: np.savez(f, **flat))
 
 
+def _shape(flat: Mapping[str, Any], key: str) -> tuple[int, ...]:
+  if key not in flat:
+    raise CheckpointError(f"the txt tower lacks {key!r}; the file is incomplete or not LiT's")
+  return tuple(int(d) for d in flat[key].shape)
+
+
 def _bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
   embedder = f'{_BERT}/embedder'
-  tokens = flat[f'{embedder}/embedders_token_ids/embedding']
+  vocab, hidden = _shape(flat, f'{embedder}/embedders_token_ids/embedding')
   layers = f'{_BERT}/encoder_block/layer_sequence'
   names = {k.split(SEP)[3] for k in flat if k.startswith(f'{layers}/')}
   numbers = sorted(int(m.group(1)) for n in names if (m := _LAYER_RE.match(n)))
   if not numbers or numbers != list(range(len(numbers))):
     raise CheckpointError(f'txt/{layers} layers {numbers} are not numbered 0..N-1')
-  hidden = int(tokens.shape[1])
   return ml_collections.ConfigDict(
     {
       'hidden_size': hidden,
       'num_layers': len(numbers),
       'num_heads': max(1, hidden // _BERT_HEAD_DIM),
-      'mlp_dim': int(flat[f'{layers}/layers_0/mlp_block/mlp/dense_layer/kernel'].shape[1]),
-      'vocab_size': int(tokens.shape[0]),
-      'max_length': int(flat[f'{embedder}/embedders_position_ids/embedding'].shape[0]),
-      'num_segments': int(flat[f'{embedder}/embedders_segment_ids/embedding'].shape[0]),
+      'mlp_dim': _shape(flat, f'{layers}/layers_0/mlp_block/mlp/dense_layer/kernel')[1],
+      'vocab_size': vocab,
+      'max_length': _shape(flat, f'{embedder}/embedders_position_ids/embedding')[0],
+      'num_segments': _shape(flat, f'{embedder}/embedders_segment_ids/embedding')[0],
     }
   )
 
 
 def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  vocab, width = flat['Embed_0/embedding'].shape
+  vocab, width = _shape(flat, 'Embed_0/embedding')
   blocks = {k.split(SEP)[1] for k in flat if k.startswith('Encoder_0/encoderblock_')}
   block = 'Encoder_0/encoderblock_0'
   return ml_collections.ConfigDict(
     {
-      'width': int(width),
+      'width': width,
       'num_layers': len(blocks),
-      'mlp_dim': int(flat[f'{block}/MlpBlock_0/Dense_0/kernel'].shape[-1]),
-      'num_heads': int(flat[f'{block}/MultiHeadDotProductAttention_0/query/kernel'].shape[1]),
-      'vocab_size': int(vocab),
+      'mlp_dim': _shape(flat, f'{block}/MlpBlock_0/Dense_0/kernel')[-1],
+      'num_heads': _shape(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')[1],
+      'vocab_size': vocab,
     }
   )
 
