@@ -92,7 +92,9 @@ def _merged(base: dict, override: Mapping[str, Any], where: str, open_keys: bool
   return out
 
 
-def model_from_config(config: ml_collections.ConfigDict | Mapping[str, Any], **overrides: Any):
+def model_from_config(
+  config: ml_collections.ConfigDict | Mapping[str, Any], **overrides: Any
+) -> nn.Module:
   """Builds the module from a config whose fields are constructor arguments.
 
   Overrides replace fields; a dict override of a nested field updates only the keys it

@@ -20,7 +20,10 @@ def param_shapes(
   h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
   images = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
   if isinstance(model, TwoTowerModel):
-    tokens = jax.ShapeDtypeStruct((1, max_len or model.pp['max_len']), jnp.int32)
+    max_len = max_len or (model.pp or {}).get('max_len')
+    if not max_len:
+      raise ValueError('the text length of this image-text model: pass max_len (no pp.max_len)')
+    tokens = jax.ShapeDtypeStruct((1, max_len), jnp.int32)
     init = lambda x, t: model.init(jax.random.key(0), images=x, tokens=t)
     return jax.eval_shape(init, images, tokens)['params']
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
