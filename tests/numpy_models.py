@@ -71,14 +71,15 @@ def encoder(
   ln2='LayerNorm_1',
   mlp_='MlpBlock_0',
   gelu=gelu_tanh,
+  norm='Transformer/encoder_norm',
 ):
-  """Pre-norm blocks `blocks` (prefixes), then `Transformer/encoder_norm`. The module names
+  """Pre-norm blocks `blocks` (prefixes), then the final LayerNorm `norm`. The module names
   inside a block are the caller's (pre-Linen on disk: _1, LayerNorm_2, MlpBlock_3)."""
   for b in blocks:
     y = layer_norm(x, p, f'{b}/LayerNorm_0')
     x = x + attention(y, y, p, f'{b}/{mha}')
     x = x + mlp(layer_norm(x, p, f'{b}/{ln2}'), p, f'{b}/{mlp_}', gelu)
-  return layer_norm(x, p, 'Transformer/encoder_norm')
+  return layer_norm(x, p, norm)
 
 
 def sincos2d(h, w, width, temperature=10_000.0):
@@ -153,3 +154,32 @@ def big_vision_vit(p, images, pool, gelu=gelu_tanh):
   if 'pre_logits/kernel' in p:
     x = np.tanh(x @ p['pre_logits/kernel'] + p['pre_logits/bias'])
   return x @ p['head/kernel'] + p['head/bias']
+
+
+def vit(p, images, gelu=gelu_tanh):
+  """The original ViT (vit_jax `models_vit.py`, classifier 'token') on a flat dict in our Linen
+  names: [cls, patches] + `Transformer/posembed_input`, encoder, token 0, optional pre_logits
+  (Dense + tanh), optional head."""
+  x, _ = patchify(images, p['embedding/kernel'], p['embedding/bias'])
+  x = np.concatenate([np.repeat(p['cls'], x.shape[0], axis=0), x], axis=1)
+  x = x + p['Transformer/posembed_input/pos_embedding']
+  x = encoder(x, p, _blocks(p), gelu=gelu)[:, 0]
+  if 'pre_logits/kernel' in p:
+    x = np.tanh(x @ p['pre_logits/kernel'] + p['pre_logits/bias'])
+  return x @ p['head/kernel'] + p['head/bias'] if 'head/kernel' in p else x
+
+
+def text_transformer(p, tokens, pool='last'):
+  """The simple text transformer (vit_jax `models_lit.TextTransformer`, big_vision
+  `text_transformer`) on a flat dict in its names (no `txt/` prefix, unscanned): embedding
+  rows of the tokens + `pos_embedding`, pre-norm blocks `Encoder_0/encoderblock_{i}`,
+  `Encoder_0/encoder_norm`, the last (or first) token, optional head."""
+  x = p['Embed_0/embedding'][tokens] + p['pos_embedding']
+  x = encoder(x, p, _blocks(p, 'Encoder_0/encoderblock_'), norm='Encoder_0/encoder_norm')
+  x = x[:, -1] if pool == 'last' else x[:, 0]
+  return x @ p['head/kernel'] + p['head/bias'] if 'head/kernel' in p else x
+
+
+def l2_normalize(z):
+  """An embedding divided by its L2 norm + 1e-8 (LiT's and big_vision's normalisation)."""
+  return z / (np.linalg.norm(z, axis=-1, keepdims=True) + 1e-8)

@@ -47,7 +47,7 @@ from PIL import Image
 from vit_jax import checkpoint as ckpt
 from vit_jax import data, files, rundir
 from vit_jax.data.preprocess import decode_bytes, eval_image
-from vit_jax.models import is_mixer, vit
+from vit_jax.models import is_mixer, is_two_tower, vit
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
@@ -280,6 +280,11 @@ def load(
   """
   fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
   config = fitted.config
+  if is_two_tower(config):
+    raise ckpt.CheckpointError(
+      f'{checkpoint}: an image-text model (LiT, SigLIP) has no classes to predict; its image'
+      f" tower's features: {checkpoint}:img"
+    )
   found = ckpt.tree.describe(config)
   name = fitted.name or (found if is_mixer(config) else f'ViT ({found})')
   _check_pooled(config, name)

@@ -3,13 +3,14 @@
 params = load(path)                            # our names, numpy arrays, format detected
 fitted = fit(path, 'ViT-B_16', 10, 384)        # a runnable model: params fitted, config
 params = load_pretrained(path, init_params, model_config)  # fine-tuning surgery
-save_npz(params, 'out.npz')                    # the released Google layout
+save_npz(params, 'out.npz')                    # the released Google layout (an image-text
+                                               # tree: LiT's)
 export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json, transformers
 export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json, timm
 export(params, model_config, 'out_dir', to=name)  # any format of FORMATS that writes
 """
 
-from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, pytorch, surgery, timm, tree
+from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, pytorch, surgery, timm, tree, two_towers
 from vit_jax.checkpoint.formats import (
   FORMATS,
   Format,
@@ -22,7 +23,6 @@ from vit_jax.checkpoint.formats import (
 )
 from vit_jax.checkpoint.hf import from_hf_state_dict, to_hf_state_dict
 from vit_jax.checkpoint.loader import Fitted, Found, fit, load_pretrained
-from vit_jax.checkpoint.npz import save_npz
 from vit_jax.checkpoint.surgery import (
   LoadReport,
   merge_pretrained,
@@ -31,6 +31,7 @@ from vit_jax.checkpoint.surgery import (
 )
 from vit_jax.checkpoint.timm import from_timm_state_dict, to_timm_state_dict
 from vit_jax.checkpoint.tree import CheckpointError, flatten, infer_config, unflatten
+from vit_jax.checkpoint.two_towers import save_npz
 
 __all__ = [
   'FORMATS',
@@ -66,5 +67,6 @@ __all__ = [
   'to_hf_state_dict',
   'to_timm_state_dict',
   'tree',
+  'two_towers',
   'unflatten',
 ]

@@ -14,7 +14,7 @@ import numpy as np
 from etils.epath import Path
 
 from vit_jax import files
-from vit_jax.checkpoint import hf, npz, orbax, pytorch, timm
+from vit_jax.checkpoint import hf, npz, orbax, pytorch, timm, two_towers
 from vit_jax.checkpoint.tree import CheckpointError
 
 
@@ -50,7 +50,8 @@ FORMATS: list[Format] = [
     'timm', timm.detect, timm.read, timm.model_fields, timm.to_timm_state_dict, timm.timm_config
   ),
   Format('hf', hf.detect, hf.read, hf.model_fields, hf.to_hf_state_dict, hf.hf_config),
-  Format('npz', npz.detect, npz.read),
+  # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
+  Format('npz', npz.detect, two_towers.read),
   Format('orbax', orbax.detect, orbax.read),
 ]
 
@@ -71,15 +72,24 @@ def detect_format(path: str | Path) -> Format:
 
 
 def read(path: str | Path, **kwargs: Any) -> tuple[dict, str]:
-  """(our tree, a one-line description of the format) of the checkpoint at `path`."""
-  return detect_format(path).read(files.path(path), **kwargs)
+  """(our tree, a one-line description of the format) of the checkpoint at `path`;
+  `PATH:img` reads the image tower of an image-text .npz alone."""
+  path, tower = two_towers.split_tower(path)
+  fmt = detect_format(path)
+  if tower is not None:
+    if fmt.name != 'npz':
+      raise CheckpointError(f'{path}:{tower}: only image-text .npz files have towers')
+    kwargs['tower'] = tower
+  return fmt.read(files.path(path), **kwargs)
 
 
 def load(path: str | Path, **kwargs: Any) -> dict:
   """The checkpoint at `path` as a nested dict of numpy arrays in our names.
 
   Formats: Google .npz (original and AugReg with pre-Linen names and (1,1,1,C) GroupNorm;
-  big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`),
+  big_vision with a `params/` prefix, scan-stacked blocks and a top-level `pos_embedding`;
+  image-text models, LiT's and big_vision's, as `{'img', 'txt', 't'[, 'b']}`, or with
+  `PATH:img` the image tower alone),
   Hugging Face directories and .safetensors files (4.x and 5.x key names; `num_heads=` is
   needed when there is no config.json), timm VisionTransformer and DeiT state dicts (fused
   qkv; `num_heads=` is needed without timm's config.json), PyTorch .bin/.pth via

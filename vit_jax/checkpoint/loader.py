@@ -22,10 +22,10 @@ import ml_collections
 from absl import logging
 
 from vit_jax import files
-from vit_jax.checkpoint import formats, tree
+from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
-from vit_jax.models import get_config, is_mixer, model_from_config, stats
+from vit_jax.models import get_config, is_mixer, is_two_tower, model_from_config, stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +77,18 @@ class Fitted:
 
   @property
   def patch_pixels(self) -> int:
-    """The side in input pixels of one token's patch."""
-    return tree.patch_pixels(self.config)
+    """The side in input pixels of one token's patch (of the image tower)."""
+    return tree.patch_pixels(_image_config(self.config))
 
   @property
   def grid(self) -> tuple[int, int]:
     """(rows, cols) of patch tokens at `resolution`."""
-    return tree.token_grid(self.config, self.resolution)
+    return tree.token_grid(_image_config(self.config), self.resolution)
+
+
+def _image_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A ViT's config, or an image-text model's image tower."""
+  return config.image if is_two_tower(config) else config
 
 
 def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | None]:
@@ -97,24 +102,34 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
       raise CheckpointError(e.args[0]) from None
   fields = model.to_dict() if isinstance(model, ml_collections.ConfigDict) else dict(model)
   config = ml_collections.ConfigDict(fields)
+  if is_two_tower(config):
+    return config, two_towers.match_registry(config) if 'pp' in config else None
   return config, tree.match_registry(config)
 
 
 def _read(
-  path: str | os.PathLike, heads: int | None, params_entry: str = 'params'
-) -> tuple[dict, Found, dict[str, Any]]:
-  """(the tree, what it is, the model fields the file states beyond its shapes);
-  `params_entry='polyak'`: a training run's Polyak average instead of its parameters."""
+  path: str | os.PathLike, tower: str | None, heads: int | None, params_entry: str = 'params'
+) -> tuple[dict, str, dict[str, Any]]:
+  """(the tree, its description, the model fields the file states beyond its shapes);
+  `tower='img'`: an image-text file's image tower; `params_entry='polyak'`: a training run's
+  Polyak average instead of its parameters."""
   fmt = formats.detect_format(path)
   if params_entry != 'params' and fmt.name != 'orbax':
     raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
+  if tower is not None and fmt.name != 'npz':
+    raise CheckpointError(f'{path}:{tower}: only image-text .npz files have towers')
   path = files.path(path)
-  restored, description = fmt.read(path, num_heads=heads, params_entry=params_entry)
-  fields = fmt.fields(path)
+  kwargs = {'tower': tower} if tower else {}
+  restored, description = fmt.read(path, num_heads=heads, params_entry=params_entry, **kwargs)
+  return restored, description, fmt.fields(path)
+
+
+def _found(restored: dict, description: str, fields: dict[str, Any]) -> Found:
+  """What a ViT or Mixer tree holds, read off its shapes and the file's stated fields."""
   flat = tree.flatten(restored)
   config = tree.infer_config(flat)
   config.update(fields)
-  found = Found(
+  return Found(
     config=config,
     name=tree.match_registry(config),
     resolution=tree.native_resolution(flat, config),
@@ -122,7 +137,6 @@ def _read(
     parameters=tree.count_params(flat),
     description=description,
   )
-  return restored, found, fields
 
 
 def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
@@ -210,17 +224,20 @@ def fit(
   """Reads the checkpoint at `path` and fits it to a runnable model.
 
   Args:
-    path: a checkpoint in any format `vit_jax.checkpoint.read` knows.
+    path: a checkpoint in any format `vit_jax.checkpoint.read` knows; `PATH:img` is the
+      image tower of an image-text .npz alone, as a ViT.
     model: a registry name (checked against the checkpoint's architecture), a model config
       (its constructor fields, used as given: fine-tuning drops a `pre_logits` its model has
       no place for), or None: the architecture read off the shapes. A name or None keeps the
-      checkpoint's `pre_logits`.
+      checkpoint's `pre_logits`. An image-text file (LiT, SigLIP) gives an image-text model
+      unless `model` is a ViT, which takes its image tower.
     num_classes: head classes; None: the checkpoint's; 0: no head (with `init_params`: its
-      head's).
+      head's). Not for an image-text model, whose heads are its out_dim.
     resolution: input pixels (an int, or (height, width)); None: the checkpoint's, or with
       `init_params` the square its position embeddings imply. Another size resizes the
       checkpoint's position embeddings.
-    keep_head: keep the checkpoint's head; None: when its class count is the model's.
+    keep_head: keep the checkpoint's head; None: when its class count is the model's (an
+      image-text model keeps both its heads).
     init_params: the model's initialised tree (concrete leaves are the initial values of
       keys the checkpoint does not give), whose head sets the class count; None: the
       model's shapes at `resolution` (`jax.eval_shape`, nothing allocated).
@@ -232,13 +249,55 @@ def fit(
     CheckpointError: an unreadable file, or a checkpoint that does not fit; one line.
   """
   source = str(path)
+  path, tower = two_towers.split_tower(path)
   config, name = _model_config(model)
-  transformer = None if config is None else config.get('transformer')
+  image_text = config is not None and is_two_tower(config)
+  if image_text and tower is not None:
+    raise CheckpointError(
+      f'{source}: the image-text model {name or "given"} takes the whole file; drop ":img"'
+    )
+  transformer = None if config is None or image_text else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, found, fields = _read(path, heads, params_entry)
+  restored, description, fields = _read(path, tower, heads, params_entry)
+  request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
+  if two_towers.is_tree(restored):
+    if config is None or image_text:
+      return _fit_two_towers(restored, description, config, name, request)
+    restored, description = two_towers.image_tower(restored, description)
+  elif image_text:
+    raise CheckpointError(
+      f'{source} holds no image-text model, which the model {name or "given"} needs'
+    )
+  return _fit_vit(restored, _found(restored, description, fields), fields, config, name, request)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+  """What `fit` was asked for, beyond the file."""
+
+  model: Any
+  num_classes: int | None
+  resolution: int | tuple[int, int] | None
+  keep_head: bool | None
+  init_params: Mapping[str, Any] | None
+  surgery: dict[str, Any]
+  source: str
+
+
+def _fit_vit(
+  restored: dict,
+  found: Found,
+  fields: dict[str, Any],
+  config: ml_collections.ConfigDict | None,
+  name: str | None,
+  request: _Request,
+) -> Fitted:
+  """A ViT or Mixer tree fitted to the model asked for (`fit`)."""
+  source, surgery = request.source, request.surgery
   resize = surgery.get('resize_patch_embedding', False)
-  config, name = _fitted_config(model, config, name, found, fields, resize, source)
-  image_size = resolution
+  config, name = _fitted_config(request.model, config, name, found, fields, resize, source)
+  resolution = image_size = request.resolution
+  init_params, num_classes = request.init_params, request.num_classes
   if init_params is None:
     config.num_classes = found.config.num_classes if num_classes is None else num_classes or None
     resolution = image_size = _resolution(resolution, config, found.resolution, source)
@@ -247,11 +306,52 @@ def fit(
     head = tree.flatten(init_params).get('head/kernel')
     config.num_classes = None if head is None else int(head.shape[-1])
     resolution = resolution or tree.native_resolution(init_params, config)
+  keep_head = request.keep_head
   if keep_head is None:
     keep_head = bool(found.config.num_classes) and config.num_classes == found.config.num_classes
   params, report = merge_pretrained(
     restored, init_params, config, keep_head, image_size=image_size, source=source, **surgery
   )
+  return Fitted(params, config, name, resolution, found, report)
+
+
+def _fit_two_towers(
+  restored: dict,
+  description: str,
+  config: ml_collections.ConfigDict | None,
+  name: str | None,
+  request: _Request,
+) -> Fitted:
+  """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept."""
+  source = request.source
+  if request.num_classes is not None or request.surgery:
+    raise CheckpointError(
+      f'{source}: an image-text model is fitted whole (no num_classes or surgery options; its'
+      f' heads are out_dim); for a classifier on its image tower read {source}:img'
+    )
+  flat = tree.flatten(restored)
+  found_config = two_towers.infer_config(restored)
+  found = Found(
+    config=found_config,
+    name=two_towers.match_registry(found_config),
+    resolution=found_config.pp.size,
+    arrays=len(flat),
+    parameters=tree.count_params(flat),
+    description=description,
+  )
+  if config is None:
+    config, name = ml_collections.ConfigDict(found_config.to_dict()), found.name
+  elif two_towers.architecture(config) != two_towers.architecture(found_config):
+    raise CheckpointError(
+      f'--model {name or "(the config given)"} does not fit the checkpoint, which holds'
+      f' {found.name or "an unregistered image-text model"}'
+      f' ({two_towers.describe(found_config)}); leave --model out to use that.'
+    )
+  init, resolution = request.init_params, request.resolution
+  if init is not None:  # the tree is the model: its image grid
+    resolution = resolution or tree.native_resolution(init['img'], config.image)
+  resolution = _resolution(resolution, config.image, found.resolution, source)
+  params, report = two_towers.fit_params(restored, config, resolution, source, init)
   return Fitted(params, config, name, resolution, found, report)
 
 

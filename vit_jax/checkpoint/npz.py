@@ -10,8 +10,9 @@ Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
   possibly scan-stacked as `Transformer/encoderblock/...` with a leading depth axis, and the
   position embedding at the top level (`pos_embedding`), or none (`posemb='sincos2d'`); a MAP
   head as `MAPHead_0/...` (or inline, as during ViT-G's development: moved into `MAPHead_0`).
-  Of an image-text (two-tower) file only the image tower `params/img/` is read; the arrays
-  left out (the text tower, the temperature and bias scalars) are named in the description.
+  Image-text (two-tower) files are read by `two_towers`; of a file whose text tower is
+  incomplete, only the image tower `params/img/` is read here, the arrays left out (the text
+  tower, the temperature and bias scalars) named in the description.
 * MLP-Mixer files (`gs://mixer_models/...`): `stem`, `MixerBlock_{i}`, `pre_head_layer_norm`,
   `head`, in Linen names (renumbered like the others, which leaves them as they are).
 
@@ -144,21 +145,21 @@ def _inline_map_head(tree: dict[str, Any]) -> bool:
   return True
 
 
-def _unstack_scan(tree: dict[str, Any]) -> bool:
-  """`Transformer/encoderblock/...` (leading depth axis) -> `encoderblock_{i}`; True if done."""
-  transformer = tree.get('Transformer', {})
-  if 'encoderblock' not in transformer:
+def unstack_blocks(encoder: dict[str, Any], where: str = 'Transformer') -> bool:
+  """`encoderblock/...` (leading depth axis) -> `encoderblock_{i}` in the encoder's dict
+  `where` (big_vision's scanned layout, in place); True if done."""
+  if 'encoderblock' not in encoder:
     return False
-  stacked = flatten(transformer.pop('encoderblock'))
+  stacked = flatten(encoder.pop('encoderblock'))
   depths = {k: v.shape[0] if v.ndim else None for k, v in stacked.items()}
   if len(set(depths.values())) != 1 or None in depths.values():
     raise CheckpointError(
-      f'scan-stacked Transformer/encoderblock has leaves of different depths {depths};'
-      ' the file is not a big_vision ViT checkpoint'
+      f'scan-stacked {where}/encoderblock has leaves of different depths {depths};'
+      ' the file is not a big_vision checkpoint'
     )
   (depth,) = set(depths.values())
   for i in range(depth):
-    transformer[f'encoderblock_{i}'] = unflatten({k: v[i] for k, v in stacked.items()})
+    encoder[f'encoderblock_{i}'] = unflatten({k: v[i] for k, v in stacked.items()})
   return True
 
 
@@ -230,7 +231,7 @@ def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[
   pre_linen = any('/MultiHeadDotProductAttention_1/' in k or '/MlpBlock_3/' in k for k in flat)
   gn4d = _squeeze_groupnorm(flat)
   tree = convert_pre_linen(unflatten(flat))
-  scanned = _unstack_scan(tree)
+  scanned = unstack_blocks(tree.get('Transformer', {}))
   posemb = _fold_posemb(tree)
   inline_map = _inline_map_head(tree)
 

@@ -1,35 +1,49 @@
-"""The model zoo: `MODEL_CONFIGS` (name -> ConfigDict) and `get_model`."""
+"""The model zoo: `MODEL_CONFIGS` (name -> ConfigDict), the image-text `TWO_TOWER_CONFIGS`,
+and `get_model`."""
 
 import dataclasses
 import difflib
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
 import ml_collections
 
-from vit_jax.models.configs import MODEL_CONFIGS
+from vit_jax.models import two_towers
+from vit_jax.models.configs import MODEL_CONFIGS, TWO_TOWER_CONFIGS
 from vit_jax.models.mixer import MlpMixer, is_mixer
+from vit_jax.models.two_towers import TwoTowerModel
 from vit_jax.models.vit import VisionTransformer
 
 __all__ = [
   'MODEL_CONFIGS',
+  'TWO_TOWER_CONFIGS',
   'MlpMixer',
+  'TwoTowerModel',
   'VisionTransformer',
   'get_config',
   'get_model',
   'is_mixer',
+  'is_two_tower',
   'model_class',
 ]
 
 
 def get_config(name: str) -> ml_collections.ConfigDict:
-  """An unlocked copy of the registered config `name`; unknown names list close matches."""
-  if name not in MODEL_CONFIGS:
-    close = difflib.get_close_matches(name, MODEL_CONFIGS, n=5, cutoff=0.4)
+  """An unlocked copy of the registered config `name` (a classifier or an image-text model);
+  unknown names list close matches."""
+  registered = MODEL_CONFIGS.get(name, TWO_TOWER_CONFIGS.get(name))
+  if registered is None:
+    names = [*MODEL_CONFIGS, *TWO_TOWER_CONFIGS]
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
     hint = f' Did you mean: {", ".join(close)}?' if close else ''
-    raise KeyError(f'Unknown model {name!r}.{hint} Registered: {", ".join(MODEL_CONFIGS)}.')
-  config = ml_collections.ConfigDict(MODEL_CONFIGS[name].to_dict())
-  return config
+    raise KeyError(f'Unknown model {name!r}.{hint} Registered: {", ".join(names)}.')
+  return ml_collections.ConfigDict(registered.to_dict())
+
+
+def is_two_tower(config: ml_collections.ConfigDict | Mapping[str, Any]) -> bool:
+  """An image-text model's config (it has an `image` and a `text` tower)."""
+  return 'image' in config and 'text' in config
 
 
 def _frozen(value: Any) -> Any:
@@ -39,35 +53,71 @@ def _frozen(value: Any) -> Any:
   return value
 
 
-def model_class(config: ml_collections.ConfigDict | dict) -> type[nn.Module]:
-  """`MlpMixer` for a Mixer config (it has `num_blocks`), else `VisionTransformer`."""
+def model_class(config: ml_collections.ConfigDict | Mapping[str, Any]) -> type[nn.Module]:
+  """`TwoTowerModel` for an image-text config, `MlpMixer` for a Mixer config (it has
+  `num_blocks`), else `VisionTransformer`."""
+  if is_two_tower(config):
+    return TwoTowerModel
   return MlpMixer if is_mixer(config) else VisionTransformer
 
 
-def model_from_config(config: ml_collections.ConfigDict | dict, **overrides: Any) -> nn.Module:
-  """Builds the module from a config whose fields are constructor arguments.
+def _fields(cls: type[nn.Module]) -> set[str]:
+  return {f.name for f in dataclasses.fields(cls) if f.init} - {'parent', 'name'}
 
-  Overrides replace fields; a dict override of a nested field (e.g.
-  `transformer={'dropout_rate': 0.0}`) updates only the keys it names. A field the model
-  class does not have is a TypeError that lists the fields it has.
-  """
-  kwargs = dict(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config)
-  for key, value in overrides.items():
-    if isinstance(value, dict) and isinstance(kwargs.get(key), dict):
-      unknown = set(value) - set(kwargs[key])
-      if unknown:
-        raise KeyError(f'Unknown {key} fields {sorted(unknown)}; known: {sorted(kwargs[key])}.')
-      kwargs[key] = {**kwargs[key], **value}
-    else:
-      kwargs[key] = value
-  kwargs.setdefault('num_classes', None)
-  cls = model_class(kwargs)
-  fields = {f.name for f in dataclasses.fields(cls) if f.init} - {'parent', 'name'}
+
+def _check_fields(
+  cls: type[nn.Module], kwargs: Mapping[str, Any], where: str = '', exclude: frozenset = frozenset()
+) -> None:
+  """Every key is a constructor field of `cls` but `exclude` (a TypeError listing them)."""
+  fields = _fields(cls) - exclude
   unknown = sorted(set(kwargs) - fields)
   if unknown:
     raise TypeError(
-      f'{cls.__name__} has no field {", ".join(unknown)}; its fields: {sorted(fields)}'
+      f'{cls.__name__}{where} has no field {", ".join(unknown)}; its fields: {sorted(fields)}'
     )
+
+
+def _merged(base: dict, override: Mapping[str, Any], where: str, open_keys: bool) -> dict:
+  """`base` updated by `override`, dicts merged recursively (nested keys must exist in
+  `base` unless `open_keys`: a module's fields, checked by the caller)."""
+  unknown = set(override) - set(base)
+  if unknown and not open_keys:
+    raise KeyError(f'Unknown {where} fields {sorted(unknown)}; known: {sorted(base)}.')
+  out = dict(base)
+  for key, value in override.items():
+    if isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+      out[key] = _merged(dict(base[key]), value, f'{where}.{key}' if where else key, False)
+    else:
+      out[key] = value
+  return out
+
+
+def model_from_config(
+  config: ml_collections.ConfigDict | Mapping[str, Any], **overrides: Any
+) -> nn.Module:
+  """Builds the module from a config whose fields are constructor arguments.
+
+  Overrides replace fields; a dict override of a nested field updates only the keys it
+  names, at any depth (`transformer={'dropout_rate': 0.0}`; of an image-text model
+  `image={'transformer': {'num_layers': 2}}`, `text={'num_layers': 2}`, where a tower's
+  override may also set any field of the tower's module, e.g. `image={'dtype': 'bfloat16'}`).
+  A nested key the config lacks is a KeyError; a field the model (or tower) class does not
+  have is a TypeError that lists the fields it has.
+  """
+  kwargs = dict(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config)
+  towers = two_towers.tower_classes(kwargs) if is_two_tower(kwargs) else {}
+  for key, value in overrides.items():
+    if isinstance(value, Mapping) and isinstance(kwargs.get(key), Mapping):
+      kwargs[key] = _merged(dict(kwargs[key]), value, key, open_keys=key in towers)
+    else:
+      kwargs[key] = value
+  if not towers:
+    kwargs.setdefault('num_classes', None)
+  cls = model_class(kwargs)
+  _check_fields(cls, kwargs)
+  for key, tower in (two_towers.tower_classes(kwargs) if towers else {}).items():
+    # A tower's head width is the model's out_dim, not a field of the tower.
+    _check_fields(tower, kwargs[key], f' ({key} tower)', frozenset({'num_classes'}))
   return cls(**{k: _frozen(v) for k, v in kwargs.items()})
 
 

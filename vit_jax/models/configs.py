@@ -111,3 +111,107 @@ def _deit(size: str) -> ml_collections.ConfigDict:
 
 for _size in ('Ti_16', 'S_16', 'B_16'):
   _register(f'DeiT-{_size}-distilled', _deit(_size))
+
+
+# Image-text two-tower models (`vit_jax.models.two_towers`), a registry of their own: the code
+# that walks the classification models (Table 1, naming a checkpoint's architecture, the short
+# names of configs/models.py) iterates over `MODEL_CONFIGS` alone, by design.
+TWO_TOWER_CONFIGS: dict[str, ml_collections.ConfigDict] = {}
+
+# BERT (Devlin et al.) as flaxformer's `BertBaseConfig` / `BertLargeConfig`:
+# (hidden_size, num_layers, num_heads, mlp_dim); vocab 30,522, 512 positions, 2 segments.
+_BERT_SIZES = {'base': (768, 12, 12, 3072), 'large': (1024, 24, 16, 4096)}
+
+
+def _bert(size: str) -> ml_collections.ConfigDict:
+  hidden, layers, heads, mlp = _BERT_SIZES[size]
+  return ml_collections.ConfigDict(
+    {
+      'hidden_size': hidden,
+      'num_layers': layers,
+      'num_heads': heads,
+      'mlp_dim': mlp,
+      'vocab_size': 30_522,
+      'max_length': 512,
+      'num_segments': 2,
+    }
+  )
+
+
+def _text_transformer(
+  width: int, layers: int, mlp: int, heads: int, vocab: int
+) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(
+    {'width': width, 'num_layers': layers, 'mlp_dim': mlp, 'num_heads': heads, 'vocab_size': vocab}
+  )
+
+
+def _two_towers(
+  image: ml_collections.ConfigDict,
+  text_model: str,
+  text: ml_collections.ConfigDict,
+  out_dim: tuple[int | None, int | None],
+  pp: dict,
+  temperature_init: float = 1.0,
+  bias_init: float | None = None,
+) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.image = image
+  config.text_model = text_model
+  config.text = text
+  config.out_dim = out_dim
+  config.temperature_init = temperature_init
+  config.bias_init = bias_init
+  config.pp = ml_collections.ConfigDict(pp)
+  return config
+
+
+# The original vit_jax `configs/models.py` LiT entries (files in gs://vit_models/lit/, the
+# vocabulary beside each: `{name}.txt` for BERT, `{name}.model` for sentencepiece).
+_LIT_BERT_PP = {'tokenizer_name': 'bert', 'size': 224, 'max_len': 16}
+_LIT_SP_PP = {'tokenizer_name': 'sentencepiece', 'size': 224, 'max_len': 16}
+for _name, _image, _text, _out in (
+  ('LiT-B16B', 'B_16', 'base', (768, 768)),
+  ('LiT-B16B_2', 'B_16', 'base', (None, 768)),
+  ('LiT-L16L', 'L_16', 'large', (None, 1024)),
+):
+  TWO_TOWER_CONFIGS[_name] = _two_towers(
+    _vit(*_SIZES[_image]), 'bert', _bert(_text), _out, _LIT_BERT_PP
+  ).lock()
+for _name, _text_args in (
+  ('LiT-L16S', (384, 12, 1536, 6, 16_000)),
+  ('LiT-L16Ti', (192, 12, 768, 3, 16_000)),
+):
+  TWO_TOWER_CONFIGS[_name] = _two_towers(
+    _vit(*_SIZES['L_16']),
+    'text_transformer',
+    _text_transformer(*_text_args),
+    (None, 1024),
+    _LIT_SP_PP,
+  ).lock()
+
+# The English SigLIP models (big_vision `VANITY_NAMES`, `SigLIP_demo.ipynb`: `webli_en_*.npz`):
+# image ViT with MAP pooling and no class token, text transformer pooled at its last token,
+# vocabulary 32,000 (the c4_en sentencepiece, not beside the file; texts lower-cased), t and b.
+# (width, layers, mlp_dim, heads) of big_vision's variants, both towers alike.
+_BV_VARIANTS = {'B': (768, 12, 3072, 12), 'L': (1024, 24, 4096, 16), 'So400m': (1152, 27, 4304, 16)}
+for _variant, _patch, _size, _max_len in (
+  ('B', 16, 224, 64),
+  ('B', 16, 256, 64),
+  ('B', 16, 384, 64),
+  ('B', 16, 512, 64),
+  ('L', 16, 256, 64),
+  ('L', 16, 384, 64),
+  ('So400m', 14, 224, 16),
+  ('So400m', 14, 384, 64),
+):
+  _width, _layers, _mlp, _heads = _BV_VARIANTS[_variant]
+  TWO_TOWER_CONFIGS[f'SigLIP-{_variant}{_patch}-{_size}'] = _two_towers(
+    _vit(_patch, _width, _mlp, _heads, _layers, 0.0, classifier='map'),
+    'text_transformer',
+    _text_transformer(_width, _layers, _mlp, _heads, 32_000),
+    (None, _width),
+    {'tokenizer_name': 'sentencepiece', 'size': _size, 'max_len': _max_len, 'lower_case': True},
+    temperature_init=10.0,
+    bias_init=-10.0,
+  ).lock()

@@ -9,12 +9,23 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.models.mixer import is_mixer
+from vit_jax.models.two_towers import TwoTowerModel
 
 
-def param_shapes(model: nn.Module, resolution: int | tuple[int, int] = 224) -> Any:
-  """The parameter tree as ShapeDtypeStructs (`jax.eval_shape`: nothing is allocated)."""
+def param_shapes(
+  model: nn.Module, resolution: int | tuple[int, int] = 224, max_len: int | None = None
+) -> Any:
+  """The parameter tree as ShapeDtypeStructs (`jax.eval_shape`: nothing is allocated); an
+  image-text model's with texts of `max_len` tokens (default: its `pp.max_len`)."""
   h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
   images = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
+  if isinstance(model, TwoTowerModel):
+    max_len = max_len or (model.pp or {}).get('max_len')
+    if not max_len:
+      raise ValueError('the text length of this image-text model: pass max_len (no pp.max_len)')
+    tokens = jax.ShapeDtypeStruct((1, max_len), jnp.int32)
+    init = lambda x, t: model.init(jax.random.key(0), images=x, tokens=t)
+    return jax.eval_shape(init, images, tokens)['params']
   variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
   return variables['params']
 

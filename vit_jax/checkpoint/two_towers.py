@@ -1,0 +1,394 @@
+"""Image-text (two-tower) checkpoints: LiT's released .npz files and big_vision's (SigLIP).
+
+Layouts read (flat '/'-joined keys of an .npz):
+
+* LiT (`gs://vit_models/lit/{name}.npz`): `img/...`, the image ViT in the original vit_jax
+  layout (Linen names; pre-Linen ones are renumbered as for any ViT file); `txt/...`, the text
+  tower: flaxformer's BERT (`txt/BertEncoder_0/...`) or the simple text transformer
+  (`txt/Embed_0`, `txt/pos_embedding`, `txt/Encoder_0/encoderblock_{i}`, `.../encoder_norm`);
+  a `head` per tower where the model's out_dim has one; the scalar `t` (shape (1,)).
+* big_vision (`two_towers.Model` checkpoints, e.g. SigLIP's `webli_en_*.npz`): the same towers
+  under `params/`, the image tower in big_vision's ViT layout (read as `npz` reads a
+  big_vision ViT: top-level `pos_embedding`, scan-stacked `Transformer/encoderblock`, a MAP
+  head), the text tower scan-stacked as `Encoder_0/encoderblock` (unstacked here; an
+  `Encoder_0/pos_embedding` of older files is added into `pos_embedding`, as big_vision's
+  loader does), `t` and the learned logit bias `b`.
+
+A file is an image-text model when it holds an image tower (`img/embedding/kernel`) and a text
+tower of one of the two kinds, under no prefix or `params/`; any other file is read by `npz`
+as one ViT (of a big_vision file whose text tower is incomplete, the image tower, the rest
+named as left out). `PATH:img` reads the image tower of an image-text file alone, as a ViT.
+
+Our tree: `{'img': the ViT tree, 'txt': the text tower's tree, 't': (1,), 'b': (1,)}` (the
+params of `vit_jax.models.TwoTowerModel`). `save_npz` writes it in the LiT layout: `img/` in
+our (Linen) names with the image tower's `Transformer/posembed_input`, `txt/`, `t`, `b`:
+a LiT file read and written back has its own keys, shapes and values.
+"""
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+import numpy as np
+from etils.epath import Path
+
+from vit_jax import files
+from vit_jax.checkpoint import npz
+from vit_jax.checkpoint import tree as tree_lib
+from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
+from vit_jax.checkpoint.tree import SEP, CheckpointError, flatten, shape_str, unflatten
+from vit_jax.models import TWO_TOWER_CONFIGS, model_from_config, stats
+from vit_jax.models.text import TEXT_MODELS
+from vit_jax.models.two_towers import out_dims
+
+TOWERS = ('img', 'txt')
+SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
+PREFIXES = ('', 'params/')
+# Image-text files can be read for one tower alone: `PATH:img` is the image ViT.
+_TOWER_SUFFIX = re.compile(r'^(?P<path>.+):(?P<tower>img)$')
+_BERT = 'BertEncoder_0'
+_LAYER_RE = re.compile(r'layers_(\d+)$')
+_BERT_HEAD_DIM = 64  # BERT's head width; its (D, D) attention kernels do not store the heads
+# The text tower fields its parameter shapes show.
+_TEXT_SHAPE_FIELDS = {
+  'bert': ('hidden_size', 'num_layers', 'mlp_dim', 'vocab_size', 'max_length', 'num_segments'),
+  'text_transformer': ('width', 'num_layers', 'mlp_dim', 'num_heads', 'vocab_size'),
+}
+
+
+def split_tower(path: Any) -> tuple[Any, str | None]:
+  """`'file.npz:img'` -> `('file.npz', 'img')`; any other path -> `(path, None)`."""
+  match = _TOWER_SUFFIX.match(str(path))
+  if match is None:
+    return path, None
+  return match.group('path'), match.group('tower')
+
+
+def is_tree(params: Mapping[str, Any]) -> bool:
+  """The params of an image-text model (`img` and `txt` towers)."""
+  return all(isinstance(params.get(t), Mapping) for t in TOWERS)
+
+
+def text_model_of(flat: Mapping[str, Any], prefix: str = '') -> str | None:
+  """'bert' or 'text_transformer' for the text tower under `prefix`, None if there is none."""
+  if any(k.startswith(f'{prefix}{_BERT}/') for k in flat):
+    return 'bert'
+  blocks = f'{prefix}Encoder_0/encoderblock'
+  if f'{prefix}Embed_0/embedding' in flat and any(k.startswith(blocks) for k in flat):
+    return 'text_transformer'
+  return None
+
+
+def _layout_prefix(flat: Mapping[str, Any]) -> str | None:
+  """The prefix under which `flat` holds an image-text model, or None."""
+  for prefix in PREFIXES:
+    if f'{prefix}img/embedding/kernel' in flat and text_model_of(flat, f'{prefix}txt/'):
+      return prefix
+  return None
+
+
+def _sub(flat: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+  return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+
+
+def _text_tree(flat: dict[str, np.ndarray], source: str) -> tuple[dict, str]:
+  """A text tower's flat dict -> (our tree, a description)."""
+  npz.check_arrays(flat, source)
+  text_model = text_model_of(flat)
+  if text_model == 'bert':
+    return unflatten(flat), 'BERT'
+  tree = npz.convert_pre_linen(unflatten(flat))
+  encoder = tree['Encoder_0']
+  parts = ['text transformer']
+  if npz.unstack_blocks(encoder, 'txt/Encoder_0'):
+    parts.append('scan-stacked blocks')
+  if 'pos_embedding' in encoder:  # older big_vision files added a second one in the encoder
+    tree['pos_embedding'] = tree.get('pos_embedding', 0) + encoder.pop('pos_embedding')
+    parts.append('Encoder_0/pos_embedding added into pos_embedding')
+  return tree, ', '.join(parts)
+
+
+def _scalars(flat: Mapping[str, Any], prefix: str, source: str) -> dict[str, np.ndarray]:
+  """`t` (required) and `b` (if present) as (1,) float arrays."""
+  if f'{prefix}t' not in flat:
+    raise CheckpointError(f'{source}: an image-text model without its temperature {prefix}t')
+  out = {}
+  for name in SCALARS:
+    value = flat.get(f'{prefix}{name}')
+    if value is not None:
+      if np.size(value) != 1:
+        raise CheckpointError(
+          f'{source}: {prefix}{name} has shape {shape_str(np.shape(value))}; expected (1,)'
+        )
+      out[name] = np.reshape(value, (1,))
+  npz.check_arrays(out, source)
+  return out
+
+
+def _strip_npz(description: str) -> str:
+  return description.removeprefix('npz (').removesuffix(')')
+
+
+def from_flat(
+  flat: dict[str, np.ndarray], source: str = 'checkpoint', tower: str | None = None
+) -> tuple[dict, str]:
+  """A flat .npz dict -> (our tree, a description): an image-text model's towers, its image
+  tower alone (`tower='img'`), or for any other file what `npz.from_flat` reads."""
+  prefix = _layout_prefix(flat)
+  if prefix is None:
+    if tower:
+      raise CheckpointError(
+        f'{source}:{tower}: the file holds no image-text model (no img/ and txt/ towers);'
+        f' drop ":{tower}" to read it'
+      )
+    return npz.from_flat(flat, source)
+  img, img_note = npz.from_flat(_sub(flat, f'{prefix}img/'), f'{source}:img')
+  where = f', prefix {prefix!r}' if prefix else ''
+  if tower == 'img':
+    left = len(flat) - len(_sub(flat, f'{prefix}img/'))
+    note = f'image tower of an image-text model{where}; {_strip_npz(img_note)}'
+    return img, f'npz ({note}; ignored {left} arrays of its text tower and scalars)'
+  txt, txt_note = _text_tree(_sub(flat, f'{prefix}txt/'), f'{source}:txt')
+  scalars = _scalars(flat, prefix, source)
+  known = (f'{prefix}img/', f'{prefix}txt/', *(f'{prefix}{s}' for s in SCALARS))
+  extra = sorted(k for k in flat if not k.startswith(known))
+  note = f'image-text model{where}; img: {_strip_npz(img_note)}; txt: {txt_note}'
+  note += '; ' + ', '.join(scalars)
+  if extra:
+    note += f'; ignored {len(extra)} other arrays ({", ".join(extra[:3])})'
+  return {'img': img, 'txt': txt, **scalars}, f'npz ({note})'
+
+
+def read(path: str | Path, tower: str | None = None, **unused: Any) -> tuple[dict, str]:
+  """Reads a Google .npz checkpoint: an image-text model (or with `tower='img'` its image
+  tower) or a ViT/Mixer (`npz.read`); returns (tree, description)."""
+  del unused
+  return from_flat(npz.read_flat(path), str(path), tower)
+
+
+def image_tower(params: Mapping[str, Any], description: str) -> tuple[dict, str]:
+  """The image tower of an image-text tree, for a ViT model asked for by name or config."""
+  return dict(params['img']), f'{description}; its image tower taken'
+
+
+def to_flat(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """An image-text tree -> the LiT layout (module docstring), float32 (bfloat16 widened)."""
+  flat = {}
+  for tower in TOWERS:
+    flat.update({f'{tower}/{k}': v for k, v in flatten(params[tower]).items()})
+  flat.update({name: params[name] for name in SCALARS if name in params})
+  unknown = sorted(set(params) - {*TOWERS, *SCALARS})
+  if unknown:
+    raise CheckpointError(f'an image-text tree has no place for {unknown} in the LiT layout')
+  out = {}
+  for key, value in flat.items():
+    array = np.asarray(value)
+    if array.dtype.name == 'bfloat16' or (
+      np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize < 4
+    ):
+      array = array.astype(np.float32)  # exact; .npz readers expect standard dtypes
+    out[key] = array
+  npz.check_arrays(out, 'params')
+  return out
+
+
+def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True) -> None:
+  """Writes `params` as an .npz, atomically: an image-text tree in the LiT layout, any other
+  tree in the released ViT layout (`npz.save_npz`)."""
+  if not is_tree(params):
+    npz.save_npz(params, path, groupnorm_4d)
+    return
+  flat = to_flat(params)
+  files.atomic_write(path, lambda f: np.savez(f, **flat))
+
+
+def _shape(flat: Mapping[str, Any], key: str) -> tuple[int, ...]:
+  if key not in flat:
+    raise CheckpointError(f"the txt tower lacks {key!r}; the file is incomplete or not LiT's")
+  return tuple(int(d) for d in flat[key].shape)
+
+
+def _bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  embedder = f'{_BERT}/embedder'
+  vocab, hidden = _shape(flat, f'{embedder}/embedders_token_ids/embedding')
+  layers = f'{_BERT}/encoder_block/layer_sequence'
+  names = {k.split(SEP)[3] for k in flat if k.startswith(f'{layers}/')}
+  numbers = sorted(int(m.group(1)) for n in names if (m := _LAYER_RE.match(n)))
+  if not numbers or numbers != list(range(len(numbers))):
+    raise CheckpointError(f'txt/{layers} layers {numbers} are not numbered 0..N-1')
+  return ml_collections.ConfigDict(
+    {
+      'hidden_size': hidden,
+      'num_layers': len(numbers),
+      'num_heads': max(1, hidden // _BERT_HEAD_DIM),
+      'mlp_dim': _shape(flat, f'{layers}/layers_0/mlp_block/mlp/dense_layer/kernel')[1],
+      'vocab_size': vocab,
+      'max_length': _shape(flat, f'{embedder}/embedders_position_ids/embedding')[0],
+      'num_segments': _shape(flat, f'{embedder}/embedders_segment_ids/embedding')[0],
+    }
+  )
+
+
+def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  vocab, width = _shape(flat, 'Embed_0/embedding')
+  blocks = {k.split(SEP)[1] for k in flat if k.startswith('Encoder_0/encoderblock_')}
+  block = 'Encoder_0/encoderblock_0'
+  return ml_collections.ConfigDict(
+    {
+      'width': width,
+      'num_layers': len(blocks),
+      'mlp_dim': _shape(flat, f'{block}/MlpBlock_0/Dense_0/kernel')[-1],
+      'num_heads': _shape(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')[1],
+      'vocab_size': vocab,
+    }
+  )
+
+
+def _head_width(flat: Mapping[str, Any]) -> int | None:
+  return int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+
+
+def text_length(params: Mapping[str, Any]) -> int | None:
+  """The token positions a text transformer was trained with (its `pos_embedding` rows)."""
+  posemb = params['txt'].get('pos_embedding')
+  return None if posemb is None else int(posemb.shape[1])
+
+
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `TwoTowerModel` fields an image-text tree implies, read off its shapes.
+
+  The image tower's are `tree.infer_config`'s; BERT's head count is not stored (its attention
+  kernels are (D, D)) and taken as D / 64, BERT's. The init-only fields (temperature_init,
+  bias_init) and `pp` are SigLIP's when the tree has a bias `b`, else LiT's; `pp.size` is the
+  image tower's resolution and `pp.max_len` the text transformer's positions (BERT: 16).
+  """
+  image = tree_lib.infer_config(params['img'])
+  text_flat = flatten(params['txt'])
+  text_model = text_model_of(text_flat)
+  if text_model is None:
+    raise CheckpointError('the txt tower is neither a BERT nor a text transformer tree')
+  text = _bert_config(text_flat) if text_model == 'bert' else _text_transformer_config(text_flat)
+  out_dim = (image.num_classes, _head_width(text_flat))
+  del image['num_classes']  # the image head's width is out_dim[0]
+  siglip = 'b' in params
+  config = ml_collections.ConfigDict()
+  config.image = image
+  config.text_model = text_model
+  config.text = text
+  config.out_dim = out_dim
+  config.temperature_init = 10.0 if siglip else 1.0
+  config.bias_init = -10.0 if siglip else None
+  resolution = tree_lib.native_resolution(params['img'], image)
+  config.pp = ml_collections.ConfigDict(
+    {
+      'tokenizer_name': 'bert' if text_model == 'bert' else 'sentencepiece',
+      'size': resolution,
+      'max_len': text_length(params) or 16,
+    }
+  )
+  if siglip:
+    config.pp.lower_case = True
+  return config
+
+
+def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
+  """The fields that decide an image-text model's parameter shapes, but for the image
+  resolution and the text length: the towers (BERT's head count is not among them), their
+  heads, the bias."""
+  text_model = config['text_model']
+  defaults = {f.name: f.default for f in dataclasses.fields(TEXT_MODELS[text_model])}
+  text = {k: config['text'].get(k, defaults[k]) for k in _TEXT_SHAPE_FIELDS[text_model]}
+  return (
+    tree_lib.architecture(config['image']),
+    text_model,
+    tuple(text.items()),
+    tuple(config['out_dim']),
+    config.get('bias_init') is not None,
+  )
+
+
+def match_registry(config: ml_collections.ConfigDict) -> str | None:
+  """The registered image-text model of this architecture, image size and text length."""
+  arch, pp = architecture(config), config.pp
+  for name, registered in TWO_TOWER_CONFIGS.items():
+    same_pp = registered.pp.size == pp.size and (
+      config.text_model == 'bert' or registered.pp.max_len == pp.max_len
+    )
+    if same_pp and architecture(registered) == arch:
+      return name
+  return None
+
+
+def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
+  """An image-text model in one phrase: both towers, the heads, the bias."""
+  text = config['text']
+  if config['text_model'] == 'bert':
+    txt = f'BERT hidden_size {text["hidden_size"]}, {text["num_layers"]} layers'
+  else:
+    txt = f'text transformer width {text["width"]}, {text["num_layers"]} layers'
+  txt += f', {text["num_heads"]} heads, mlp_dim {text["mlp_dim"]}, vocab {text["vocab_size"]}'
+  image_dim, text_dim = config['out_dim']
+  bias = ', logit bias b' if config['bias_init'] is not None else ''
+  return (
+    f'image tower ({tree_lib.describe(config["image"])}); text tower ({txt});'
+    f' out_dim ({image_dim}, {text_dim}){bias}'
+  )
+
+
+def _add_report(report: LoadReport, part: LoadReport, tower: str) -> None:
+  """`part`'s keys, prefixed with the tower, into `report`."""
+  for name in ('loaded', 'fresh', 'dropped', 'missing', 'unexpected'):
+    getattr(report, name).extend(f'{tower}/{k}' for k in getattr(part, name))
+  report.resized.extend((f'{tower}/{k}', old, new) for k, old, new in part.resized)
+
+
+def _fit_scalars(restored: Mapping[str, Any], init: Mapping[str, Any], source: str) -> dict:
+  out = {}
+  for name in SCALARS:
+    if (name in restored) != (name in init):
+      has, lacks = ('checkpoint', 'model') if name in restored else ('model', 'checkpoint')
+      raise CheckpointError(
+        f'{source}: the {has} has a {name!r} the {lacks} lacks: SigLIP files have the logit'
+        ' bias b (bias_init), LiT files do not'
+      )
+    if name in init:
+      out[name] = np.asarray(restored[name]).astype(init[name].dtype)
+  return out
+
+
+def fit_params(
+  restored: Mapping[str, Any],
+  config: ml_collections.ConfigDict,
+  resolution: int | tuple[int, int],
+  source: str = 'checkpoint',
+  init: Mapping[str, Any] | None = None,
+) -> tuple[dict, LoadReport]:
+  """An image-text tree fitted to the model of `config` at `resolution` pixels.
+
+  Each tower is merged as `surgery.merge_pretrained` merges a ViT, heads kept (they are the
+  projections to the shared space): the image position embeddings are resized to another
+  resolution, every other name and shape must match (a one-line error names the key, both
+  shapes and the tower: `PATH:img` or `PATH:txt`). `init`: the model's initialised tree;
+  None: its shapes, with the checkpoint's text length (the text transformer's positions;
+  BERT's `pp.max_len`).
+  """
+  if init is None:
+    init = stats.param_shapes(model_from_config(config), resolution, text_length(restored))
+  image_dim, text_dim = out_dims(config.out_dim)
+  report = LoadReport(source=source)
+  params = {}
+  for tower, fields, dim in (('img', config.image, image_dim), ('txt', config.text, text_dim)):
+    params[tower], part = merge_pretrained(
+      restored[tower],
+      init[tower],
+      {**fields, 'num_classes': dim},
+      keep_head=True,
+      image_size=resolution if tower == 'img' else None,
+      source=f'{source}:{tower}',
+    )
+    _add_report(report, part, tower)
+  params.update(_fit_scalars(restored, init, source))
+  report.loaded.extend(k for k in SCALARS if k in params)
+  return params, report
