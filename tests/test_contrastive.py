@@ -1,0 +1,275 @@
+"""The contrastive losses (softmax, sigmoid) against a numpy computation written out pair by
+pair, every device's embeddings as negatives, and the shard_map form against the jit form
+(losses, metrics, gradients) on 8 devices, on 1 device, and under a permutation of the batch."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+from scipy.special import expit, log_expit, logsumexp
+
+from vit_jax import parallel
+from vit_jax.train import contrastive
+
+BATCH, DIM = 64, 16  # 8 pairs per device on 8 devices
+T, B = np.log(10.0), -2.71  # big_vision's siglip_lit_coco init
+NAMES = contrastive.LOSSES
+
+
+def _normalise(x):
+  return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _pairs(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """Normalised embeddings whose texts are noisy copies of their images, so that some but
+  not all pairs are each other's top-1 (accuracies strictly between 0 and 1)."""
+  rng = np.random.default_rng(seed)
+  zimg = rng.standard_normal((BATCH, DIM))
+  ztxt = zimg + 1.2 * rng.standard_normal((BATCH, DIM))
+  return _normalise(zimg), _normalise(ztxt)
+
+
+# ----- the numpy oracle, written out from the papers' definitions, pair by pair -----
+
+
+def _numpy_logits(zimg, ztxt, t, b):
+  n = len(zimg)
+  logits = np.empty((n, n))
+  for i in range(n):
+    for j in range(n):
+      logits[i, j] = np.exp(t) * np.dot(zimg[i].astype(np.float64), ztxt[j]) + b
+  return logits
+
+
+def _numpy_pair_metrics(logits):
+  n = len(logits)
+  negatives = [logits[i, j] for i in range(n) for j in range(n) if i != j]
+  return {
+    'pos_logit': np.mean([logits[i, i] for i in range(n)]),
+    'neg_logit': np.mean(negatives),
+    'i2t_acc': np.mean([np.argmax(logits[i, :]) == i for i in range(n)]),
+    't2i_acc': np.mean([np.argmax(logits[:, j]) == j for j in range(n)]),
+  }
+
+
+def numpy_softmax(zimg, ztxt, t, b=None):
+  del b
+  logits = _numpy_logits(zimg, ztxt, t, 0.0)
+  n = len(logits)
+  i2t = np.mean([logsumexp(logits[i, :]) - logits[i, i] for i in range(n)])
+  t2i = np.mean([logsumexp(logits[:, j]) - logits[j, j] for j in range(n)])
+  metrics = {'temperature': np.exp(t), 'i2t_loss': i2t, 't2i_loss': t2i}
+  return (i2t + t2i) / 2, {**metrics, **_numpy_pair_metrics(logits)}
+
+
+def numpy_sigmoid(zimg, ztxt, t, b):
+  logits = _numpy_logits(zimg, ztxt, t, b)
+  n = len(logits)
+  total = 0.0
+  for i in range(n):
+    for j in range(n):
+      label = 1.0 if i == j else -1.0
+      total -= log_expit(label * logits[i, j])
+  metrics = {'temperature': np.exp(t), 'bias': b}
+  return total / n, {**metrics, **_numpy_pair_metrics(logits)}
+
+
+ORACLES = {'softmax': numpy_softmax, 'sigmoid': numpy_sigmoid}
+
+
+# ----- the two forms under test -----
+
+
+def _bias(name):
+  return None if name == 'softmax' else B
+
+
+@functools.cache
+def _jit(name):
+  """loss(zimg, ztxt, t, b) on the global batch under jax.jit."""
+  return jax.jit(lambda zimg, ztxt, t, b: contrastive.loss(name, zimg, ztxt, t, b))
+
+
+@functools.cache
+def _shard_map(name, mesh):
+  """loss(zimg, ztxt, t, b) per device under jax.shard_map over the mesh's data axis."""
+  axis = parallel.DATA_AXIS
+  fn = functools.partial(contrastive.loss, name, axis=axis)
+  specs = (P(axis), P(axis), P(), P())
+  return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=P()))
+
+
+def _on_mesh(mesh, zimg, ztxt, name):
+  """The arguments placed as a training step sees them: rows split over the data axis."""
+  rows, rep = parallel.batch_sharding(mesh), parallel.replicated(mesh)
+  b = _bias(name)
+  return (
+    jax.device_put(zimg, rows),
+    jax.device_put(ztxt, rows),
+    jax.device_put(np.float32(T), rep),
+    None if b is None else jax.device_put(np.float32(b), rep),
+  )
+
+
+def _form(kind, name, mesh):
+  return _jit(name) if kind == 'jit' else _shard_map(name, mesh)
+
+
+@functools.cache
+def _grads(fn):
+  """The gradient of the loss w.r.t. (zimg, ztxt, t, b), taken outside the compiled form."""
+  return jax.jit(jax.grad(lambda *args: fn(*args)[0], argnums=(0, 1, 2, 3)))
+
+
+def _assert_same(a, b, tol):
+  """Losses and metrics equal to `tol`, relative or absolute (a sigmoid loss near 20 has a
+  float32 spacing of 2e-6: summed in another order, it agrees to 1e-7 relative)."""
+  (la, ma), (lb, mb) = a, b
+  np.testing.assert_allclose(la, lb, atol=tol, rtol=tol)
+  assert ma.keys() == mb.keys()
+  for k in ma:
+    np.testing.assert_allclose(ma[k], mb[k], atol=tol, rtol=tol, err_msg=k)
+
+
+@pytest.mark.parametrize('kind', ['jit', 'shard_map'])
+@pytest.mark.parametrize('name', NAMES)
+def test_loss_and_metrics_equal_numpy(name, kind):
+  mesh = parallel.create_mesh()
+  zimg, ztxt = _pairs()
+  loss, metrics = _form(kind, name, mesh)(*_on_mesh(mesh, zimg, ztxt, name))
+  want_loss, want = ORACLES[name](zimg, ztxt, T, _bias(name))
+  assert 0.1 < want['i2t_acc'] < 0.9 and 0.1 < want['t2i_acc'] < 0.9  # the data can tell
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+  assert metrics.keys() == want.keys()
+  for k in want:
+    np.testing.assert_allclose(metrics[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_every_devices_embeddings_are_negatives(name):
+  """Changing the last text (on device 7) changes the gradient at device 0's images (for the
+  sigmoid by exactly the change of that one negative pair's term); for the symmetric
+  softmax, changing the last image changes the gradient at device 0's texts."""
+  mesh = parallel.create_mesh()
+  zimg, ztxt = _pairs()
+  grads = _grads(_shard_map(name, mesh))
+  g_img, g_txt = (np.asarray(g) for g in grads(*_on_mesh(mesh, zimg, ztxt, name))[:2])
+  other = _normalise(np.random.default_rng(9).standard_normal(DIM))
+  ztxt_7, zimg_7 = ztxt.copy(), zimg.copy()
+  ztxt_7[-1] = zimg_7[-1] = other
+  change = np.asarray(grads(*_on_mesh(mesh, zimg, ztxt_7, name))[0])[:8] - g_img[:8]
+  assert np.abs(change).max() > 1e-3
+  if name == 'sigmoid':  # d/dzimg_i of -log_sigmoid(-l_i,63) / B = sigmoid(l_i,63) exp(t) z_63 / B
+    term = lambda z: expit(np.exp(T) * zimg[:8] @ z + B)[:, None] * np.exp(T) * z / BATCH
+    np.testing.assert_allclose(change, term(other) - term(ztxt[-1]), atol=1e-6)
+  else:
+    change = np.asarray(grads(*_on_mesh(mesh, zimg_7, ztxt, name))[1])[:8] - g_txt[:8]
+    assert np.abs(change).max() > 1e-3
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_shard_map_equals_jit_on_8_devices(name):
+  """Loss, metrics and the gradient w.r.t. the embeddings, t and b, to 1e-6."""
+  mesh = parallel.create_mesh()
+  args = _on_mesh(mesh, *_pairs(), name)
+  jit, sharded = _jit(name), _shard_map(name, mesh)
+  _assert_same(sharded(*args), jit(*args), 1e-6)
+  for got, want in zip(_grads(sharded)(*args), _grads(jit)(*args), strict=True):
+    if want is not None:  # the softmax has no b
+      np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize('kind', ['jit', 'shard_map'])
+@pytest.mark.parametrize('name', NAMES)
+def test_one_device_equals_eight(name, kind):
+  pairs = _pairs()
+  one, eight = parallel.create_mesh(jax.devices()[:1]), parallel.create_mesh()
+  assert eight.size == 8
+  got = _form(kind, name, one)(*_on_mesh(one, *pairs, name))
+  _assert_same(got, _form(kind, name, eight)(*_on_mesh(eight, *pairs, name)), 1e-6)
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_a_permutation_of_the_pairs_across_devices_keeps_the_loss(name):
+  """Each device finds its positives at its own offset: moving pairs to other devices (and
+  positions) changes nothing, while shuffling the texts alone (breaking the pairs) does."""
+  mesh = parallel.create_mesh()
+  zimg, ztxt = _pairs()
+  perm = np.random.default_rng(1).permutation(BATCH)
+  assert (perm // 8 != np.arange(BATCH) // 8).mean() > 0.5  # most pairs change device
+  sharded = _shard_map(name, mesh)
+  base = sharded(*_on_mesh(mesh, zimg, ztxt, name))
+  _assert_same(sharded(*_on_mesh(mesh, zimg[perm], ztxt[perm], name)), base, 1e-6)
+  broken = sharded(*_on_mesh(mesh, zimg, ztxt[perm], name))[0]
+  assert abs(float(broken) - float(base[0])) > 0.1
+
+
+def _tower_params(seed: int = 0) -> dict:
+  """A stand-in for the two towers: one linear map each, and LiT's (1,)-shaped `t` and `b`."""
+  rng = np.random.default_rng(seed)
+  return {
+    'img': rng.standard_normal((5, DIM)).astype(np.float32),
+    'txt': rng.standard_normal((7, DIM)).astype(np.float32),
+    't': np.full((1,), T, np.float32),
+    'b': np.full((1,), B, np.float32),
+  }
+
+
+def _tower_loss(name, axis=None):
+  def loss_fn(params, images, texts):
+    zimg = images @ params['img']
+    ztxt = texts @ params['txt']
+    zimg = zimg / jnp.linalg.norm(zimg, axis=-1, keepdims=True)
+    ztxt = ztxt / jnp.linalg.norm(ztxt, axis=-1, keepdims=True)
+    b = params['b'] if name == 'sigmoid' else None
+    return contrastive.loss(name, zimg, ztxt, params['t'], b, axis=axis)[0]
+
+  return loss_fn
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_step_gradient_inside_shard_map_equals_jit(name):
+  """The trainer's use: the towers applied to this device's rows, then the loss, then the
+  gradient w.r.t. the replicated parameters inside shard_map. As they arrive (invariant)
+  it is the jit step's gradient with no reduction after; cast to device-varying, their
+  psum is (and a pmean is 1/8 of it)."""
+  mesh = parallel.create_mesh()
+  axis = parallel.DATA_AXIS
+  rows = parallel.batch_sharding(mesh)
+  rng = np.random.default_rng(2)
+  images = jax.device_put(rng.standard_normal((BATCH, 5), np.float32), rows)
+  texts = jax.device_put(rng.standard_normal((BATCH, 7), np.float32), rows)
+  params = jax.device_put(_tower_params(), parallel.replicated(mesh))
+  want_loss, want = jax.jit(jax.value_and_grad(_tower_loss(name)))(params, images, texts)
+  local = jax.value_and_grad(_tower_loss(name, axis))
+
+  def step(params, images, texts):
+    loss, invariant = local(params, images, texts)
+    _, own_copy = local(jax.lax.pcast(params, axis, to='varying'), images, texts)
+    reduced = {'psum': jax.lax.psum(own_copy, axis), 'pmean': jax.lax.pmean(own_copy, axis)}
+    return loss, {'invariant': invariant, **reduced}
+
+  specs = (P(), P(axis), P(axis))
+  sharded = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=specs, out_specs=P()))
+  loss, got = sharded(params, images, texts)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+  for key, scale in (('invariant', 1.0), ('psum', 1.0), ('pmean', 1 / 8)):
+    for k in want:
+      np.testing.assert_allclose(
+        got[key][k], scale * want[k], rtol=1e-6, atol=1e-6, err_msg=f'{key} {k}'
+      )
+  assert np.abs(want['txt']).max() > 1e-2 and np.abs(want['t']).max() > 1e-3
+
+
+def test_loss_names():
+  z = jnp.asarray(_pairs()[0])
+  with pytest.raises(ValueError, match="Unknown contrastive loss 'clip'"):
+    contrastive.loss('clip', z, z, 0.0)
+  with pytest.raises(ValueError, match='takes no bias b'):
+    contrastive.loss('softmax', z, z, 0.0, -10.0)
+  # A model without a bias under the sigmoid loss: b = 0.
+  without = jax.jit(lambda z: contrastive.loss('sigmoid', z, z, 1.0))(z)
+  _assert_same(without, jax.jit(lambda z: contrastive.sigmoid_loss(z, z, 1.0, 0.0))(z), 0)
