@@ -10,7 +10,18 @@ export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json
 export(params, model_config, 'out_dir', to=name)  # any format of FORMATS that writes
 """
 
-from vit_jax.checkpoint import catalog, formats, hf, npz, orbax, pytorch, surgery, timm, tree, two_towers
+from vit_jax.checkpoint import (
+  catalog,
+  formats,
+  hf,
+  npz,
+  orbax,
+  pytorch,
+  surgery,
+  timm,
+  tree,
+  two_towers,
+)
 from vit_jax.checkpoint.formats import (
   FORMATS,
   Format,
