@@ -89,16 +89,16 @@ def test_config_json_holds_the_resolved_spec(fake_run):
   workdir, _, _ = fake_run
   with open(os.path.join(workdir, 'config.json')) as f:
     written = json.load(f)
-  steps = math.ceil(EPOCHS * TRAIN_IMAGES / BATCH)
-  assert steps == 5
-  assert (written['total_steps'], written['total_epochs'], written['num_classes']) == (5, EPOCHS, 10)
-  assert written['_resolved']['total_steps'] == 5 and written['_resolved']['num_classes'] == 10
+  steps = math.ceil(EPOCHS * TRAIN_IMAGES / BATCH)  # 5
+  assert (written['total_steps'], written['total_epochs']) == (steps, EPOCHS)
+  assert written['num_classes'] == 10  # 0 in the config: the digits' ten
+  assert written['_resolved']['total_steps'] == steps and written['_resolved']['num_classes'] == 10
   # The keys read back into the same spec: the run resolved once, written as it ran.
   keys = {k: v for k, v in written.items() if k != '_resolved'}
   reread = json.loads(json.dumps(spec.to_dict(spec.from_config(keys))))
   assert reread == keys
   # The readers of run directories take it.
-  assert rundir.total_steps(written) == 5
-  assert sweep.run_result(workdir)['total_steps'] == 5
+  assert rundir.total_steps(written) == steps
+  assert sweep.run_result(workdir)['total_steps'] == steps
   run = report.read_run(workdir)
-  assert (run.total_steps, run.step, run.dataset) == (5, 5, 'digits')
+  assert (run.total_steps, run.step, run.dataset) == (steps, steps, 'digits')
