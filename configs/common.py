@@ -1,7 +1,8 @@
 """Training defaults of the original vit_jax (`configs/common.py`) and the dataset presets.
 
-The defaults themselves live in the run spec (vit_jax/train/spec.py), where each key is
-defined with its type and meaning; this module hands them to the experiment configs.
+The defaults themselves live in the run spec (vit_jax/train/spec.py; its data and evaluation
+sections in vit_jax/data/spec.py and vit_jax/evals/spec.py), where each key is defined with
+its type and meaning; this module hands them to the experiment configs.
 
 Differences from the original, on purpose: `optim_dtype` defaults to float32 (the
 original declared bfloat16 but never read the key), evaluation counts every test example
@@ -17,7 +18,7 @@ from vit_jax.train import spec
 def get_config() -> ml_collections.ConfigDict:
   """Every run parameter at its default; the model and the dataset are set by the caller.
 
-  The keys, their types, defaults and meaning are defined once, in vit_jax/train/spec.py.
+  The keys, their types, defaults and meaning are defined once, in the run spec.
   """
   return spec.default_config()
 

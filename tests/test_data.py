@@ -11,7 +11,7 @@ from PIL import Image
 from vit_jax import data
 from vit_jax.data import digits, preprocess
 
-PP = data.Preprocessing(crop=16, area_min=0.5, flip=False)
+DATA = data.Data(pp=data.Pp(crop=16, area_min=0.5, flip=False))
 
 
 def _batches(ds, n):
@@ -68,7 +68,7 @@ def test_subpixel_crop_of_the_whole_image_is_the_identity_and_crops_are_inside()
 
 def test_train_stream_shapes_range_and_labels():
   batch = _batches(
-    data.train_dataset(data.DigitsSource(), 'train', local_batch=32, pp=PP, seed=0), 1
+    data.train_dataset(data.DigitsSource(), 'train', local_batch=32, data=DATA, seed=0), 1
   )[0]
   assert batch['image'].shape == (32, 16, 16, 3) and batch['image'].dtype == np.float32
   assert batch['label'].dtype == np.int32
@@ -77,10 +77,10 @@ def test_train_stream_shapes_range_and_labels():
 
 def test_train_stream_resumes_exactly_from_a_position():
   source = data.DigitsSource()
-  full = _batches(data.train_dataset(source, 'train', local_batch=100, pp=PP, seed=3), 20)
+  full = _batches(data.train_dataset(source, 'train', local_batch=100, data=DATA, seed=3), 20)
   # Position 1700 lies in the second epoch (1437 examples each): resume there.
   resumed = _batches(
-    data.train_dataset(source, 'train', local_batch=100, pp=PP, seed=3, position=1700), 3
+    data.train_dataset(source, 'train', local_batch=100, data=DATA, seed=3, position=1700), 3
   )
   for a, b in zip(full[17:], resumed, strict=True):
     np.testing.assert_array_equal(a['image'], b['image'])
@@ -89,8 +89,8 @@ def test_train_stream_resumes_exactly_from_a_position():
 
 def test_each_epoch_is_a_new_permutation_of_the_split():
   source = data.DigitsSource()
-  pp = data.Preprocessing(crop=8, area_min=1.0, flip=False)  # area 1: the image itself
-  ds = data.train_dataset(source, 'train', local_batch=479, pp=pp, seed=0)  # 3 x 479 = 1437
+  whole = data.Data(pp=data.Pp(crop=8, area_min=1.0, flip=False))  # area 1: the image itself
+  ds = data.train_dataset(source, 'train', local_batch=479, data=whole, seed=0)  # 3 x 479 = 1437
   batches = _batches(ds, 6)
   epoch0 = np.concatenate([b['label'] for b in batches[:3]])
   epoch1 = np.concatenate([b['label'] for b in batches[3:]])
@@ -104,8 +104,8 @@ def test_each_epoch_is_a_new_permutation_of_the_split():
 
 def test_different_seeds_give_different_streams():
   source = data.DigitsSource()
-  a = _batches(data.train_dataset(source, 'train', local_batch=16, pp=PP, seed=0), 1)[0]
-  b = _batches(data.train_dataset(source, 'train', local_batch=16, pp=PP, seed=1), 1)[0]
+  a = _batches(data.train_dataset(source, 'train', local_batch=16, data=DATA, seed=0), 1)[0]
+  b = _batches(data.train_dataset(source, 'train', local_batch=16, data=DATA, seed=1), 1)[0]
   assert not np.array_equal(a['label'], b['label'])
 
 
@@ -134,7 +134,7 @@ def test_eval_pass_pads_and_masks_the_last_batch(tmp_path):
   assert source.num_classes == 2 and source.num_examples('test') == 5
   batches = list(
     data.eval_dataset(
-      source, 'test', local_batch=2, pp=data.Preprocessing(crop=4)
+      source, 'test', local_batch=2, data=data.Data(pp=data.Pp(crop=4))
     ).as_numpy_iterator()
   )
   assert [b['mask'].tolist() for b in batches] == [[1, 1], [1, 1], [1, 0]]
@@ -164,12 +164,9 @@ def test_tfds_source_under_mock_data(name, classes):
     assert source.num_classes == classes
     split = 'validation' if name == 'imagenet2012' else 'test'
     assert source.num_examples(split) == 12  # counted: mock_data leaves split sizes empty
-    ds = data.train_dataset(source, split, local_batch=4, pp=data.Preprocessing(crop=24), seed=0)
+    crop = data.Data(pp=data.Pp(crop=24))
+    ds = data.train_dataset(source, split, local_batch=4, data=crop, seed=0)
     batch = _batches(ds, 4)[-1]  # past the end of the first 12-example epoch
     assert batch['image'].shape == (4, 24, 24, 3)
-    evals = list(
-      data.eval_dataset(
-        source, split, local_batch=8, pp=data.Preprocessing(crop=24)
-      ).as_numpy_iterator()
-    )
+    evals = list(data.eval_dataset(source, split, local_batch=8, data=crop).as_numpy_iterator())
     assert [int(b['mask'].sum()) for b in evals] == [8, 4]

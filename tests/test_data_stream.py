@@ -15,7 +15,8 @@ from PIL import Image
 from vit_jax import data
 from vit_jax.data import preprocess
 
-PP = data.Preprocessing(crop=8, area_min=0.5)
+PP = data.Pp(crop=8, area_min=0.5)
+DATA = data.Data(pp=PP)
 
 
 class TinyImages(tfds.core.GeneratorBasedBuilder):
@@ -85,7 +86,12 @@ def test_resumed_stream_equals_the_uninterrupted_one(sources, kind, pp):
 
   def stream(position, count):
     ds = data.train_dataset(
-      source, split, local_batch=batch, pp=pp, seed=5, position=position, shuffle_buffer=8
+      source,
+      split,
+      local_batch=batch,
+      data=data.Data(pp=pp, shuffle_buffer=8),
+      seed=5,
+      position=position,
     )
     return _take(ds, count)
 
@@ -101,9 +107,9 @@ def test_resumed_stream_equals_the_uninterrupted_one(sources, kind, pp):
 def test_each_epoch_of_a_random_access_source_is_a_new_permutation(sources, kind):
   """Labels and images of an epoch are the split's, once each; the next epoch reorders them."""
   source, split, n = sources[kind]
-  whole = data.Preprocessing(crop=8, area_min=1.0, flip=False)  # area 1: the image, resized
-  epochs = _take(data.train_dataset(source, split, local_batch=n, pp=whole, seed=1), 2)
-  evaluation = next(data.eval_dataset(source, split, local_batch=n, pp=whole).as_numpy_iterator())
+  whole = data.Data(pp=data.Pp(crop=8, area_min=1.0, flip=False))  # area 1: the image, resized
+  epochs = _take(data.train_dataset(source, split, local_batch=n, data=whole, seed=1), 2)
+  evaluation = next(data.eval_dataset(source, split, local_batch=n, data=whole).as_numpy_iterator())
   for epoch in epochs:
     assert sorted(map(bytes, epoch['image'])) == sorted(map(bytes, evaluation['image']))
     assert sorted(epoch['label']) == sorted(evaluation['label'])
@@ -112,7 +118,7 @@ def test_each_epoch_of_a_random_access_source_is_a_new_permutation(sources, kind
 
 def test_a_source_read_in_order_warns_what_resuming_costs(sources, capsys):
   source, split, _ = sources['tfrecord']
-  data.train_dataset(source, 'train[:13]', local_batch=4, pp=PP, seed=0)
+  data.train_dataset(source, 'train[:13]', local_batch=4, data=DATA, seed=0)
   (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith('Warning:')]
   assert line.startswith("Warning: tfds 'tiny_images' is stored as tfrecord, which is read in")
   assert line.endswith('`tfds build tiny_images --file_format=array_record` makes resuming free.')
@@ -123,8 +129,8 @@ def test_a_source_read_in_order_warns_what_resuming_costs(sources, capsys):
 def test_the_thread_count_changes_no_batch(sources):
   source, split, _ = sources['folder']
   a, b = (
-    _take(data.train_dataset(source, split, local_batch=6, pp=PP, seed=2, threads=t), 6)
-    for t in (1, 2)
+    _take(data.train_dataset(source, split, local_batch=6, data=threads, seed=2), 6)
+    for threads in (dataclasses.replace(DATA, input_threads=t) for t in (1, 2))
   )
   _assert_batches_equal(a, b)
   assert data.default_threads() == len(os.sched_getaffinity(0))
@@ -142,7 +148,7 @@ def bad_folder(tmp_path_factory):
 
 def test_unreadable_images_are_replaced_flagged_and_named_the_same_way_on_resume(bad_folder):
   def stream(position, count):
-    ds = data.train_dataset(bad_folder, 'train', local_batch=8, pp=PP, seed=0, position=position)
+    ds = data.train_dataset(bad_folder, 'train', DATA, local_batch=8, seed=0, position=position)
     return _take(ds, count)
 
   full = stream(0, 6)  # 48 examples: 3 epochs of 16
@@ -159,7 +165,7 @@ def test_unreadable_images_are_replaced_flagged_and_named_the_same_way_on_resume
 def test_unreadable_test_images_are_masked_and_named(tmp_path):
   root = write_image_folder(tmp_path, {'train': 3, 'test': 5}, unreadable_files(), bad_split='test')
   source = data.get_source(root)
-  batches = list(data.eval_dataset(source, 'test', local_batch=6, pp=PP).as_numpy_iterator())
+  batches = list(data.eval_dataset(source, 'test', local_batch=6, data=DATA).as_numpy_iterator())
   assert len(batches) == 2  # 8 files in batches of 6
   assert sum(int(b['mask'].sum()) for b in batches) == 5
   assert sum(int(b['bad'].sum()) for b in batches) == 3
@@ -169,7 +175,7 @@ def test_unreadable_test_images_are_masked_and_named(tmp_path):
 
 def test_a_group_with_no_readable_image_is_a_one_line_error(tmp_path):
   root = write_image_folder(tmp_path, {'train': 0}, {f'{i}.jpg': b'' for i in range(4)})
-  ds = data.train_dataset(data.get_source(root), 'train', local_batch=4, pp=PP, seed=0)
+  ds = data.train_dataset(data.get_source(root), 'train', local_batch=4, data=DATA, seed=0)
   with pytest.raises(ValueError, match=r'^Input pipeline: all 4 examples decoded together') as e:
     next(data.host_batches(ds))
   assert '\n' not in str(e.value) and str(e.value).endswith('.jpg)')
@@ -217,7 +223,7 @@ def test_randaugment_changes_the_training_images_and_keeps_their_range(sources):
   still in [-1, 1] on the uint8 grid."""
   source, split, _ = sources['array_record']
   plain, augmented = (
-    _take(data.train_dataset(source, split, local_batch=8, pp=pp, seed=3), 2)
+    _take(data.train_dataset(source, split, local_batch=8, data=data.Data(pp=pp), seed=3), 2)
     for pp in (PP, RANDAUG)
   )
   for a, b in zip(plain, augmented, strict=True):

@@ -11,8 +11,9 @@ from sklearn.linear_model import Ridge as SklearnRidge
 
 from configs import digits as digits_config
 from vit_jax import data as data_lib
-from vit_jax import fewshot, parallel, rundir, train
+from vit_jax import parallel, rundir, train
 from vit_jax.data import digits as digits_data
+from vit_jax.evals import common, fewshot
 from vit_jax.train import setup, spec
 
 
@@ -116,16 +117,14 @@ def test_evaluator_equals_accuracies_on_features_computed_directly(tmp_path):
   model = prepared.model
   params = model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)), train=False)['params']
   shardings = parallel.tree_shardings(params, prepared.mesh)
-  features_fn = fewshot.compile_features(model, shardings, prepared.mesh)
-  evaluator = fewshot.Evaluator(
-    prepared.fewshot_tasks, run.evals.fewshot, features_fn, prepared.pp_eval, 360, prepared.mesh
-  )
-  got = evaluator(jax.device_put(params, shardings))
+  evaluator = prepared.evaluators['fewshot']
+  assert isinstance(evaluator, fewshot.Evaluator) and evaluator.every == 1
+  got = common.evaluate(evaluator, {'': jax.device_put(params, shardings)})
 
   headless = model.clone(num_classes=None)
   direct = {}
   for split in ('train', 'test'):
-    ds = data_lib.eval_dataset(prepared.source, split, local_batch=360, pp=prepared.pp_eval)
+    ds = data_lib.eval_dataset(prepared.source, split, prepared.spec.data, local_batch=360)
     batches = list(ds.as_numpy_iterator())
     feats = np.concatenate(
       [headless.apply({'params': params}, b['image'], train=False) for b in batches]

@@ -194,18 +194,16 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(one_proce
 def test_data_shards_make_the_global_batches_independent_of_the_process_count():
   """Host rows of 2 hosts x 2 shards, stacked, equal 1 host reading all 4 shards; resumable."""
   source = data_lib.get_source('digits')
-  pp = data_lib.Preprocessing(crop=8, area_min=0.6, flip=False, subpixel=True)
+  pp = data_lib.Pp(train='train', crop=8, area_min=0.6, flip=False, subpixel=True)
+  section = data_lib.Data(pp=pp, batch=16, shuffle_buffer=100)
 
   def batches(process_index, process_count, step=0, n=3):
     ds = data_lib.host_train_dataset(
       source,
-      'train',
-      global_batch=16,
+      section,
       data_shards=4,
-      pp=pp,
       seed=1,
       step=step,
-      shuffle_buffer=100,
       process_index=process_index,
       process_count=process_count,
     )

@@ -72,8 +72,8 @@ def test_an_image_file_becomes_the_tensor_the_eval_pipeline_makes(tmp_path, suff
   rng = np.random.default_rng(0)
   Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
   source = data.FolderSource(str(tmp_path / 'images'))
-  pp = data.Preprocessing(crop=24)
-  (batch,) = data.eval_dataset(source, 'test', local_batch=1, pp=pp).as_numpy_iterator()
+  pp = data.Data(pp=data.Pp(crop=24))
+  (batch,) = data.eval_dataset(source, 'test', local_batch=1, data=pp).as_numpy_iterator()
   errors = []
   ((names, images),) = predict.batches([str(path)], 24, 1, errors)
   assert errors == [] and names == [str(path)] and images.shape == (1, 24, 24, 3)

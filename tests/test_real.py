@@ -9,9 +9,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import vit as vit_config
-from vit_jax import parallel
 from vit_jax.data import real
-from vit_jax.train import loop, setup, spec, steps
+from vit_jax.evals import classification, common, registry
+from vit_jax.train import setup
 
 
 class _Logits:
@@ -42,7 +42,7 @@ def test_real_accuracy_on_synthetic_logits_against_a_hand_count():
     'mask': np.array(mask, np.int32),
     'real': _multi_hot(sets, 5),
   }
-  sums = jax.jit(steps.make_eval_step(_Logits(5), num_classes=5))(None, batch)
+  sums = jax.jit(classification.make_eval_step(_Logits(5), num_classes=5))(None, batch)
   assert int(sums['real_correct']) == 3 and int(sums['real_count']) == 5
   assert int(sums['correct']) == 3  # the original labels: rows 0, 2 and 3; padding not counted
   assert int(sums['count']) == 6
@@ -65,15 +65,18 @@ def test_real_through_the_pipeline_on_mock_data(tmp_path):
     labelled = [s for s in sets if s]
     counts = np.bincount(np.concatenate([sorted(s) for s in labelled]), minlength=1000)
     chosen = int(np.argmax(counts))  # the label most sets hold
-    prepared = setup.prepare(spec.from_config(config), str(tmp_path), jax.devices()[:1])
+    prepared = setup.prepare(config, str(tmp_path), jax.devices()[:1])
+    assert list(prepared.evaluators) == ['test', 'real']
 
     class _Constant:
       def apply(self, variables, images, train):
         return jnp.zeros((images.shape[0], 1000)).at[:, chosen].set(1.0)
 
-    eval_step = jax.jit(steps.make_eval_step(_Constant(), num_classes=1000))
-    sharding = parallel.batch_sharding(prepared.mesh)
-    metrics = loop.evaluate(eval_step, None, prepared, sharding)
+    run = prepared.spec
+    context = common.Context(run.evals, run.data, _Constant(), prepared.mesh, prepared.source)
+    metrics = {}
+    for evaluator in registry.build(context).values():
+      metrics |= common.evaluate(evaluator, {'': None})
   assert len(sets) == 21 and counts[chosen] >= 1
   assert metrics['num_real'] == len(labelled)
   assert metrics['accuracy_real'] == pytest.approx(counts[chosen] / len(labelled))
@@ -85,4 +88,4 @@ def test_real_split_needs_a_thousand_class_model(tmp_path):
   config.pretrained_dir = ''
   config.real_split = 'validation'
   with tfds.testing.mock_data(num_examples=4), pytest.raises(ValueError, match='1000-class'):
-    setup.prepare(spec.from_config(config), str(tmp_path), jax.devices()[:1])
+    setup.prepare(config, str(tmp_path), jax.devices()[:1])

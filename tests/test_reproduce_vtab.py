@@ -203,8 +203,8 @@ def test_every_task_config_trains_on_mock_data(tmp_path, module_compilation_cach
       source = data.get_source(f'vtab/{name}')
       assert source.num_classes == task.num_classes
       assert source.num_examples('train800val200') == 8  # counted: mock data has no metadata
-      pp = data.Preprocessing(crop=16)
-      batch = next(data.eval_dataset(source, 'test', local_batch=8, pp=pp).as_numpy_iterator())
+      pp = data.Data(pp=data.Pp(crop=16))
+      batch = next(data.eval_dataset(source, 'test', local_batch=8, data=pp).as_numpy_iterator())
       assert batch['image'].shape == (8, 16, 16, 3), name
       assert batch['label'].min() >= 0 and batch['label'].max() < task.num_classes, name
     # Every task's config, two steps each, through the VTAB runner. One head width for all

@@ -30,7 +30,9 @@ from configs import vit as vit_config
 from vit_jax import data as data_lib
 from vit_jax import parallel, rundir, train
 from vit_jax.data import digits as digits_data
-from vit_jax.train import loop, setup, spec, steps
+from vit_jax.evals import classification
+from vit_jax.evals import common as evals_common
+from vit_jax.train import setup, spec
 from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -616,11 +618,13 @@ def test_evaluation_counts_every_example_exactly_once(tmp_path):
         Image.fromarray(np.full((4, 4, 3), red, np.uint8)).save(
           tmp_path / split / name / f'{i}.png'
         )
-  config = tiny_config(dataset=str(tmp_path), batch=8, batch_eval=2, pp__crop=4)
-  prepared = setup.prepare(spec.from_config(config), str(tmp_path / 'run'), jax.devices()[:1])
-  eval_step = jax.jit(steps.make_eval_step(_RedChannelModel(), num_classes=3))
-  mesh_sharding = parallel.batch_sharding(prepared.mesh)
-  metrics = loop.evaluate(eval_step, None, prepared, mesh_sharding)
+  config = tiny_config(dataset=str(tmp_path), batch=8, batch_eval=2, pp__crop=4, num_classes=3)
+  prepared = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  run = prepared.spec
+  context = evals_common.Context(
+    run.evals, run.data, _RedChannelModel(), prepared.mesh, prepared.source
+  )
+  metrics = classification.Evaluator(context).run(None)
   # a: 0 -> a (right), 200 -> b (wrong); b: 0 -> a, 100 -> a (wrong), 255 -> b (right): 2 of 5.
   # The padding example (image 0.0, label 0) would be "right" if it were counted: 3 of 6.
   assert metrics['num_test'] == 5

@@ -1,57 +1,55 @@
 """Input pipelines: tfds datasets, image folders and the bundled digits, per-host and resumable.
 
+  spec.py        the data section of the run spec (`Data`, `Pp`): every input option and its
+                 default; the builders below take it whole
+  sources.py     datasets: tfds, image folders, the digits, subsets (`get_source`)
+  preprocess.py  decoding, the inception crop, flip, RandAugment, resize
+  pipeline.py    the training stream (index-addressed, resumable) and the exact evaluation pass
+
 TensorFlow serves here as the host-side image pipeline only: its C++ start-up notices are off
 unless asked for (TF_CPP_MIN_LOG_LEVEL), and so are its oneDNN rewrites, whose float results
 vary with the machine (TF_ENABLE_ONEDNN_OPTS), so that training, evaluation and predict
-preprocess an image to the same numbers.
+preprocess an image to the same numbers. The names below are loaded on first use, so that the
+run spec (which holds `Data`) imports no TensorFlow: the benchmark reads it on machines
+without it.
 """
 
 import contextlib
+import importlib
 import os
+from typing import Any
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
-from vit_jax.data.pipeline import (
-  BadExamples,
-  Preprocessing,
-  check_data_shards,
-  default_threads,
-  eval_dataset,
-  host_batches,
-  host_train_dataset,
-  num_eval_batches,
-  train_dataset,
-)
-from vit_jax.data.sources import (
-  DigitsSource,
-  FolderSource,
-  Reader,
-  Source,
-  Subset,
-  TfdsSource,
-  get_source,
-)
+# Each public name, and the module that defines it.
+_MODULES = {
+  'BadExamples': 'pipeline',
+  'check_data_shards': 'pipeline',
+  'default_threads': 'pipeline',
+  'eval_dataset': 'pipeline',
+  'host_batches': 'pipeline',
+  'host_train_dataset': 'pipeline',
+  'num_eval_batches': 'pipeline',
+  'train_dataset': 'pipeline',
+  'DigitsSource': 'sources',
+  'FolderSource': 'sources',
+  'Reader': 'sources',
+  'Source': 'sources',
+  'Subset': 'sources',
+  'TfdsSource': 'sources',
+  'get_source': 'sources',
+  'Data': 'spec',
+  'Pp': 'spec',
+}
 
-__all__ = [
-  'BadExamples',
-  'DigitsSource',
-  'FolderSource',
-  'Preprocessing',
-  'Reader',
-  'Source',
-  'Subset',
-  'TfdsSource',
-  'check_data_shards',
-  'default_threads',
-  'eval_dataset',
-  'get_source',
-  'hide_accelerators_from_tensorflow',
-  'host_batches',
-  'host_train_dataset',
-  'num_eval_batches',
-  'train_dataset',
-]
+__all__ = sorted([*_MODULES, 'hide_accelerators_from_tensorflow'])
+
+
+def __getattr__(name: str) -> Any:
+  if name in _MODULES:
+    return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def hide_accelerators_from_tensorflow() -> None:

@@ -44,7 +44,7 @@ import tensorflow as tf
 from PIL import Image
 
 from vit_jax import files
-from vit_jax.data import pipeline, sources
+from vit_jax.data import pipeline, sources, spec
 
 # (what, resolution, training img/s of one accelerator): the figures the table starts from.
 ANCHORS = (
@@ -115,14 +115,11 @@ def variants(source_names, modes, crops, threads, decodes=('window', 'whole')) -
 
 
 def _dataset(variant: Variant, source: sources.Source, batch: int) -> tf.data.Dataset:
-  pp = pipeline.Preprocessing(variant.crop, decode_window=variant.window)
+  pp = spec.Pp(crop=variant.crop, decode_window=variant.window)
+  data = spec.Data(pp=pp, input_threads=variant.threads)
   if variant.mode == 'train':
-    return pipeline.train_dataset(
-      source, 'train', local_batch=batch, pp=pp, seed=0, threads=variant.threads
-    )
-  return pipeline.eval_dataset(
-    source, 'train', local_batch=batch, pp=pp, threads=variant.threads
-  ).repeat()
+    return pipeline.train_dataset(source, 'train', data, local_batch=batch, seed=0)
+  return pipeline.eval_dataset(source, 'train', data, local_batch=batch).repeat()
 
 
 def _time(ds: tf.data.Dataset, images: int, threads: int) -> tuple[float, float, int]:
@@ -190,21 +187,19 @@ class InOrderFolder(sources.FolderSource):
 
 def _first_batch_s(source, position: int, batch: int, crop: int, threads: int) -> float:
   start = time.perf_counter()
-  ds = pipeline.train_dataset(
-    source, 'train', local_batch=batch, pp=pipeline.Preprocessing(crop), seed=0,
-    position=position, shuffle_buffer=1024, threads=threads,
-  )  # fmt: skip
+  data = spec.Data(pp=spec.Pp(crop=crop), shuffle_buffer=1024, input_threads=threads)
+  ds = pipeline.train_dataset(source, 'train', data, local_batch=batch, seed=0, position=position)
   next(iter(ds))
   return time.perf_counter() - start
 
 
 def _resumed_equal(source, position: int, batch: int, crop: int, threads: int) -> bool:
   """The two batches at `position` of a stream resumed there equal the uninterrupted ones."""
-  pp = pipeline.Preprocessing(crop)
-  kwargs = {'local_batch': batch, 'pp': pp, 'seed': 0, 'threads': threads}
-  resumed = pipeline.train_dataset(source, 'train', position=position, **kwargs).take(2)
+  data = spec.Data(pp=spec.Pp(crop=crop), input_threads=threads)
+  kwargs = {'local_batch': batch, 'seed': 0}
+  resumed = pipeline.train_dataset(source, 'train', data, position=position, **kwargs).take(2)
   skipped = position // batch
-  whole = pipeline.train_dataset(source, 'train', **kwargs).skip(skipped).take(2)
+  whole = pipeline.train_dataset(source, 'train', data, **kwargs).skip(skipped).take(2)
   pairs = zip(resumed.as_numpy_iterator(), whole.as_numpy_iterator(), strict=True)
   return all(np.array_equal(a[k], b[k]) for a, b in pairs for k in ('image', 'label'))
 

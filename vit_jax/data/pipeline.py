@@ -22,8 +22,11 @@ the stream its positions: a resumed run replaces the same examples. In evaluatio
 is masked out. Whether a flagged example is skipped or is an error is the caller's choice
 (`BadExamples`, and the trainer's `skip_bad_images`).
 
-Threads: `threads` workers (default: the cores this process may use) each decode one group at
-a time, so `threads` groups are in flight; examples and batches come out in order.
+Threads: `data.input_threads` workers (0: the cores this process may use) each decode one
+group at a time, so that many groups are in flight; examples and batches come out in order.
+
+Every option comes from the run spec's data section (`Data`, vit_jax/data/spec.py), which
+each builder takes whole; the defaults are there.
 """
 
 import dataclasses
@@ -38,6 +41,7 @@ import tensorflow as tf
 
 from vit_jax.data import preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
+from vit_jax.data.spec import Data, Pp
 
 _FOREVER = 2**62
 # The largest group of examples decoded together (it bounds the memory of the groups in flight).
@@ -46,29 +50,17 @@ _MAX_GROUP = 128
 _graph_fn = tf.autograph.experimental.do_not_convert
 
 
-@dataclasses.dataclass(frozen=True)
-class Preprocessing:
-  """What `config.pp` asks for: output size, inception-crop area floor, random flip,
-  whether the crop box may fall between pixels (for images of a few pixels), and
-  RandAugment's layers (0: none) and magnitude. `decode_window`: training decodes only the
-  crop window of a JPEG (False: the whole image, then the crop; the benchmark compares the
-  two)."""
-
-  crop: int
-  area_min: float = 0.05
-  flip: bool = True
-  subpixel: bool = False
-  randaug_layers: int = 0
-  randaug_magnitude: float = 10.0
-  decode_window: bool = True
-
-
 def default_threads() -> int:
   """The CPU cores this process may run on (its affinity: a container's or srun's share)."""
   try:
     return len(os.sched_getaffinity(0))
   except AttributeError:  # not Linux
     return os.cpu_count() or 1
+
+
+def _threads(data: Data) -> int:
+  """The pipeline's threads: `data.input_threads`, 0 meaning every core this process may use."""
+  return data.input_threads or default_threads()
 
 
 def _options(threads: int) -> tf.data.Options:
@@ -177,33 +169,18 @@ def _batches(groups, to_batch: Callable, rows: int, size: int, threads: int, the
 # ----------------------------------------------------------------------------------------
 
 
-def _train_example(source: Source, pp: Preprocessing, host_seed: tf.Tensor) -> Callable:
+def _train_example(source: Source, pp: Pp, host_seed: tf.Tensor) -> Callable:
   """(position, raw record) -> {'image', 'label'}, augmented with the position's seed."""
   whole = source.holds_pixels or pp.subpixel or not pp.decode_window
 
   def process(position, raw):
     example = source.example(raw)
     seed = tf.random.experimental.stateless_fold_in(host_seed, position)
-    randaug = (pp.randaug_layers, pp.randaug_magnitude)
     if whole:
-      image = preprocess.train_image(
-        source.decode(example['image']),
-        seed,
-        pp.crop,
-        area_min=pp.area_min,
-        flip=pp.flip,
-        subpixel=pp.subpixel,
-        randaug=randaug,
-      )
+      image = preprocess.train_image(source.decode(example['image']), seed, pp)
     else:
       image = preprocess.train_image_from_bytes(
-        source.encoded(example['image']),
-        seed,
-        pp.crop,
-        pp.area_min,
-        pp.flip,
-        source.adjust,
-        randaug,
+        source.encoded(example['image']), seed, pp, source.adjust
       )
     return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
@@ -258,32 +235,29 @@ def _warn_in_order(source: Source, split: str) -> None:
 def train_dataset(
   source: Source,
   split: str,
+  data: Data,
   *,
   local_batch: int,
-  pp: Preprocessing,
   seed: int,
   position: int = 0,
-  shuffle_buffer: int = 50_000,
   process_index: int = 0,
   process_count: int = 1,
-  prefetch: int = 2,
-  threads: int = 0,
 ) -> tf.data.Dataset:
   """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1], 'label': int32 (B,),
-  'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`.
+  'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`,
+  preprocessed as `data.pp` says, by `data.input_threads` threads.
 
   `position` counts the examples this shard has already given (step x local batch, a
   multiple of `local_batch`); the dataset yields exactly what an uninterrupted stream would
   from there on. `bad` flags the rows that replace an unreadable example, named in `name`
-  ('' elsewhere). `shuffle_buffer` applies to sources read in order only. `threads`: 0 = the
-  cores this process may use.
+  ('' elsewhere). `data.shuffle_buffer` applies to sources read in order only.
   """
   n = source.num_examples(split, process_index, process_count)
   if n == 0:
     raise ValueError(f'Split {split!r} of {source.name!r} is empty on host {process_index}.')
   if position % local_batch:
     raise ValueError(f'position={position} is not a multiple of local_batch={local_batch}.')
-  threads = threads or default_threads()
+  threads = _threads(data)
   size = group_size(local_batch)
   first = position // size
   reader = source.reader(split, process_index, process_count)
@@ -291,14 +265,14 @@ def train_dataset(
     groups = _random_access_groups(reader, first, size, seed, process_index)
   else:
     _warn_in_order(source, split)
-    buffer = max(1, min(shuffle_buffer, n))
+    buffer = max(1, min(data.shuffle_buffer, n))
     groups = _in_order_groups(
       source, split, first, size, seed, process_index, process_count, buffer
     )
   host_seed = tf.random.experimental.stateless_fold_in(
     tf.constant([seed, 0], tf.int64), process_index
   )
-  process = _train_example(source, pp, host_seed)
+  process = _train_example(source, data.pp, host_seed)
 
   @_graph_fn
   def to_batch(g, raw):
@@ -306,7 +280,7 @@ def train_dataset(
     return decoded.map(lambda good: _replace_unreadable(good, raw['name'], size))
 
   ds = _batches(groups, to_batch, local_batch, size, threads)
-  return ds.prefetch(prefetch).with_options(_options(threads))
+  return ds.prefetch(data.prefetch).with_options(_options(threads))
 
 
 def check_data_shards(data_shards: int, global_batch: int, process_count: int) -> None:
@@ -325,45 +299,39 @@ def check_data_shards(data_shards: int, global_batch: int, process_count: int) -
 
 def host_train_dataset(
   source: Source,
-  split: str,
+  data: Data,
   *,
-  global_batch: int,
   data_shards: int,
-  pp: Preprocessing,
   seed: int,
   step: int = 0,
-  shuffle_buffer: int = 50_000,
   process_index: int = 0,
   process_count: int = 1,
-  prefetch: int = 2,
-  threads: int = 0,
 ) -> tf.data.Dataset:
-  """This host's rows of every global batch, the same whatever the number of hosts.
+  """This host's rows of every global batch (`data.batch` rows of split `data.pp.train`),
+  the same whatever the number of hosts.
 
   The training stream is `data_shards` streams (`train_dataset` over shard k of the split),
-  each giving `global_batch // data_shards` consecutive rows of every global batch. Host p
+  each giving `data.batch // data_shards` consecutive rows of every global batch. Host p
   of P reads only its shards, p * S/P ... (p + 1) * S/P - 1, and concatenates their rows. So
   two hosts reading one shard each feed the step exactly the batches that one host reading
   both would, and a run resumes at `step` on any number of hosts that divides S. The
-  host's `threads` are shared by its shards.
+  host's `data.input_threads` are shared by its shards.
   """
-  check_data_shards(data_shards, global_batch, process_count)
+  check_data_shards(data_shards, data.batch, process_count)
   per_host = data_shards // process_count
-  rows = global_batch // data_shards
-  threads = threads or default_threads()
+  rows = data.batch // data_shards
+  threads = _threads(data)
+  shard_data = dataclasses.replace(data, input_threads=max(1, math.ceil(threads / per_host)))
   shards = [
     train_dataset(
       source,
-      split,
+      data.pp.train,
+      shard_data,
       local_batch=rows,
-      pp=pp,
       seed=seed,
       position=step * rows,
-      shuffle_buffer=shuffle_buffer,
       process_index=k,
       process_count=data_shards,
-      prefetch=prefetch,
-      threads=max(1, math.ceil(threads / per_host)),
     )
     for k in range(process_index * per_host, (process_index + 1) * per_host)
   ]
@@ -373,7 +341,7 @@ def host_train_dataset(
   def concat(*batches):
     return {key: tf.concat([b[key] for b in batches], axis=0) for key in batches[0]}
 
-  ds = tf.data.Dataset.zip(tuple(shards)).map(concat).prefetch(prefetch)
+  ds = tf.data.Dataset.zip(tuple(shards)).map(concat).prefetch(data.prefetch)
   return ds.with_options(_options(threads))
 
 
@@ -391,27 +359,26 @@ def num_eval_batches(source: Source, split: str, local_batch: int, process_count
 def eval_dataset(
   source: Source,
   split: str,
+  data: Data,
   *,
   local_batch: int,
-  pp: Preprocessing,
   process_index: int = 0,
   process_count: int = 1,
-  prefetch: int = 2,
-  threads: int = 0,
 ) -> tf.data.Dataset:
-  """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches; padding and unreadable
-  examples have mask 0, the unreadable ones `bad` = 1 and their `name`.
+  """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches at the evaluation
+  preprocessing of `data.pp` (a resize to `crop`), by `data.input_threads` threads; padding
+  and unreadable examples have mask 0, the unreadable ones `bad` = 1 and their `name`.
 
   Any other field of the source's examples (ImageNet ReaL's label sets, a subset's example
   index) comes along unchanged, as zeros where the mask is 0.
   """
-  threads = threads or default_threads()
+  threads = _threads(data)
   size = group_size(local_batch)
 
   @_graph_fn
   def process(_, raw):
     example = source.example(raw)
-    image = preprocess.eval_image(source.decode(example['image']), pp.crop)
+    image = preprocess.eval_image(source.decode(example['image']), data.pp.crop)
     return {**example, 'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
   @_graph_fn
@@ -430,7 +397,7 @@ def eval_dataset(
   then = tf.data.Dataset.range(_FOREVER).map(padding)
   ds = _batches(groups, to_batch, local_batch, size, threads, then=then)
   batches = num_eval_batches(source, split, local_batch, process_count)
-  return ds.take(batches).prefetch(prefetch).with_options(_options(threads))
+  return ds.take(batches).prefetch(data.prefetch).with_options(_options(threads))
 
 
 # ----------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.data import randaugment
+from vit_jax.data.spec import Pp
 
 # fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
 _RANDAUG_SEED = 7
@@ -58,7 +59,7 @@ def _crop_box(image_shape, seed, area_range, aspect_ratio_range) -> tuple[tf.Ten
 def inception_crop(
   image: tf.Tensor,
   seed: tf.Tensor,
-  area_range: tuple[float, float] = (0.05, 1.0),
+  area_range: tuple[float, float],
   aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
 ) -> tf.Tensor:
   """A random crop covering `area_range` of the image (Szegedy et al.'s inception crop)."""
@@ -72,7 +73,7 @@ def inception_crop(
 def decode_and_inception_crop(
   encoded: tf.Tensor,
   seed: tf.Tensor,
-  area_range: tuple[float, float] = (0.05, 1.0),
+  area_range: tuple[float, float],
   aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
 ) -> tf.Tensor:
   """`inception_crop(decode(encoded), ...)`, decoding only the crop window of a JPEG.
@@ -102,7 +103,7 @@ def subpixel_inception_crop(
   image: tf.Tensor,
   seed: tf.Tensor,
   size: int,
-  area_range: tuple[float, float] = (0.05, 1.0),
+  area_range: tuple[float, float],
   aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
 ) -> tf.Tensor:
   """The inception crop with a box in continuous coordinates, resampled to `size` x `size`.
@@ -132,56 +133,44 @@ def _seeds(seed: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
   return crop_seed, flip_seed
 
 
-def _finish(
-  image: tf.Tensor, seed: tf.Tensor, flip_seed: tf.Tensor, flip: bool, randaug: tuple[int, float]
-) -> tf.Tensor:
-  """Random flip, RandAugment (`randaug`: layers, magnitude; 0 layers: none), [-1, 1]."""
-  if flip:
+def _finish(image: tf.Tensor, seed: tf.Tensor, flip_seed: tf.Tensor, pp: Pp) -> tf.Tensor:
+  """Random flip, RandAugment (`pp.randaug_layers`, 0: none, at `pp.randaug_magnitude`),
+  [-1, 1]."""
+  if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, flip_seed)
-  layers, magnitude = randaug
-  if layers:
+  if pp.randaug_layers:
     image = tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
     ra_seed = tf.random.experimental.stateless_fold_in(seed, _RANDAUG_SEED)
-    image = randaugment.randaugment(image, ra_seed, layers, magnitude)
+    image = randaugment.randaugment(image, ra_seed, pp.randaug_layers, pp.randaug_magnitude)
   return value_range(image)
 
 
-def train_image(
-  image: tf.Tensor,
-  seed: tf.Tensor,
-  crop: int,
-  area_min: float = 0.05,
-  flip: bool = True,
-  subpixel: bool = False,
-  randaug: tuple[int, float] = (0, 10.0),
-) -> tf.Tensor:
-  """Inception crop, resize to `crop`, optional random flip and RandAugment (layers,
-  magnitude), [-1, 1]; `seed` is shape (2,)."""
+def train_image(image: tf.Tensor, seed: tf.Tensor, pp: Pp) -> tf.Tensor:
+  """Inception crop (area `pp.area_min` to 1; between pixels with `pp.subpixel`), resize to
+  `pp.crop`, optional random flip and RandAugment, [-1, 1]; `seed` is shape (2,)."""
   crop_seed, flip_seed = _seeds(seed)
-  if subpixel:
-    image = subpixel_inception_crop(image, crop_seed, crop, area_range=(area_min, 1.0))
+  area_range = (pp.area_min, 1.0)
+  if pp.subpixel:
+    image = subpixel_inception_crop(image, crop_seed, pp.crop, area_range)
   else:
-    image = inception_crop(image, crop_seed, area_range=(area_min, 1.0))
-    image = tf.image.resize(image, [crop, crop])
-  return _finish(image, seed, flip_seed, flip, randaug)
+    image = inception_crop(image, crop_seed, area_range)
+    image = tf.image.resize(image, [pp.crop, pp.crop])
+  return _finish(image, seed, flip_seed, pp)
 
 
 def train_image_from_bytes(
   encoded: tf.Tensor,
   seed: tf.Tensor,
-  crop: int,
-  area_min: float = 0.05,
-  flip: bool = True,
+  pp: Pp,
   adjust: Callable[[tf.Tensor], tf.Tensor] | None = None,
-  randaug: tuple[int, float] = (0, 10.0),
 ) -> tf.Tensor:
   """`train_image` of encoded bytes, decoding only the crop window of a JPEG
   (`decode_and_inception_crop`); `adjust` maps the decoded pixels (a source's own fix)."""
   crop_seed, flip_seed = _seeds(seed)
-  image = decode_and_inception_crop(encoded, crop_seed, area_range=(area_min, 1.0))
+  image = decode_and_inception_crop(encoded, crop_seed, (pp.area_min, 1.0))
   if adjust is not None:
     image = adjust(image)
-  return _finish(tf.image.resize(image, [crop, crop]), seed, flip_seed, flip, randaug)
+  return _finish(tf.image.resize(image, [pp.crop, pp.crop]), seed, flip_seed, pp)
 
 
 def eval_image(image: tf.Tensor, crop: int) -> tf.Tensor:

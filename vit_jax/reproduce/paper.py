@@ -10,7 +10,7 @@ Keys: model = registry name ('ViT-B_16', 'R50+ViT-B_16'); pretrain = 'imagenet20
 'imagenet21k' or 'jft300m'; dataset = the tfds name ('cifar10', 'imagenet2012',
 'imagenet2012_real' for ImageNet ReaL, 'oxford_iiit_pet', 'oxford_flowers102'), 'vtab'
 for the 19-task VTAB-1k mean, or 'fewshot/<tfds name>/<n>shot' for linear few-shot accuracy
-on frozen features (the training metric of that name, vit_jax/fewshot.py). Accuracies are in
+on frozen features (the training metric of that name, vit_jax/evals/fewshot.py). Accuracies are in
 percent. Each number carries the setting it was measured in (crop, Polyak decay) where the
 source gives it, so that a run in another setting is not compared as if it were like.
 """

@@ -3,11 +3,11 @@
   spec.py     the run spec: every config key's type, default and meaning; `from_config`
   setup.py    the spec resolved against the data, the devices and the files (`prepare`)
   state.py    the train state: shapes, shardings, init (scratch or pretrained), checkpoints
-  steps.py    the compiled steps: `make_train_step` (jit), `make_shard_map_train_step`,
-              `make_eval_step`
+  steps.py    the compiled training steps: `make_train_step` (jit),
+              `make_shard_map_train_step`
   distill.py  DeiT distillation: the teacher read once, its logits and the loss in the step
-  actions.py  the loop's periodic actions: progress and metrics, evaluation, checkpoints,
-              profiling, the non-finite guard, preemption
+  actions.py  the loop's periodic actions: progress and metrics, the evaluators
+              (vit_jax/evals), checkpoints, profiling, the non-finite guard, preemption
   loop.py     `train_and_evaluate(config, workdir)`
 
 `vit_jax.train.train_and_evaluate` is loaded on first use, so that importing `steps` or

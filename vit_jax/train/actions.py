@@ -5,8 +5,9 @@ and at the last step):
   Progress     clu's ReportProgress: writes the training line of metrics.jsonl (loss,
                learning rate, gradient norm, img/s without compilation, evaluation and
                checkpoint time) and draws the progress line.
-  Evaluator    an exact pass over the test split (and ImageNet ReaL, and the Polyak
-               average's), or the few-shot linear evaluation (PeriodicCallbacks).
+  Evaluations  the run's evaluators (vit_jax/evals: the test split, ImageNet ReaL, few-shot,
+               ...) due at the step, over the parameters and their Polyak average: one
+               line of metrics.
   Saver        an orbax checkpoint of the state (PeriodicCallback).
   Profile      clu's Profile: a trace of `profile_steps` steps for TensorBoard's profile plugin.
 Before anything reads or saves the state, `NonFiniteGuard` looks at the metrics of the
@@ -30,6 +31,7 @@ from clu import metric_writers, periodic_actions, profiler
 
 from vit_jax import data as data_lib
 from vit_jax import distributed, events, files, rundir
+from vit_jax.evals import common as evals_common
 from vit_jax.train import state as state_lib
 
 
@@ -212,7 +214,7 @@ class Progress(periodic_actions.ReportProgress):
 
 
 # ----------------------------------------------------------------------------------------
-# Evaluation and checkpoints, as clu PeriodicCallbacks that receive the state.
+# Evaluation and checkpoints: callbacks that receive the state.
 # ----------------------------------------------------------------------------------------
 
 
@@ -225,43 +227,47 @@ def every(
   )
 
 
-def describe_evaluation(results: dict[str, Any]) -> str:
-  """The test-split line of the progress output."""
-  text = (
-    f'accuracy_test {results["accuracy_test"]:.4f} (top-5 {results["accuracy_test_top5"]:.4f}, '
-    f'{results["num_test"]} examples)'
-  )
-  if 'accuracy_real' in results:
-    text += f', ReaL {results["accuracy_real"]:.4f}'
-  if 'polyak/accuracy_test' in results:
-    text += f', Polyak {results["polyak/accuracy_test"]:.4f}'
-  return text
+def parameter_sets(state: Mapping[str, Any]) -> dict[str, Any]:
+  """The parameter sets the state keeps, by the prefix of their metrics: the parameters
+  (''), and their Polyak average ('polyak/') where the run keeps one."""
+  sets = {'': state['params']}
+  if 'polyak' in state:
+    sets['polyak/'] = state['polyak']
+  return sets
 
 
-class Evaluator:
-  """Evaluates the state (`evaluate(state)` -> scalars), writes the scalars and a line."""
+class Evaluations:
+  """After each step, the evaluators due then (`Evaluator.due`), each over every parameter
+  set of the state: their metrics written as one line, and a line each on the progress output.
+
+  `last` holds the latest value of every metric they wrote in this run.
+  """
 
   def __init__(
     self,
-    evaluate: Callable,
-    guard,
-    writer,
+    evaluators: Mapping[str, evals_common.Evaluator],
+    total_steps: int,
+    guard: NonFiniteGuard,
+    writer: metric_writers.MetricWriter,
     progress: Progress,
-    *,
-    name='eval',
-    describe: Callable[[dict], str] = describe_evaluation,
   ):
-    self._evaluate, self._guard, self._writer, self._progress = evaluate, guard, writer, progress
-    self._name, self._describe = name, describe
+    self._evaluators, self._total_steps = dict(evaluators), total_steps
+    self._guard, self._writer, self._progress = guard, writer, progress
     self.last: dict[str, Any] = {}
 
-  def __call__(self, step: int, t: float, state: dict[str, Any]) -> None:
-    del t
-    with self._progress.timed(self._name, wait_jax_async_dispatch=False):
-      self._guard.check()
-      self.last = self._evaluate(state)
-      self._writer.write_scalars(step, self.last)
-      self._progress.message(f'step {step}: {self._describe(self.last)}')
+  def __call__(self, step: int, state: Mapping[str, Any]) -> None:
+    metrics = {}
+    for name, evaluator in self._evaluators.items():
+      if not evaluator.due(step, self._total_steps):
+        continue
+      with self._progress.timed(name, wait_jax_async_dispatch=False):
+        self._guard.check()  # no evaluation of a state that went non-finite
+        measured = evals_common.evaluate(evaluator, parameter_sets(state))
+      self._progress.message(f'step {step}: {evaluator.describe(measured)}')
+      metrics |= measured
+    if metrics:
+      self._writer.write_scalars(step, metrics)
+      self.last |= metrics
 
 
 class Saver:

@@ -1,9 +1,10 @@
 """`train_and_evaluate(config, workdir)`: the training loop, driven by periodic actions.
 
-config -> RunSpec (spec.py, once) -> Setup (setup.py: data, devices, files checked) ->
-state restored from the run's last checkpoint or initialised (state.py) -> compiled steps
-(steps.py) -> for each step: the step, then the actions (actions.py: progress and metrics,
-evaluation, checkpoint, profile) -> the run directory (vit_jax/rundir.py).
+config -> Setup (setup.py: the config resolved once into the run spec, the data, devices,
+files and evaluators checked) -> state restored from the run's last checkpoint or
+initialised (state.py) -> compiled steps (steps.py) -> for each step: the step, then the
+actions (actions.py: progress and metrics, the evaluators of vit_jax/evals, checkpoint,
+profile) -> the run directory (vit_jax/rundir.py).
 
 Running again with the same workdir resumes from the last complete checkpoint, and the
 resumed run continues exactly as an uninterrupted one: the input stream is a function of
@@ -13,16 +14,14 @@ stops the run before any checkpoint of the bad state is written.
 """
 
 import dataclasses
-import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import distributed, fewshot, files, optim, parallel, rundir
+from vit_jax import distributed, files, optim, parallel, rundir
 from vit_jax.train import actions, distill, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -34,96 +33,25 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _eval_sums(eval_step, params, setup: Setup, source, split: str, batch_sharding, what: str):
-  """(the eval step's sums over one exact pass of `split`, padding and unreadable images
-  masked; an error naming the first unreadable image, unless `skip_bad_test_images`)."""
-  data = setup.spec.data
-  ds = data_lib.eval_dataset(
-    source,
-    split,
-    local_batch=parallel.local_batch_size(data.batch_eval),
-    pp=setup.pp_eval,
-    process_index=jax.process_index(),
-    process_count=jax.process_count(),
-    prefetch=data.prefetch,
-    threads=data.input_threads,
-  )
-  bad = data_lib.BadExamples(what)
-  totals = None
-  for local in data_lib.host_batches(ds):
-    sums = eval_step(params, parallel.global_batch(bad.take(local), batch_sharding))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  totals = jax.device_get(totals)
-  unreadable = int(totals['bad'])
-  if unreadable and not data.skip_bad_test_images:
-    raise ValueError(
-      f'Unreadable {what} image {bad.first()} ({unreadable} in all): evaluation counts every '
-      f'{what} image; fix or remove it (or set --config.skip_bad_test_images=True to leave it '
-      'out).'
-    )
-  return totals
-
-
-def evaluate(eval_step, params, setup: Setup, batch_sharding) -> dict[str, float]:
-  """One exact pass over the test split: every example counted once (padding is masked);
-  and ImageNet ReaL when configured.
-
-  An unreadable test image is an error naming it, or with `skip_bad_test_images` left out
-  of the count (`bad_test_images`).
-  """
-  test = setup.spec.data.pp.test
-  totals = _eval_sums(eval_step, params, setup, setup.source, test, batch_sharding, 'test')
-  count = int(totals['count'])
-  results = {
-    'accuracy_test': float(totals['correct']) / count,
-    'accuracy_test_top5': float(totals['correct_top5']) / count,
-    'loss_test': float(totals['loss']) / count,
-    'num_test': count,
-  }
-  if totals['bad']:
-    results['bad_test_images'] = int(totals['bad'])
-  if setup.real_source is not None:
-    split = setup.spec.evals.real_split
-    real = _eval_sums(eval_step, params, setup, setup.real_source, split, batch_sharding, 'ReaL')
-    results['accuracy_real'] = float(real['real_correct']) / max(1, int(real['real_count']))
-    results['num_real'] = int(real['real_count'])
-  return results
-
-
-def evaluate_state(evaluate_params: Callable, state: dict) -> dict[str, float]:
-  """The parameters' evaluation, and the Polyak average's as `polyak/...` (counts aside)."""
-  results = evaluate_params(state['params'])
-  if 'polyak' in state:
-    averaged = evaluate_params(state['polyak'])
-    counts = ('num_test', 'num_real', 'bad_test_images')
-    results |= {f'polyak/{k}': v for k, v in averaged.items() if k not in counts}
-  return results
-
-
 def _train_batches(
   setup: Setup, start: int, data_shards: int, bad: data_lib.BadExamples
 ) -> Iterator[dict[str, jax.Array]]:
   """Global batches of the training stream from step `start` on."""
-  data = setup.spec.data
   ds = data_lib.host_train_dataset(
     setup.source,
-    data.pp.train,
-    global_batch=data.batch,
+    setup.spec.data,
     data_shards=data_shards,
-    pp=setup.pp_train,
     seed=setup.spec.init.seed,
     step=start,
-    shuffle_buffer=data.shuffle_buffer,
     process_index=jax.process_index(),
     process_count=jax.process_count(),
-    prefetch=data.prefetch,
-    threads=data.input_threads,
   )
   sharding = parallel.batch_sharding(setup.mesh)
   return (parallel.global_batch(bad.take(local), sharding) for local in data_lib.host_batches(ds))
 
 
-def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
+def _write_config(workdir: str, setup: Setup) -> None:
+  """config.json: the resolved spec (every key), and what the run derived beside it."""
   if jax.process_index() != 0:
     return
   names = setup.source.class_names()
@@ -136,7 +64,7 @@ def _write_config(workdir: str, spec: spec_lib.RunSpec, setup: Setup) -> None:
     'pretrained_path': setup.pretrained_path,
     'teacher': setup.teacher.description if setup.teacher else None,
   }
-  rundir.write_config(workdir, spec_lib.to_dict(spec), resolved)
+  rundir.write_config(workdir, spec_lib.to_dict(setup.spec), resolved)
 
 
 def _start_state(setup: Setup, tx, lay, checkpoints) -> tuple[dict, dict]:
@@ -163,9 +91,9 @@ class _Parts:
   batches: Iterator
   guard: actions.NonFiniteGuard
   progress: actions.Progress
-  callbacks: tuple  # clu PeriodicCallbacks that receive the state: evaluation, checkpoint
+  callbacks: tuple  # the actions that receive the state: evaluations, checkpoint
   profile: actions.Profile | None
-  evaluator: actions.Evaluator
+  evaluations: actions.Evaluations
   saver: actions.Saver
   checkpoints: state_lib.Checkpoints
 
@@ -216,47 +144,6 @@ def _why(notes: dict[int, str]) -> str:
   )
 
 
-def _fewshot_action(setup: Setup, lay, guard, writer, progress) -> actions.Evaluator:
-  """The few-shot linear evaluation of the state's parameters (vit_jax/fewshot.py)."""
-  spec = setup.spec
-  features = fewshot.compile_features(setup.model, lay.shardings['params'], setup.mesh)
-  evaluate = fewshot.Evaluator(
-    setup.fewshot_tasks,
-    spec.evals.fewshot,
-    features,
-    setup.pp_eval,
-    spec.data.batch_eval,
-    setup.mesh,
-    prefetch=spec.data.prefetch,
-    threads=spec.data.input_threads,
-  )
-  return actions.Evaluator(
-    lambda state: evaluate(state['params']),
-    guard,
-    writer,
-    progress,
-    name='fewshot',
-    describe=fewshot.describe,
-  )
-
-
-def _evaluators(setup: Setup, lay, guard, writer, progress) -> tuple[actions.Evaluator, list]:
-  """The test split's evaluator, and the evaluation callbacks (with the few-shot one)."""
-  spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
-  eval_step = steps.compile_eval_step(setup.model, setup.num_classes, lay.shardings['params'], mesh)
-  evaluate_params = functools.partial(
-    evaluate, eval_step, setup=setup, batch_sharding=parallel.batch_sharding(mesh)
-  )
-  evaluator = actions.Evaluator(
-    functools.partial(evaluate_state, evaluate_params), guard, writer, progress
-  )
-  callbacks = [actions.every(spec.loop.eval_every, total, evaluator)]
-  if setup.fewshot_tasks:
-    action = _fewshot_action(setup, lay, guard, writer, progress)
-    callbacks.append(actions.every(spec.evals.fewshot_every, total, action))
-  return evaluator, callbacks
-
-
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   start = int(meta['step'])
@@ -279,30 +166,30 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, wr
     guard=guard,
     writer=writer,
   )
-  evaluator, callbacks = _evaluators(setup, lay, guard, writer, progress)
+  evaluations = actions.Evaluations(setup.evaluators, total, guard, writer, progress)
   saver = actions.Saver(checkpoints, guard, progress, spec.data.batch, data_shards)
-  callbacks.append(actions.every(spec.loop.checkpoint_every, total, saver))
+  callbacks = (evaluations, actions.every(spec.loop.checkpoint_every, total, saver))
   return _Parts(
     total_steps=total,
     train_step=train_step,
     batches=_train_batches(setup, start, data_shards, bad),
     guard=guard,
     progress=progress,
-    callbacks=tuple(callbacks),
+    callbacks=callbacks,
     profile=actions.make_profile(workdir, spec.loop.profile_steps, start, total),
-    evaluator=evaluator,
+    evaluations=evaluations,
     saver=saver,
     checkpoints=checkpoints,
   )
 
 
 def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
-  """The last evaluation of this call, or of the run before it (an already finished run)."""
-  last = parts.evaluator.last or rundir.last_evaluation(workdir) or {}
+  """The evaluations of this call, or the last of the run before it (an already finished run)."""
+  last = parts.evaluations.last or rundir.last_evaluation(workdir) or {}
   return {k: v for k, v in last.items() if k != 'step'}
 
 
-def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
+def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
   """Restores or initialises the state, then trains with the actions; the result."""
   tx, schedule = optim.for_training(setup.spec.optim, setup.total_steps)
   lay = state_lib.layout(setup, tx, jax.random.key(setup.spec.init.seed))
@@ -311,7 +198,7 @@ def _run(spec, setup: Setup, workdir: str, checkpoints, stop_after, preemption) 
   data_shards, note = state_lib.data_shards_for(data.data_shards, data.batch, meta)
   if note:
     _say(note)
-  _write_config(workdir, spec, setup)
+  _write_config(workdir, setup)
   writer = actions.make_writer(workdir, checkpoints.last_saved)
   parts = _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer)
   if start >= setup.total_steps:
@@ -348,18 +235,18 @@ def train_and_evaluate(
 
   Returns:
     {'step': last step, 'status': 'done' | 'preempted', 'params' and 'opt_state' (final,
-    on the mesh; and 'polyak', the parameters' average, with polyak_decay), and the last
-    evaluation's metrics}.
+    on the mesh; and 'polyak', the parameters' average, with polyak_decay), and the metrics
+    of the evaluators (each at its latest value; all of them from the last step of a
+    finished run)}.
   """
-  spec = config if isinstance(config, spec_lib.RunSpec) else spec_lib.from_config(config)
-  setup = prepare(spec, workdir, devices)
+  setup = prepare(config, workdir, devices)
   files.makedirs(workdir)
-  checkpoints = state_lib.Checkpoints(workdir, spec.loop.keep_checkpoints)
+  checkpoints = state_lib.Checkpoints(workdir, setup.spec.loop.keep_checkpoints)
   # A SIGTERM while restoring, compiling or building the input pipeline stops the run after
   # its first step, with a checkpoint, as one during training does.
   try:
     with actions.Preemption() as preemption:
-      result = _run(spec, setup, workdir, checkpoints, stop_after, preemption)
+      result = _run(setup, workdir, checkpoints, stop_after, preemption)
   finally:
     checkpoints.close()
   if result['status'] == 'done' and jax.process_index() == 0:

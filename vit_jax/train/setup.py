@@ -1,8 +1,11 @@
 """A run spec resolved against the world: the dataset, the devices, the pretrained file.
 
-`prepare` does every check that needs the data or the files, before any compute, and
-fills in what the spec leaves to them (the number of classes, the steps of `total_epochs`,
-a distillation teacher read from its checkpoint). Errors are one-line ValueErrors.
+`prepare` is the one way from a config to a run: it resolves the config into the run spec
+(spec.py, `from_config`), does every check that needs the data or the files, before any
+compute, and fills in what the spec leaves to them (the number of classes, the steps of
+`total_epochs`, a distillation teacher read from its checkpoint, the evaluators and their
+data). Errors are one-line ValueErrors. `Setup.spec` is the resolved spec: what the run
+uses and what its config.json holds.
 """
 
 import csv
@@ -10,15 +13,17 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import fewshot, files, parallel, rundir
-from vit_jax.data import real
+from vit_jax import files, parallel, rundir
+from vit_jax.evals import common as evals_common
+from vit_jax.evals import registry as evals_registry
 from vit_jax.models import VisionTransformer, model_from_config
 from vit_jax.train import distill
 from vit_jax.train import spec as spec_lib
@@ -35,15 +40,12 @@ class Setup:
   source: data_lib.Source
   model: Any
   mesh: jax.sharding.Mesh
-  pp_train: data_lib.Preprocessing
-  pp_eval: data_lib.Preprocessing
   pretrained_path: str | None
   # The distillation teacher and its parameters on the host (float32), or None.
   teacher: distill.Teacher | None = None
   teacher_params: Any = None
-  # The extra evaluations' data: few-shot datasets (vit_jax.fewshot.Task), ImageNet ReaL.
-  fewshot_tasks: tuple = ()
-  real_source: data_lib.Source | None = None
+  # The evaluators the spec asks for, by name (vit_jax/evals/registry.py), their data checked.
+  evaluators: Mapping[str, evals_common.Evaluator] = dataclasses.field(default_factory=dict)
 
   @property
   def num_classes(self) -> int:
@@ -107,7 +109,7 @@ def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
   return path
 
 
-def _source(data: spec_lib.Data) -> tuple[data_lib.Source, int]:
+def _source(data: data_lib.Data) -> tuple[data_lib.Source, int]:
   """The dataset and the number of classes; its splits checked for examples."""
   source = data_lib.get_source(data.dataset, data.tfds_data_dir or None)
   num_classes = data.num_classes or source.num_classes
@@ -123,29 +125,6 @@ def _source(data: spec_lib.Data) -> tuple[data_lib.Source, int]:
     except ValueError as e:
       raise ValueError(f'Dataset {source.name!r}, split {split!r}: {str(e).splitlines()[0]}') from e
   return source, num_classes
-
-
-def _extra_sources(
-  spec: spec_lib.RunSpec, num_classes: int
-) -> tuple[tuple, data_lib.Source | None]:
-  """The few-shot datasets and the ReaL labels the spec asks for, opened and checked."""
-  data_dir, evals = spec.data.tfds_data_dir or None, spec.evals
-  tasks = fewshot.open_tasks(evals.fewshot.datasets, data_dir) if evals.fewshot_every else ()
-  real_source = None
-  if evals.real_split:
-    try:
-      real_source = real.RealSource(data_dir)
-      real_source.num_examples(evals.real_split)
-    except Exception as e:  # tfds raises many kinds for a dataset that is not prepared
-      raise ValueError(
-        f'ImageNet ReaL (config.real_split={evals.real_split!r}): {str(e).splitlines()[0]}'
-      ) from e
-    if num_classes != real_source.num_classes:
-      raise ValueError(
-        f'config.real_split needs a {real_source.num_classes}-class ImageNet model; this one '
-        f'has {num_classes} classes.'
-      )
-  return tasks, real_source
 
 
 def _total_steps(spec: spec_lib.RunSpec, source: data_lib.Source) -> int:
@@ -187,40 +166,40 @@ def _check_batches(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh) -> None:
 
 
 def prepare(
-  spec: spec_lib.RunSpec, workdir: str, devices: Sequence[jax.Device] | None = None
+  config: spec_lib.RunSpec | ml_collections.ConfigDict | Mapping[str, Any],
+  workdir: str,
+  devices: Sequence[jax.Device] | None = None,
 ) -> Setup:
-  """Checks the data, batch split and files against `spec`; one-line ValueErrors, no compute."""
+  """The run of `config` (an experiment config, or its RunSpec) in `workdir`: the spec
+  resolved and checked against the data, batch split and files; one-line ValueErrors, no
+  compute."""
+  spec = config if isinstance(config, spec_lib.RunSpec) else spec_lib.from_config(config)
   resuming = rundir.latest_step(workdir) is not None
   pretrained_path = None if resuming else resolve_pretrained_path(spec)
   source, num_classes = _source(spec.data)
-  fewshot_tasks, real_source = _extra_sources(spec, num_classes)
   total_steps = _total_steps(spec, source)
   mesh = parallel.create_mesh(devices)
   _check_batches(spec, mesh)
   model = build_model(spec.model, num_classes)
-  teacher, teacher_params = None, None
-  if spec.step.distill.enabled:
-    teacher, teacher_params = distill.load(
-      spec.step.distill, num_classes, spec.data.pp.crop, spec.model.dtype
-    )
   spec = dataclasses.replace(
     spec,
     data=dataclasses.replace(spec.data, num_classes=num_classes),
     loop=dataclasses.replace(spec.loop, total_steps=total_steps),
   )
-  pp = spec.data.pp
+  context = evals_common.Context(spec.evals, spec.data, model, mesh, source)
+  evaluators = evals_registry.build(context)
+  teacher, teacher_params = None, None
+  if spec.step.distill.enabled:
+    teacher, teacher_params = distill.load(
+      spec.step.distill, num_classes, spec.data.pp.crop, spec.model.dtype
+    )
   return Setup(
     spec=spec,
     source=source,
     model=model,
     mesh=mesh,
-    pp_train=data_lib.Preprocessing(
-      pp.crop, pp.area_min, pp.flip, pp.subpixel, pp.randaug_layers, pp.randaug_magnitude
-    ),
-    pp_eval=data_lib.Preprocessing(crop=pp.crop),
     pretrained_path=pretrained_path,
     teacher=teacher,
     teacher_params=teacher_params,
-    fewshot_tasks=fewshot_tasks,
-    real_source=real_source,
+    evaluators=evaluators,
   )

@@ -9,6 +9,12 @@ The config stays flat, as in the original vit_jax (`--config.base_lr`, `--config
 the fields of each section below are its top-level keys, a nested section (`pp`) is a nested
 dict, and `config.model` holds the model's constructor fields (checked by the model).
 `configs/common.py` starts every experiment from `default_config()`, these defaults.
+
+Two sections are defined below the trainer, beside the code they configure: `Data` (with
+`Pp`) in vit_jax/data/spec.py, which the input pipeline takes whole, and `Evals` (with
+`Fewshot`) in vit_jax/evals/spec.py, which the evaluators are built from. `from_config` is
+the config's one way in; vit_jax/train/setup.py (`prepare`) then resolves the spec against
+the data and the devices.
 """
 
 import dataclasses
@@ -21,29 +27,15 @@ from typing import Any
 import ml_collections
 
 from vit_jax import optim, parallel
+from vit_jax.data import spec as data_spec
+from vit_jax.data.spec import Data
+from vit_jax.evals import spec as evals_spec
+from vit_jax.evals.spec import Evals
 
 DTYPES = ('float32', 'bfloat16')
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 STEPS = ('jit', 'shard_map')
 DISTILL_KINDS = ('hard', 'soft')
-
-
-@dataclasses.dataclass(frozen=True)
-class Pp:
-  """`config.pp`: splits and preprocessing."""
-
-  # tfds split strings (or 'train'/'test' folders) for training and evaluation.
-  train: str = 'train'
-  test: str = 'test'
-  # Output size; inception-crop area floor; random flip; crop box between pixels.
-  crop: int = 384
-  area_min: float = 0.05
-  flip: bool = True
-  subpixel: bool = False
-  # RandAugment after the flip: layers (0 = off) and magnitude, big_vision's randaug(2, 10)
-  # is 2 and 10 (vit_jax/data/randaugment.py).
-  randaug_layers: int = 0
-  randaug_magnitude: float = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,38 +70,6 @@ class Init:
   pretrained_path: str = ''
   # AugReg: a model ('B_16', best i21k checkpoint by index.csv) or a full file name.
   model_or_filename: str = ''
-
-
-@dataclasses.dataclass(frozen=True)
-class Data:
-  """The dataset, the batches and the input pipeline."""
-
-  # 'digits' (bundled), a tfds name, or a folder `{train,test}/<class>/*.jpg`.
-  dataset: str = ''
-  # tensorflow_datasets data directory ('' = tfds default).
-  tfds_data_dir: str = ''
-  # Classes; 0 = from the dataset.
-  num_classes: int = 0
-  pp: Pp = Pp()
-  # Global batch sizes (over all hosts and devices).
-  batch: int = 512
-  batch_eval: int = 512
-  # Shuffle buffer of a dataset that can only be read in order (a tfds TFRecord build); the
-  # others are shuffled whole, a new permutation each epoch.
-  shuffle_buffer: int = 50_000
-  # Batches the input pipeline prepares ahead; its threads (0 = the cores this process may use).
-  prefetch: int = 2
-  input_threads: int = 0
-  # An unreadable training image (corrupt, truncated, empty, not an image) is skipped: replaced
-  # by a copy of another image of its batch, counted (bad_images in metrics.jsonl) and named in
-  # a warning; False stops the run instead. An unreadable test image stops the evaluation with
-  # an error naming it unless skip_bad_test_images (it then leaves the count: num_test drops).
-  skip_bad_images: bool = True
-  skip_bad_test_images: bool = False
-  # The training stream is read as this many shards, split over the processes (0 = one per
-  # process). The batches depend on it, not on the process count: fix it to the largest
-  # process count a run will use to make it reproducible (and resumable) on any of them.
-  data_shards: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +163,7 @@ class Loop:
   # training split's size instead.
   total_steps: int = 0
   total_epochs: float = 0.0
-  # Evaluate every so many steps (and at the end); log progress; checkpoint (0 = only at the end).
-  eval_every: int = 100
+  # Log progress every so many steps; checkpoint (0 = only at the end).
   progress_every: int = 10
   checkpoint_every: int = 1_000
   keep_checkpoints: int = 3
@@ -213,42 +172,16 @@ class Loop:
 
 
 @dataclasses.dataclass(frozen=True)
-class Fewshot:
-  """`config.fewshot`: linear few-shot evaluation on frozen pre-logits (vit_jax/fewshot.py)."""
-
-  # Datasets: a name as `config.dataset` takes ('digits', a tfds name, an image folder) with
-  # its 'train' and 'test' splits, or a triple (name, train split, test split).
-  datasets: tuple = ()
-  # Examples per class; the L2 regularisations (the first one names the headline metric);
-  # seeds 0 .. seeds-1 of the per-class draw (big_vision's fewshot_lsr defaults).
-  shots: tuple = (1, 5, 10, 25)
-  l2_reg: tuple = (2.0**10,)
-  seeds: int = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Evals:
-  """Evaluations beside the test split's."""
-
-  # Few-shot linear accuracy every so many steps (and at the end); 0 = never.
-  fewshot_every: int = 0
-  fewshot: Fewshot = Fewshot()
-  # A split of tfds `imagenet2012_real` (e.g. 'validation'): ImageNet ReaL accuracy at every
-  # evaluation ('' = none).
-  real_split: str = ''
-
-
-@dataclasses.dataclass(frozen=True)
 class RunSpec:
   """A resolved training config: one section per part of training."""
 
   model: Model = Model()
   init: Init = Init()
-  data: Data = Data()
+  data: Data = dataclasses.field(default_factory=Data)
   optim: Optim = Optim()
   step: Step = Step()
   loop: Loop = Loop()
-  evals: Evals = Evals()
+  evals: Evals = dataclasses.field(default_factory=Evals)
 
 
 # ----------------------------------------------------------------------------------------
@@ -372,32 +305,18 @@ def check(spec: RunSpec) -> None:
       "config.step='shard_map' runs on replicated parameters; FSDP (config.sharding="
       f"{spec.step.sharding!r}) needs config.step='jit'."
     )
-  if spec.data.pp.randaug_layers < 0 or spec.data.pp.randaug_magnitude < 0:
-    raise ValueError(
-      f'config.pp.randaug_layers={spec.data.pp.randaug_layers}, config.pp.randaug_magnitude='
-      f'{spec.data.pp.randaug_magnitude}; expected >= 0 (0 layers: no RandAugment).'
-    )
-  if spec.data.input_threads < 0:
-    raise ValueError(
-      f'config.input_threads={spec.data.input_threads}; expected >= 0 (0: all cores).'
-    )
+  data_spec.check(spec.data)
   for key in ('mixup', 'cutmix', 'label_smoothing'):
     if getattr(spec.step, key) < 0:
       raise ValueError(f'config.{key}={getattr(spec.step, key)}; expected >= 0 (0: off).')
-  positive = {
-    'accum_steps': spec.step.accum_steps,
-    'batch': spec.data.batch,
-    'batch_eval': spec.data.batch_eval,
-  }
-  for key, value in positive.items():
-    if value < 1:
-      raise ValueError(f'config.{key}={value}; expected a positive integer.')
+  if spec.step.accum_steps < 1:
+    raise ValueError(f'config.accum_steps={spec.step.accum_steps}; expected a positive integer.')
   if spec.loop.profile_steps < 0:
     raise ValueError(f'config.profile_steps={spec.loop.profile_steps}; expected >= 0.')
   if not 0.0 <= spec.step.polyak_decay < 1.0:
     raise ValueError(f'config.polyak_decay={spec.step.polyak_decay}; expected 0 <= decay < 1.')
   _check_distill(spec.step)
-  _check_fewshot(spec.evals)
+  evals_spec.check(spec.evals)
 
 
 def _check_distill(step: Step) -> None:
@@ -420,30 +339,6 @@ def _check_distill(step: Step) -> None:
     raise ValueError(f'config.distill.temperature={d.temperature}; expected > 0.')
   if d.teacher_resolution < 0:
     raise ValueError(f'config.distill.teacher_resolution={d.teacher_resolution}; expected >= 0.')
-
-
-def _check_fewshot(evals: Evals) -> None:
-  fewshot = evals.fewshot
-  if evals.fewshot_every < 0:
-    raise ValueError(f'config.fewshot_every={evals.fewshot_every}; expected >= 0 (0 = never).')
-  if evals.fewshot_every and not fewshot.datasets:
-    raise ValueError('config.fewshot_every is set but config.fewshot.datasets is empty.')
-  for entry in fewshot.datasets:
-    triple = isinstance(entry, tuple | list) and len(entry) == 3
-    if not (isinstance(entry, str) and entry) and not (triple and all(entry)):
-      raise ValueError(
-        f'config.fewshot.datasets entry {entry!r}: expected a dataset name or a triple '
-        '(name, train split, test split).'
-      )
-  checks = {
-    'shots': all(isinstance(n, int) and n > 0 for n in fewshot.shots) and fewshot.shots,
-    'l2_reg': all(isinstance(v, int | float) and v > 0 for v in fewshot.l2_reg) and fewshot.l2_reg,
-    'seeds': fewshot.seeds > 0,
-  }
-  for key, ok in checks.items():
-    if not ok:
-      value = getattr(fewshot, key)
-      raise ValueError(f'config.fewshot.{key}={value!r}; expected positive numbers.')
 
 
 # ----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ class Layout:
 
 def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
   """Shapes of the state under `jax.eval_shape`, placed by the spec's sharding rules."""
-  crop, mesh = setup.pp_train.crop, setup.mesh
+  crop, mesh = setup.spec.data.pp.crop, setup.mesh
   params = jax.eval_shape(
     lambda r: setup.model.init(r, jnp.zeros((1, crop, crop, 3)), train=False)['params'], init_rng
   )
@@ -71,7 +71,7 @@ def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
 
 def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[str, Any]:
   """A fresh state on the mesh: initialised from scratch, or a pretrained file merged in."""
-  crop = setup.pp_train.crop
+  crop = setup.spec.data.pp.crop
   dummy = jnp.zeros((1, crop, crop, 3), jnp.float32)
   shardings = lay.shardings
 

@@ -1,4 +1,4 @@
-"""The compiled steps: the training step (jit or per-device shard_map) and the evaluation step.
+"""The compiled training step: jit, or per-device shard_map (evaluation: vit_jax/evals).
 
 The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` (and `'polyak'`, the
 average of the parameters, with `polyak_decay`) and a batch
@@ -221,41 +221,3 @@ def train_step_for(
   teacher_shardings = jax.tree.map(lambda x: x.sharding, teacher_params)
   compiled = compile_train_step(fn, shardings, batch_sharding, mesh, teacher_shardings)
   return lambda state, batch: compiled(state, batch, teacher_params)
-
-
-def make_eval_step(model, num_classes: int):
-  """Masked sums over one batch: top-1 and top-5 hits, loss, the number of real examples, and
-  of unreadable ones (the input pipeline's `bad` flags, if the batch has them); with ImageNet
-  ReaL label sets (`real`, multi-hot), the hits in them and the labelled count."""
-  k = min(5, num_classes)
-
-  def eval_step(params, batch):
-    logits = model.apply({'params': params}, batch['image'], train=False)
-    labels, mask = batch['label'], batch['mask']
-    predicted = jnp.argmax(logits, -1)
-    topk = jnp.any(jax.lax.top_k(logits, k)[1] == labels[:, None], axis=-1)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    sums = {
-      'correct': jnp.sum((predicted == labels) * mask),
-      'correct_top5': jnp.sum(topk * mask),
-      'loss': jnp.sum(jnp.where(mask > 0, loss, 0.0)),
-      'count': jnp.sum(mask),
-    }
-    if 'bad' in batch:
-      sums['bad'] = jnp.sum(batch['bad'])
-    if 'real' in batch:  # images with an empty set count nowhere
-      labelled = jnp.any(batch['real'] > 0, axis=-1) * mask
-      in_set = jnp.take_along_axis(batch['real'], predicted[:, None], axis=-1)[:, 0] > 0
-      sums['real_correct'] = jnp.sum(in_set * labelled)
-      sums['real_count'] = jnp.sum(labelled)
-    return sums
-
-  return eval_step
-
-
-def compile_eval_step(model, num_classes: int, params_shardings: Any, mesh: Mesh) -> Callable:
-  return jax.jit(
-    make_eval_step(model, num_classes),
-    in_shardings=(params_shardings, parallel.batch_sharding(mesh)),
-    out_shardings=parallel.replicated(mesh),
-  )

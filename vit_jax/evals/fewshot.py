@@ -20,11 +20,13 @@ Each metric `fewshot/<dataset>/<shots>shot` is the mean accuracy over the seeds,
 first l2 (with several l2, each also as `.../<shots>shot/l2_<l2>`). Only the drawn training
 images are read and passed through the model (their union over seeds, chosen once per run
 from the training split's labels), and the whole test split. The features are gathered to
-every process, so every process computes the same numbers; the first one writes them.
+every process, so every process computes the same numbers; the first one writes them. With
+a Polyak average the run evaluates it too, as `polyak/fewshot/...` (on the same draws).
 """
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -34,6 +36,7 @@ from jax.sharding import Mesh
 
 from vit_jax import data as data_lib
 from vit_jax import files, parallel
+from vit_jax.evals import common
 
 BIAS_CONSTANT = 100.0
 STD_EPSILON = 1e-5
@@ -146,9 +149,10 @@ def open_tasks(datasets: Sequence[Any], data_dir: str | None) -> tuple[Task, ...
   return tuple(tasks)
 
 
-def compile_features(model, params_shardings: Any, mesh: Mesh) -> Callable:
+def compile_features(model, mesh: Mesh) -> Callable:
   """(params, batch) -> the batch's fields without the image, and `features` (the pre-logits),
-  replicated on every device, so every process holds the whole global batch."""
+  replicated on every device, so every process holds the whole global batch (the parameters
+  keep their shardings)."""
   headless = model.clone(num_classes=0)
 
   def features(params, batch):
@@ -156,11 +160,7 @@ def compile_features(model, params_shardings: Any, mesh: Mesh) -> Callable:
     out['features'] = headless.apply({'params': params}, batch['image'], train=False)
     return out
 
-  return jax.jit(
-    features,
-    in_shardings=(params_shardings, parallel.batch_sharding(mesh)),
-    out_shardings=parallel.replicated(mesh),
-  )
+  return jax.jit(features, out_shardings=parallel.replicated(mesh))
 
 
 def _labels(source: data_lib.Source, split: str) -> np.ndarray:
@@ -189,35 +189,38 @@ class _Drawn:
     return self._features[rows]
 
 
-class Evaluator:
-  """`evaluator(params)` -> {'fewshot/<dataset>/<shots>shot': accuracy, ...}."""
+class Evaluator(common.Evaluator):
+  """`run(params)` -> {'<dataset>/<shots>shot': accuracy, ...}, named `fewshot/...`, every
+  `fewshot_every` steps."""
 
-  def __init__(
-    self, tasks, fewshot, features_fn, pp, batch_eval: int, mesh: Mesh, *, prefetch=2, threads=0
-  ):
-    self._fewshot, self._features_fn, self._pp = fewshot, features_fn, pp
-    self._local_batch = parallel.local_batch_size(batch_eval)
-    self._prefetch, self._threads = prefetch, threads  # as the test split's evaluation
-    self._sharding = parallel.batch_sharding(mesh)
-    self._tasks = []
-    for task in tasks:  # the union of every seed's draw of the most shots: read once
+  prefix = 'fewshot/'
+
+  def __init__(self, context: common.Context, tasks: Sequence[Task]):
+    super().__init__(context.evals.fewshot_every)
+    self._fewshot, self._data, self._tasks = context.evals.fewshot, context.data, tuple(tasks)
+    self._features_fn = compile_features(context.model, context.mesh)
+    self._sharding = parallel.batch_sharding(context.mesh)
+
+  @functools.cached_property
+  def _draws(self) -> list[tuple[Task, np.ndarray, data_lib.Subset]]:
+    """(task, training labels, the subset drawn): the union of every seed's draw of the
+    most shots, read once (on the first run)."""
+    fewshot, draws = self._fewshot, []
+    for task in self._tasks:
       labels = _labels(task.source, task.train_split)
-      most = max(fewshot.shots)
-      n = task.source.num_classes
+      most, n = max(fewshot.shots), task.source.num_classes
       chosen = np.unique(np.concatenate([draw(labels, n, most, s) for s in range(fewshot.seeds)]))
-      subset = data_lib.Subset(task.source, task.train_split, chosen)
-      self._tasks.append((task, labels, subset))
+      draws.append((task, labels, data_lib.Subset(task.source, task.train_split, chosen)))
+    return draws
 
   def _features(self, params, source, split) -> dict[str, np.ndarray]:
     ds = data_lib.eval_dataset(
       source,
       split,
-      local_batch=self._local_batch,
-      pp=self._pp,
+      self._data,  # the test split's batch, preprocessing and pipeline
+      local_batch=parallel.local_batch_size(self._data.batch_eval),
       process_index=jax.process_index(),
       process_count=jax.process_count(),
-      prefetch=self._prefetch,
-      threads=self._threads,
     )
     parts, bad = [], data_lib.BadExamples('few-shot')  # unreadable images: masked out
     for local in data_lib.host_batches(ds):
@@ -226,9 +229,9 @@ class Evaluator:
       parts.append({k: v[out['mask'] > 0] for k, v in out.items()})
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
-  def __call__(self, params) -> dict[str, float]:
+  def run(self, params: Any) -> dict[str, float]:
     fewshot, results = self._fewshot, {}
-    for task, labels, subset in self._tasks:
+    for task, labels, subset in self._draws:
       drawn = self._features(params, subset, task.train_split)
       pool = _Drawn(drawn['index'], drawn['features'])
       test = self._features(params, task.source, task.test_split)
@@ -241,14 +244,22 @@ class Evaluator:
         fewshot.seeds,
       )
       for (shots, l2), accuracy in scores.items():
-        name = f'fewshot/{task.name}/{shots}shot'
+        name = f'{task.name}/{shots}shot'
         if l2 == fewshot.l2_reg[0]:
           results[name] = accuracy
         if len(fewshot.l2_reg) > 1:
           results[f'{name}/l2_{l2:g}'] = accuracy
     return results
 
+  def describe(self, metrics: Mapping[str, float]) -> str:
+    """The headline numbers (the first l2's) in one line."""
+    return ', '.join(f'{k} {v:.4f}' for k, v in metrics.items() if '/l2_' not in k)
 
-def describe(results: dict[str, float]) -> str:
-  """The headline numbers of `results` in one line."""
-  return ', '.join(f'{k} {v:.4f}' for k, v in results.items() if '/l2_' not in k)
+
+def build(context: common.Context) -> Evaluator | None:
+  """The evaluator of `config.fewshot`, its datasets opened and checked; None when
+  `fewshot_every` is 0."""
+  evals = context.evals
+  if not evals.fewshot_every:
+    return None
+  return Evaluator(context, open_tasks(evals.fewshot.datasets, context.data.tfds_data_dir or None))

@@ -1,0 +1,77 @@
+"""The data section of the run spec: the dataset, the batches, preprocessing, the pipeline.
+
+One definition, with every default: the trainer's run spec (vit_jax/train/spec.py) holds a
+`Data` as `spec.data`, and the pipeline builders (`train_dataset`, `host_train_dataset`,
+`eval_dataset`) and the preprocessing ops take it, or its `pp`, whole. A new input option
+is a field here, read where it acts. The config stays flat: the fields of `Data` are
+top-level keys (`--config.shuffle_buffer`), those of `Pp` the nested `config.pp`.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Pp:
+  """`config.pp`: splits and preprocessing."""
+
+  # tfds split strings (or 'train'/'test' folders) for training and evaluation.
+  train: str = 'train'
+  test: str = 'test'
+  # Output size; inception-crop area floor; random flip; crop box between pixels.
+  crop: int = 384
+  area_min: float = 0.05
+  flip: bool = True
+  subpixel: bool = False
+  # RandAugment after the flip: layers (0 = off) and magnitude, big_vision's randaug(2, 10)
+  # is 2 and 10 (vit_jax/data/randaugment.py).
+  randaug_layers: int = 0
+  randaug_magnitude: float = 10.0
+  # Training decodes only the inception crop's window of a JPEG (big_vision's
+  # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
+  decode_window: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """The dataset, the batches and the input pipeline."""
+
+  # 'digits' (bundled), a tfds name, or a folder `{train,test}/<class>/*.jpg`.
+  dataset: str = ''
+  # tensorflow_datasets data directory ('' = tfds default).
+  tfds_data_dir: str = ''
+  # Classes; 0 = from the dataset.
+  num_classes: int = 0
+  pp: Pp = Pp()
+  # Global batch sizes (over all hosts and devices).
+  batch: int = 512
+  batch_eval: int = 512
+  # Shuffle buffer of a dataset that can only be read in order (a tfds TFRecord build); the
+  # others are shuffled whole, a new permutation each epoch.
+  shuffle_buffer: int = 50_000
+  # Batches the input pipeline prepares ahead; its threads (0 = the cores this process may use).
+  prefetch: int = 2
+  input_threads: int = 0
+  # An unreadable training image (corrupt, truncated, empty, not an image) is skipped: replaced
+  # by a copy of another image of its batch, counted (bad_images in metrics.jsonl) and named in
+  # a warning; False stops the run instead. An unreadable test image stops the evaluation with
+  # an error naming it unless skip_bad_test_images (it then leaves the count: num_test drops).
+  skip_bad_images: bool = True
+  skip_bad_test_images: bool = False
+  # The training stream is read as this many shards, split over the processes (0 = one per
+  # process). The batches depend on it, not on the process count: fix it to the largest
+  # process count a run will use to make it reproducible (and resumable) on any of them.
+  data_shards: int = 0
+
+
+def check(data: Data) -> None:
+  """The checks of the section that need no data: one-line ValueErrors naming the key."""
+  if data.pp.randaug_layers < 0 or data.pp.randaug_magnitude < 0:
+    raise ValueError(
+      f'config.pp.randaug_layers={data.pp.randaug_layers}, config.pp.randaug_magnitude='
+      f'{data.pp.randaug_magnitude}; expected >= 0 (0 layers: no RandAugment).'
+    )
+  if data.input_threads < 0:
+    raise ValueError(f'config.input_threads={data.input_threads}; expected >= 0 (0: all cores).')
+  for key in ('batch', 'batch_eval'):
+    if getattr(data, key) < 1:
+      raise ValueError(f'config.{key}={getattr(data, key)}; expected a positive integer.')
