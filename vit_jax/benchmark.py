@@ -73,7 +73,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import files, hugepages, optim, parallel
-from vit_jax.models import get_config, is_mixer, model_from_config, stats, vit
+from vit_jax.models import blocks, get_config, is_mixer, model_from_config, stats
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -659,7 +659,7 @@ def _programs(job: _Job, params: Any) -> tuple[list[_Timed], dict]:
   for variant in job.variants:
     if variant.layers == 'scan' and 'scan' not in params_by_layout:
       stack = jax.eval_shape if job.compile_only else lambda f, x: f(x)
-      params_by_layout['scan'] = stack(vit.stack_encoder_blocks, params)
+      params_by_layout['scan'] = stack(blocks.stack_encoder_blocks, params)
     params_v = params_by_layout[variant.layers]
     for mode in job.modes(variant):
       p, compiled = _program(job, variant, mode, params_v, params, train_state[variant.layers])

@@ -47,7 +47,7 @@ from PIL import Image
 from vit_jax import checkpoint as ckpt
 from vit_jax import data, files, rundir
 from vit_jax.data.preprocess import decode_bytes, eval_image
-from vit_jax.models import is_mixer, vit
+from vit_jax.models import blocks, is_mixer, vit
 
 IMAGENET_NUM_CLASSES = 1000
 CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
@@ -350,7 +350,7 @@ def feature_block(loaded: LoadedModel, block: int) -> int:
   transformer = getattr(loaded.model, 'transformer', None)
   if not isinstance(loaded.model, vit.VisionTransformer) or transformer is None:
     raise ValueError(f'--features_block: {loaded.model_name} has no transformer encoder blocks')
-  return vit.block_indices((block,), transformer['num_layers'])[0]
+  return blocks.block_indices((block,), transformer['num_layers'])[0]
 
 
 def batches(
