@@ -12,6 +12,7 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
+from vit_jax.data.datasets import get_source
 from vit_jax.data.pipeline import (
   BadExamples,
   Preprocessing,
@@ -30,7 +31,6 @@ from vit_jax.data.sources import (
   Source,
   Subset,
   TfdsSource,
-  get_source,
 )
 
 __all__ = [
