@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import benchmark
+from vit_jax.cli import benchmark
 from vit_jax.models import blocks, stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from numpy_models import big_vision_vit, gelu_exact, sincos2d
 
-from vit_jax import checkpoint, predict
+from vit_jax import checkpoint
 from vit_jax.checkpoint import tree
+from vit_jax.cli import predict
 from vit_jax.models import get_config, get_model, model_from_config, posemb, stats
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, SIZE = 32, 2, 4, 64, 8, 32

@@ -1,4 +1,5 @@
-"""The package's import graph has no circle: read from the source with `ast`, nothing imported.
+"""The package's import graph: no circle, and no import up a floor. Read from the source with
+`ast`; nothing is imported.
 
 Every import statement counts, at module level or inside a function (a lazy import is still a
 dependency, only a later one). `from pkg import name` points at `pkg.name` where that is a
@@ -14,6 +15,24 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGES = ('vit_jax', 'configs')
+
+# The floors of docs/layout.md, by the first name under vit_jax (configs: the package). A
+# module imports from its own floor or the ones below; a new top-level module takes a floor here.
+FLOORS = {
+  # 4: the entry points, and the shims that keep `python -m vit_jax.<tool>` working.
+  **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark'], 4),
+  # 3: what runs an experiment, and the experiment configs.
+  **dict.fromkeys(['train', 'evals', 'reproduce', 'fewshot', 'configs'], 3),
+  # 2: models, checkpoints, data, text.
+  **dict.fromkeys(['models', 'checkpoint', 'data', 'text'], 2),
+  # 1: the shared services.
+  **dict.fromkeys(
+    ['files', 'rundir', 'parallel', 'distributed', 'optim', 'hugepages', 'torch_compat'], 1
+  ),
+  'vit_jax': 1,  # the package's own __init__
+}
+# `python -m vit_jax.reproduce` and `python -m vit_jax.models`: shims inside their packages.
+ENTRY_SHIMS = ('vit_jax.reproduce.__main__', 'vit_jax.models.__main__')
 
 
 def _modules(root: pathlib.Path, packages: tuple[str, ...]) -> dict[str, pathlib.Path]:
@@ -91,6 +110,25 @@ def test_the_package_has_no_import_circle():
   assert 'vit_jax.train.spec' in graph['vit_jax.train.setup']
   circle = find_circle(graph)
   assert circle is None, 'import circle: ' + ' -> '.join(circle or ())
+
+
+def floor(module: str) -> int:
+  """The floor of a module of `PACKAGES` (KeyError: a top-level name without a floor)."""
+  if module in ENTRY_SHIMS:
+    return FLOORS['cli']
+  parts = module.split('.')
+  key = parts[0] if parts[0] != 'vit_jax' or len(parts) == 1 else parts[1]
+  if key not in FLOORS:
+    raise KeyError(f'{module}: give {key!r} a floor in FLOORS (tests/test_imports.py)')
+  return FLOORS[key]
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+  graph = import_graph(ROOT, PACKAGES)
+  upward = [f'{a} -> {b}' for a in sorted(graph) for b in sorted(graph[a]) if floor(b) > floor(a)]
+  assert not upward, 'imports up a floor: ' + ', '.join(upward)
+  assert floor('vit_jax.cli.train') > floor('vit_jax.train.loop') > floor('vit_jax.models.vit')
+  assert floor('vit_jax.models.vit') > floor('vit_jax.files')
 
 
 def _write(root: pathlib.Path, files: dict[str, str]) -> None:
