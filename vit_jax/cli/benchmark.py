@@ -54,7 +54,6 @@ and the largest logit difference; 16-bit variants compare against `torch.autocas
 import dataclasses
 import datetime
 import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -73,7 +72,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from vit_jax import cli, files, hugepages, optim, parallel
+from vit_jax import cli, files, hugepages, optim, parallel, torch_compat
 from vit_jax.models import blocks, get_config, is_mixer, model_from_config, stats
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
@@ -487,34 +486,6 @@ def _check_comparable(name: str, config: Any) -> None:
   )
 
 
-def allow_torchvision_import() -> None:
-  """Lets `import torchvision` succeed beside the CPU build of torch; a no-op where it works.
-
-  transformers' model modules import torchvision whenever it is installed
-  (`transformers.image_utils`; no setting turns that off), and timm always does. PyPI's Linux
-  torchvision wheels are CUDA builds: beside the CPU torch their C++ extension does not load,
-  and `import torchvision` fails registering fake kernels for two of its ops ('operator
-  torchvision::nms does not exist'). Declaring those two op schemas first lets its Python part
-  import; only a call of a torchvision C++ op (detection boxes, used by no ViT) would fail.
-  `--compare` is the one place of the package that imports transformers; the tests' Hugging
-  Face and timm oracles call this too (tests/conftest.py).
-  """
-  if importlib.util.find_spec('torchvision') is None:
-    return
-  import torch
-
-  try:
-    importlib.import_module('torchvision')
-  except RuntimeError as e:
-    if 'torchvision::nms' not in str(e):
-      raise
-    for op in ('nms', 'qnms'):
-      torch.library.define(
-        f'torchvision::{op}', '(Tensor dets, Tensor scores, float iou_threshold) -> Tensor'
-      )
-    importlib.import_module('torchvision')
-
-
 def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
   """Hugging Face ViTForImageClassification on our weights, via the exporter."""
   # Idle OpenMP threads of PyTorch spin by default; on a machine shared with other work
@@ -522,7 +493,7 @@ def _hugging_face(params: Any, config: Any, resolution: int, tmp: str):
   os.environ.setdefault('OMP_WAIT_POLICY', 'PASSIVE')
   from vit_jax.checkpoint import export_hf
 
-  allow_torchvision_import()
+  torch_compat.allow_torchvision_import()
   import torch
   import transformers
 
