@@ -596,9 +596,8 @@ def run(
   return 1 if errors else 0
 
 
-def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """The command line's flags, on `flag_values`; defined at program start, so that importing
-  this module (the visualiser does) registers none."""
+def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:
+  """--checkpoint, --model, --resolution: what `load` takes (the visualiser's too)."""
   fv = flag_values
   flags.DEFINE_string(
     'checkpoint', None, 'Checkpoint file or directory.', required=True, flag_values=fv
@@ -612,6 +611,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     'Input size in pixels; default: the one the checkpoint was trained at.',
     flag_values=fv,
   )
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command line's flags, on `flag_values`; defined at program start, so that importing
+  this module (the visualiser does) registers none."""
+  fv = flag_values
+  define_checkpoint_flags(fv)
   flags.DEFINE_integer('top_k', 5, 'How many classes to show per image.', flag_values=fv)
   flags.DEFINE_bool('json', False, 'Print one JSON object instead of a table.', flag_values=fv)
   flags.DEFINE_string(

@@ -30,44 +30,39 @@ FLAGS = flags.FLAGS
 
 def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
   """The command line's flags, on `flag_values` (defined at program start, not at import)."""
+  fv = flag_values
   configs.define_config_flag(
-    'config',
-    'Experiment config file, e.g. configs/vit.py:b16,cifar10.',
-    lock_config=True,
-    flag_values=flag_values,
+    'config', 'Experiment config file, e.g. configs/vit.py:b16,cifar10.', flag_values=fv
   )
   flags.DEFINE_string(
-    'workdir', None, 'Run directory (checkpoints, metrics, events).', flag_values=flag_values
+    'workdir', None, 'Run directory (checkpoints, metrics, events).', flag_values=fv
   )
   flags.DEFINE_string(
     'coordinator_address',
     None,
     'HOST:PORT of process 0 (env JAX_COORDINATOR_ADDRESS).',
-    flag_values=flag_values,
+    flag_values=fv,
   )
   flags.DEFINE_integer(
-    'num_processes', None, 'Processes in the run (env JAX_NUM_PROCESSES).', flag_values=flag_values
+    'num_processes', None, 'Processes in the run (env JAX_NUM_PROCESSES).', flag_values=fv
   )
   flags.DEFINE_integer(
-    'process_id',
-    None,
-    'This process, 0..num_processes-1 (env JAX_PROCESS_ID).',
-    flag_values=flag_values,
+    'process_id', None, 'This process, 0..num_processes-1 (env JAX_PROCESS_ID).', flag_values=fv
   )
   flags.DEFINE_enum(
     'distributed',
     'auto',
     list(distributed.MODES),
     'jax.distributed: auto (given settings, SLURM srun, TPU VM), on (always), off (never).',
-    flag_values=flag_values,
+    flag_values=fv,
   )
   flags.DEFINE_float(
     'distributed_timeout',
     distributed.DEFAULT_TIMEOUT_S,
     'Seconds to wait for the coordinator and every process before failing.',
-    flag_values=flag_values,
+    flag_values=fv,
   )
-  flags.mark_flags_as_required(['config', 'workdir'], flag_values=flag_values)
+  flags.mark_flags_as_required(['config', 'workdir'], flag_values=fv)
 
 
 def main(argv: list[str]) -> int:

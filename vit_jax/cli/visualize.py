@@ -382,18 +382,7 @@ def visualize(
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags, on `flag_values` (defined at program start, not at import)."""
   fv = flag_values
-  flags.DEFINE_string(
-    'checkpoint', None, 'Checkpoint file or directory.', required=True, flag_values=fv
-  )
-  flags.DEFINE_string(
-    'model', None, 'Registered model name; inferred from the shapes if unset.', flag_values=fv
-  )
-  flags.DEFINE_integer(
-    'resolution',
-    None,
-    'Input size in pixels; default: the one the checkpoint was trained at.',
-    flag_values=fv,
-  )
+  predict.define_checkpoint_flags(fv)
   flags.DEFINE_multi_string(
     'image',
     [],
