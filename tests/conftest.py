@@ -17,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax.benchmark import allow_torchvision_import
+from vit_jax.torch_compat import allow_torchvision_import
 
 # The oracles transformers and timm import torchvision, whose PyPI build needs this beside the
 # CPU torch.

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import benchmark
-from vit_jax.models import stats, vit
+from vit_jax.cli import benchmark
+from vit_jax.models import blocks, stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds
 
@@ -123,7 +123,7 @@ def _train_memory(config, variant, batch=16, resolution=128):
   labels = jnp.zeros((batch,), jnp.int32)
   params = benchmark.init_params(config, 10, resolution)
   if variant.layers == 'scan':
-    params = vit.stack_encoder_blocks(params)
+    params = blocks.stack_encoder_blocks(params)
   model = benchmark._model(config, 10, variant)
   *_, facts = benchmark._train(model, params, images, labels)
   return facts['xla_memory_bytes']

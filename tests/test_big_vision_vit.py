@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from numpy_models import big_vision_vit, gelu_exact, sincos2d
 
-from vit_jax import checkpoint, predict
+from vit_jax import checkpoint
 from vit_jax.checkpoint import tree
-from vit_jax.models import get_config, get_model, model_from_config, stats, vit
+from vit_jax.cli import predict
+from vit_jax.models import get_config, get_model, model_from_config, posemb, stats
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, SIZE = 32, 2, 4, 64, 8, 32
 GRID = (SIZE // PATCH) ** 2
@@ -91,7 +92,7 @@ def _logits(tree_, config, images):
 
 @pytest.mark.parametrize('h, w, width', [(4, 4, 32), (3, 5, 16), (14, 14, 384)])
 def test_sincos2d_is_big_vision_formula(h, w, width):
-  got = np.asarray(vit.posemb_sincos_2d(h, w, width))
+  got = np.asarray(posemb.posemb_sincos_2d(h, w, width))
   assert got.shape == (1, h * w, width) and got.dtype == np.float32
   np.testing.assert_allclose(got, sincos2d(h, w, width), atol=2e-6, rtol=0)
 

@@ -11,7 +11,8 @@ import pytest
 import scipy.ndimage
 from absl import flags
 
-from vit_jax import checkpoint, convert
+from vit_jax import checkpoint
+from vit_jax.cli import convert
 from vit_jax.models import get_model, stats
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'

@@ -13,7 +13,8 @@ import safetensors.torch as safetensors_torch
 import timm  # an oracle pinned in requirements-test.txt: missing, these tests fail
 import torch
 
-from vit_jax import checkpoint, convert
+from vit_jax import checkpoint
+from vit_jax.cli import convert
 from vit_jax.models import get_config, get_model, stats
 
 # ViT-B/16's widths at two blocks; SMALL for everything that does not need them.

@@ -24,7 +24,8 @@ from PIL import Image
 
 from configs import augreg
 from configs import digits as digits_config
-from vit_jax import checkpoint, files, predict, rundir, train
+from vit_jax import checkpoint, files, rundir, train
+from vit_jax.cli import predict
 from vit_jax.data import digits as digits_data
 from vit_jax.train import setup, spec
 from vit_jax.train.spec import with_overrides

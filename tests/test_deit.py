@@ -14,9 +14,11 @@ from numpy_models import deit as numpy_deit
 from numpy_models import gelu_exact
 
 from configs import digits as digits_config
-from vit_jax import checkpoint, losses, predict, train
+from vit_jax import checkpoint, train
 from vit_jax.checkpoint import tree
+from vit_jax.cli import predict
 from vit_jax.models import get_config, get_model, model_from_config, stats
+from vit_jax.train import losses
 
 SMALL = {
   'hidden_size': 32,

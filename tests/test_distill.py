@@ -1,6 +1,6 @@
-"""Distillation in the trainer (DeiT): the step's loss against vit_jax.losses on logits computed
-here, no gradient to the teacher, exact resume, and one-line errors for a teacher that does not
-fit. jit == shard_map with a teacher is in test_steps.py."""
+"""Distillation in the trainer (DeiT): the step's loss against vit_jax.train.losses on logits
+computed here, no gradient to the teacher, exact resume, and one-line errors for a teacher that
+does not fit. jit == shard_map with a teacher is in test_steps.py."""
 
 import json
 import os
@@ -14,9 +14,9 @@ import tensorflow as tf
 from conftest import TEACHER, TINY, randomize, train_error, write_teacher
 
 from configs import digits as digits_config
-from vit_jax import checkpoint, losses, optim, parallel, rundir, train
+from vit_jax import checkpoint, optim, parallel, rundir, train
 from vit_jax.models import model_from_config, stats
-from vit_jax.train import distill, setup, spec, steps
+from vit_jax.train import distill, losses, setup, spec, steps
 from vit_jax.train.spec import with_overrides
 
 
@@ -42,7 +42,7 @@ def _student(run):
 
 
 def _oracle(run, model, params, teacher_params, images, labels):
-  """The mean distillation loss of `vit_jax.losses` on logits computed here: the student's
+  """The mean distillation loss of `vit_jax.train.losses` on logits computed here: the student's
   heads, and the teacher's on the images resized to 16 px by TensorFlow."""
   distilled = bool(run.model.fields.get('distilled'))
   apply = jax.jit(model.apply, static_argnames=('train', 'both_heads'))

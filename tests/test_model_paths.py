@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import dot_types
 
-from vit_jax.models import get_model, vit
+from vit_jax.models import attention, blocks, get_model, precision
 
 
 def _tiny_model(**overrides):
@@ -91,7 +91,7 @@ def test_mixed_einsum_gradients_are_not_rounded():
   x = jax.random.normal(kx, (4, 5, 32))
   y = jax.random.normal(ky, (32, 3, 6))
   spec = 'btd,dhk->bthk'
-  mixed = lambda x, y: (vit.mixed_einsum(spec, x, y, jnp.bfloat16) ** 2).sum()
+  mixed = lambda x, y: (precision.mixed_einsum(spec, x, y, jnp.bfloat16) ** 2).sum()
   exact = lambda x, y: (jnp.einsum(spec, x, y) ** 2).sum()
   (dx, dy), (ex, ey) = jax.grad(mixed, (0, 1))(x, y), jax.grad(exact, (0, 1))(x, y)
   for got, want in ((dx, ex), (dy, ey)):
@@ -113,7 +113,7 @@ def test_mixed_einsum_gradients_are_not_rounded():
 def test_dot_general_to_einsum(lhs_shape, rhs_shape, dims):
   kx, ky = jax.random.split(jax.random.key(0))
   lhs, rhs = jax.random.normal(kx, lhs_shape), jax.random.normal(ky, rhs_shape)
-  spec = vit._dot_general_as_einsum(lhs.ndim, rhs.ndim, dims)
+  spec = precision.dot_general_as_einsum(lhs.ndim, rhs.ndim, dims)
   np.testing.assert_allclose(
     jnp.einsum(spec, lhs, rhs), jax.lax.dot_general(lhs, rhs, dims), rtol=1e-5, atol=1e-5
   )
@@ -122,7 +122,7 @@ def test_dot_general_to_einsum(lhs_shape, rhs_shape, dims):
 @pytest.mark.parametrize('remat', ['none', 'full'])
 def test_scanned_layers_equal_the_unrolled_model(remat, tiny_batch):
   params, images, labels = tiny_batch
-  stacked = vit.stack_encoder_blocks(params)
+  stacked = blocks.stack_encoder_blocks(params)
   assert stacked['Transformer']['encoderblock']['MlpBlock_0']['Dense_0']['kernel'].shape == (
     2,
     192,
@@ -136,7 +136,7 @@ def test_scanned_layers_equal_the_unrolled_model(remat, tiny_batch):
     _tiny_model().apply({'params': params}, images, train=False),
     atol=1e-5,
   )
-  grads = vit.unstack_encoder_blocks(_grads(scanned, stacked, images, labels))
+  grads = blocks.unstack_encoder_blocks(_grads(scanned, stacked, images, labels))
   ref = _grads(_tiny_model(), params, images, labels)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
@@ -144,18 +144,18 @@ def test_scanned_layers_equal_the_unrolled_model(remat, tiny_batch):
 
 def test_stacking_round_trips_and_checks_the_layout(tiny_batch):
   params, *_ = tiny_batch
-  back = vit.unstack_encoder_blocks(vit.stack_encoder_blocks(params))
+  back = blocks.unstack_encoder_blocks(blocks.stack_encoder_blocks(params))
   assert jax.tree.structure(back) == jax.tree.structure(params)
   for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(a, b)
   with pytest.raises(ValueError, match='already stacked'):
-    vit.stack_encoder_blocks(vit.stack_encoder_blocks(params))
+    blocks.stack_encoder_blocks(blocks.stack_encoder_blocks(params))
   with pytest.raises(ValueError, match='not stacked'):
-    vit.unstack_encoder_blocks(params)
+    blocks.unstack_encoder_blocks(params)
   gap = dict(params['Transformer'])
   del gap['encoderblock_0']
   with pytest.raises(ValueError, match=r'expected Transformer/encoderblock_0..N-1'):
-    vit.stack_encoder_blocks({**params, 'Transformer': gap})
+    blocks.stack_encoder_blocks({**params, 'Transformer': gap})
 
 
 def test_scanned_dropout_depends_on_the_key(random_params):
@@ -188,12 +188,12 @@ def test_fused_attention_asks_cudnn_on_gpus_and_falls_back(monkeypatch):
 
   monkeypatch.setattr(jax.nn, 'dot_product_attention', refusing)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
-  out = vit.fused_attention(q, k, v)
+  out = attention.fused_attention(q, k, v)
   assert asked == ['cudnn', None]
   np.testing.assert_array_equal(out, original(q, k, v))
   asked.clear()
-  vit.fused_attention(*(t.astype(jnp.float32) for t in (q, k, v)))  # cuDNN's takes 16-bit
+  attention.fused_attention(*(t.astype(jnp.float32) for t in (q, k, v)))  # cuDNN's takes 16-bit
   assert asked == [None]
   monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
-  vit.fused_attention(q, k, v)
+  attention.fused_attention(q, k, v)
   assert asked == [None, None]

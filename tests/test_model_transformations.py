@@ -1,9 +1,9 @@
 """The default model under every JAX transformation, in float32 and bfloat16.
 
-Its fast paths carry written-out derivatives (`vit.attend`: FlashAttention's backward pass
-derived from a JVP; `vit.mixed_einsum`: bfloat16 operands, float32 sums, forward and backward),
-so forward mode, reverse mode, their compositions and vmap are each checked against something
-computed another way: float64 finite differences of the model itself, the other mode of
+Its fast paths carry written-out derivatives (`attention.attend`: FlashAttention's backward
+pass derived from a JVP; `precision.mixed_einsum`: bfloat16 operands, float32 sums, forward and
+backward), so forward mode, reverse mode, their compositions and vmap are each checked against
+something computed another way: float64 finite differences of the model itself, the other mode of
 differentiation, or a loop.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from conftest import dot_types, randomize
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vit_jax.models import get_model, vit
+from vit_jax.models import attention, blocks, get_model, precision
 
 DTYPES = [jnp.float32, jnp.bfloat16]
 # Agreement with float64 differences: float32 rounding, or bfloat16 operands (8-bit mantissas).
@@ -112,7 +112,7 @@ def test_scanned_rematerialised_layers_give_the_same_jvp(dtype, point):
   params, images, _, (direction, _) = point
   scanned = _model(dtype, scan_layers=True, remat_policy='dots')
   got = jax.jvp(
-    lambda p: _logits(scanned, vit.stack_encoder_blocks(p), images), (params,), (direction,)
+    lambda p: _logits(scanned, blocks.stack_encoder_blocks(p), images), (params,), (direction,)
   )[1]
   want = jax.jvp(lambda p: _logits(_model(dtype), p, images), (params,), (direction,))[1]
   _assert_close(got, want, 1e-5)
@@ -177,7 +177,7 @@ def test_mixed_einsum_jvp_under_vmap_equals_its_definition(axes):
     rng.standard_normal(shape if axis is None else (*shape[:axis], 3, *shape[axis:]), np.float32)
     for shape, axis in zip(shapes, axes, strict=True)
   ]
-  mixed = lambda x, y: vit.mixed_einsum(spec, x, y, jnp.bfloat16)
+  mixed = lambda x, y: precision.mixed_einsum(spec, x, y, jnp.bfloat16)
   jvp = lambda x, y, dx, dy: jax.jvp(mixed, (x, y), (dx, dy))[1]
   got = jax.jit(jax.vmap(jvp, in_axes=axes))(*args)
   assert got.dtype == jnp.float32
@@ -196,11 +196,11 @@ def test_attend_jvp_equals_autodiff_of_the_plain_formula(dtype):
   q, k, v, dq, dk, dv = (jax.random.normal(key, (2, 3, 17, 8)) for key in keys)
 
   def plain(q, k, v):  # the same mixed-precision matmuls, differentiated by JAX
-    weights = jax.nn.softmax(vit._einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
-    return vit._einsum('bhqk,bhkd->bhqd', weights, v, dtype)
+    weights = jax.nn.softmax(precision.einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
+    return precision.einsum('bhqk,bhkd->bhqd', weights, v, dtype)
 
   got = jax.jit(jax.jvp, static_argnums=0)(
-    lambda *a: vit.attend(*a, dtype), (q, k, v), (dq, dk, dv)
+    lambda *a: attention.attend(*a, dtype), (q, k, v), (dq, dk, dv)
   )
   want = jax.jit(jax.jvp, static_argnums=0)(plain, (q, k, v), (dq, dk, dv))
   tolerance = 1e-5 if dtype == jnp.float32 else 3e-2

@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax.models import MODEL_CONFIGS, get_model, model_from_config, stats, vit
+from vit_jax.models import MODEL_CONFIGS, attention, get_model, model_from_config, precision, stats
 
 # Every registered model at 224 px with a 1000-class head: the original vit_jax
 # `models_test.MODEL_SIZES`. The gap-norep rows have no class token and one fewer
@@ -310,15 +310,15 @@ def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_para
 
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_attend_backward_equals_autodiff_of_the_plain_formula(dtype):
-  """vit.attend's hand-written backward pass against XLA differentiating softmax(q k^T) v."""
+  """attention.attend's hand-written backward pass against XLA differentiating softmax(q k^T) v."""
   keys = jax.random.split(jax.random.key(3), 4)
   q, k, v, dy = (jax.random.normal(key, (2, 3, 17, 8)) for key in keys)
 
   def plain(q, k, v):  # the same mixed-precision matmuls, differentiated by JAX
-    logits = vit._einsum('bhqd,bhkd->bhqk', q, k, dtype)
-    return vit._einsum('bhqk,bhkd->bhqd', jax.nn.softmax(logits), v, dtype)
+    logits = precision.einsum('bhqd,bhkd->bhqk', q, k, dtype)
+    return precision.einsum('bhqk,bhkd->bhqd', jax.nn.softmax(logits), v, dtype)
 
-  y, pullback = jax.vjp(lambda *a: vit.attend(*a, dtype), q, k, v)
+  y, pullback = jax.vjp(lambda *a: attention.attend(*a, dtype), q, k, v)
   y_ref, pullback_ref = jax.vjp(plain, q, k, v)
   tol = 1e-5 if dtype == jnp.float32 else 3e-2
   np.testing.assert_allclose(y, y_ref, atol=tol)

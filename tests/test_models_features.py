@@ -8,7 +8,8 @@ import pytest
 import scipy.ndimage
 
 from vit_jax import checkpoint
-from vit_jax.models import get_config, get_model, stats, vit
+from vit_jax.models import blocks, get_config, get_model, stats
+from vit_jax.models.posemb import resize_posemb_grid
 
 # Patch 4: 56 px is a 14x14 grid, 96 px 24x24, 64x40 px 16x10.
 SMALL = {
@@ -53,7 +54,7 @@ def test_call_time_resize_equals_scipy_zoom(old, new, prefix):
   grid = posemb[0, prefix:].reshape(*old, 8)
   zoomed = scipy.ndimage.zoom(grid, (new[0] / old[0], new[1] / old[1], 1), order=1)
   expected = np.concatenate([posemb[:, :prefix], zoomed.reshape(1, -1, 8)], axis=1)
-  resize = jax.jit(vit.resize_posemb_grid, static_argnums=(1, 2, 3))
+  resize = jax.jit(resize_posemb_grid, static_argnums=(1, 2, 3))
   got = np.asarray(resize(posemb, old, new, prefix))
   assert got.shape == expected.shape
   np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
@@ -193,7 +194,7 @@ def test_scanned_blocks_give_the_same_features(random_params):
   images = _images(56, 56)
   unrolled = _apply(model, (0, 2))(params, images)
   scanned = _apply(_model(classifier='gap', scan_layers=True), (0, -1))(
-    vit.stack_encoder_blocks(params), images
+    blocks.stack_encoder_blocks(params), images
   )
   assert (
     sorted(scanned)

@@ -1,6 +1,10 @@
-"""Packaging: the wheel holds every module and the configs, its dependency ranges hold the
-pinned versions, and `--config=configs/...` is found from any working directory."""
+"""Packaging: the wheel holds every module and the configs, its console scripts are the
+entry points and run, its dependency ranges hold the pinned versions, and
+`--config=configs/...` is found from any working directory."""
 
+import configparser
+import importlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -9,10 +13,12 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from absl import flags
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import configs
+from vit_jax import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,6 +44,83 @@ def test_declared_ranges_hold_the_pinned_versions():
     assert '999' not in r.specifier, r  # bounded above: a next major (or 0.x minor) may break
 
 
+def _scripts() -> dict[str, str]:
+  """Console script -> its `module:function`, from the entry points (one per command)."""
+  return {e.script: f'{e.cli}:run_cli' for e in cli.ENTRY_POINTS if not e.mode}
+
+
+def test_the_console_scripts_are_the_entry_points_and_python_m_finds_each():
+  declared = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['scripts']
+  assert declared == _scripts()
+  assert len(declared) == 7  # train, convert, predict, visualize, benchmark, reproduce, models
+  for entry in cli.ENTRY_POINTS:
+    assert importlib.util.find_spec(entry.module) is not None, entry
+    assert cli.entry_point(entry.module, [entry.mode]) == entry
+    assert cli.entry_point(entry.script, [entry.mode]) == entry
+
+
+def _flag_names(entry: cli.EntryPoint) -> set[str]:
+  """The flags the entry point defines, on a fresh FlagValues."""
+  flag_values = flags.FlagValues()
+  entry.define_flags(flag_values)
+  return set(flag_values)
+
+
+# The scripts whose `--help` imports no JAX (the others take 3-10 s each to start): run from
+# the installed wheel. Every entry point's flags are checked in-process below.
+LIGHT_SCRIPTS = ('vit-train', 'vit-reproduce')
+
+
+def _installed_scripts(wheel: Path, tmp_path: Path) -> dict[str, str]:
+  """Installs the wheel alone into a folder; its console scripts' `--help` (the light ones)."""
+  target = tmp_path / 'installed'
+  subprocess.run(
+    [sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-index', '-t', target, wheel],
+    check=True,
+    capture_output=True,
+    timeout=300,
+  )
+  for script, entry in _scripts().items():  # pip's wrapper imports the declared function
+    module, function = entry.split(':')
+    assert f'from {module} import {function}' in (target / 'bin' / script).read_text()
+  env = {**os.environ, 'PYTHONPATH': str(target)}
+  procs = {
+    script: subprocess.Popen(
+      [target / 'bin' / script, '--help'],
+      cwd=tmp_path,  # not the repository: the installed copy is imported
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for script in LIGHT_SCRIPTS
+  }
+  helps = {}
+  for script, proc in procs.items():
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, (script, out[-2000:])  # absl's --help exits 1 after the usage
+    helps[script] = out
+  return helps
+
+
+def _listed_flags(help_text: str) -> set[str]:
+  return {
+    line.split(':')[0].strip().lstrip('-').removeprefix('[no]') for line in help_text.split('\n')
+  }
+
+
+def test_every_entry_point_defines_its_flags_on_fresh_flag_values():
+  """Each tool's flags come from its `define_flags(flag_values)`, not from importing it."""
+  for entry in cli.ENTRY_POINTS:
+    names = _flag_names(entry)
+    assert names and names.isdisjoint(flags.FLAGS), (entry, names & set(flags.FLAGS))
+    module = importlib.import_module(entry.cli)
+    assert callable(module.main) and (entry.mode or callable(module.run_cli)), entry
+  assert {'config', 'workdir', 'num_processes'} <= _flag_names(cli.entry_point('vit-train'))
+  assert 'crops' in _flag_names(cli.entry_point('vit-benchmark', ['--pipeline']))
+  assert 'crops' not in _flag_names(cli.entry_point('vit-benchmark'))
+
+
 def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
   source = tmp_path / 'source'  # a copy: pip builds in the tree it is given
   ignore = shutil.ignore_patterns('__pycache__', '*.pyc')
@@ -60,7 +143,19 @@ def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
     for p in (REPO / package).rglob('*.py')
   }
   assert shipped == expected
-  assert {'configs/vit.py', 'vit_jax/checkpoint/loader.py', 'vit_jax/main.py'} <= shipped
+  assert {
+    'configs/vit.py',
+    'vit_jax/checkpoint/loader.py',
+    'vit_jax/main.py',
+    'vit_jax/cli/train.py',
+  } <= shipped
+  (entry_points,) = (n for n in zipfile.ZipFile(wheel).namelist() if n.endswith('entry_points.txt'))
+  parser = configparser.ConfigParser()
+  parser.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
+  assert dict(parser['console_scripts']) == _scripts()
+  for script, text in _installed_scripts(wheel, tmp_path).items():
+    assert _flag_names(cli.entry_point(script)) <= _listed_flags(text), (script, text[-2000:])
+    assert str(tmp_path / 'installed' / 'bin') in text  # listed as the installed script's own
 
 
 def test_a_configs_path_is_the_packaged_file_unless_the_working_directory_has_it(

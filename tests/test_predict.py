@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, data, predict
+from vit_jax import checkpoint, data
+from vit_jax.cli import predict
 from vit_jax.models import get_model
 
 REPO = Path(__file__).resolve().parents[1]

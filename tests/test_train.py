@@ -107,7 +107,7 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
 
 
 def test_predict_names_the_classes_of_a_training_run(reference_run):
-  from vit_jax import predict
+  from vit_jax.cli import predict
 
   workdir, _ = reference_run
   loaded = predict.load(workdir)
@@ -242,7 +242,8 @@ def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, compilation_
   last = rundir.last_evaluation(resumed)
   assert second['polyak/accuracy_test'] == last['polyak/accuracy_test']
   # The average exported as a file of its own, for predict and fine-tuning.
-  from vit_jax import checkpoint, convert
+  from vit_jax import checkpoint
+  from vit_jax.cli import convert
 
   npz = str(tmp_path / 'polyak.npz')
   convert.convert(resumed, npz, 'npz', params_entry='polyak', out=lambda line: None)

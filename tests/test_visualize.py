@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vit_jax import checkpoint, predict, visualize
+from vit_jax import checkpoint
+from vit_jax.cli import predict, visualize
 from vit_jax.models import get_config, model_from_config
 
 REPO = Path(__file__).resolve().parents[1]

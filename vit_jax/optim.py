@@ -10,19 +10,40 @@ learning rate. big_vision's `wd` (not multiplied by the learning rate) is `lr * 
 in this convention: its wd=1e-4 at lr=1e-3 is weight_decay=0.1 here.
 """
 
+import dataclasses
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-if TYPE_CHECKING:
-  from vit_jax.train.spec import Optim
-
 DECAY_TYPES = ('cosine', 'linear', 'constant')
 OPTIMIZERS = ('sgd', 'adam')
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+  """The run spec's optimizer section (`RunSpec.optim`): the optimizer and its schedule."""
+
+  # 'sgd' (momentum) for fine-tuning, 'adam' for pretraining.
+  optimizer: str = 'sgd'
+  momentum: float = 0.9
+  b1: float = 0.9
+  b2: float = 0.999
+  # Decoupled weight decay (AdamW convention, see the module docstring) on `weight_decay_pattern`.
+  weight_decay: float = 0.0
+  weight_decay_pattern: str = r'.*/kernel'
+  # Clip gradients to this global norm (0 = no clipping).
+  grad_norm_clip: float = 1.0
+  # dtype of the first moment (SGD momentum, Adam mu): 'float32' or 'bfloat16'.
+  optim_dtype: str = 'float32'
+  base_lr: float = 0.03
+  # 'cosine', 'linear' (to `linear_end`) or 'constant', after `warmup_steps` of linear warmup.
+  decay_type: str = 'cosine'
+  warmup_steps: int = 500
+  linear_end: float = 1e-5
 
 
 def create_learning_rate_schedule(
@@ -66,7 +87,7 @@ def path_mask(params: Any, pattern: str) -> Any:
   return jax.tree_util.tree_map_with_path(match, params)
 
 
-def make_optimizer(spec: 'Optim', schedule: optax.Schedule) -> optax.GradientTransformation:
+def make_optimizer(spec: Optim, schedule: optax.Schedule) -> optax.GradientTransformation:
   """The optax chain of the run spec's optimizer section (`optimizer`, `grad_norm_clip`, ...).
 
   `optim_dtype` is the dtype of the first moment (SGD momentum, Adam's mu); Adam's second
@@ -90,7 +111,7 @@ def make_optimizer(spec: 'Optim', schedule: optax.Schedule) -> optax.GradientTra
 
 
 def for_training(
-  spec: 'Optim', total_steps: int
+  spec: Optim, total_steps: int
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """(optimizer, schedule) of a run: the update after step s uses lr(s + 1).
 

@@ -8,7 +8,7 @@
                            training images skipped so far, once there is one) and evaluation
                            lines (accuracy_test, accuracy_test_top5, loss_test, num_test;
                            bad_test_images where unreadable test images were left out)
-  events.out.tfevents.*    the same scalars for TensorBoard (vit_jax/events.py)
+  events.out.tfevents.*    the same scalars for TensorBoard (vit_jax/train/events.py)
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
                            `meta` (step, data position, batch, data shards, bad images)

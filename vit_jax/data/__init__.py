@@ -38,7 +38,7 @@ _MODULES = {
   'Source': 'sources',
   'Subset': 'sources',
   'TfdsSource': 'sources',
-  'get_source': 'sources',
+  'get_source': 'datasets',
   'Data': 'spec',
   'Pp': 'spec',
 }

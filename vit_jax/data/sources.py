@@ -13,7 +13,6 @@ position at no cost. A tfds dataset stored as TFRecord can only be read in order
 
 import abc
 import dataclasses
-import difflib
 import math
 import re
 from collections.abc import Callable
@@ -440,38 +439,6 @@ class Subset(Source):
 
   def class_names(self) -> list[str]:
     return self.base.class_names()
-
-
-def get_source(dataset: str, data_dir: str | None = None) -> Source:
-  """'digits', a folder `root/<split>/<class>/*.jpg`, a VTAB-1k task ('vtab/dtd'), or a tfds
-  name ('cifar10', 'imagenet2012')."""
-  if not dataset:
-    raise ValueError('No dataset: set --config.dataset (digits, a tfds name, or an image folder).')
-  if dataset == 'digits':
-    return DigitsSource()
-  if dataset.startswith('vtab/'):  # the VTAB-1k tasks: labels and splits of their own
-    from vit_jax.data import vtab  # it builds on this module's TfdsSource
-
-    return vtab.VtabSource(dataset.removeprefix('vtab/'), data_dir)
-  if files.path(dataset).is_dir():
-    return FolderSource(dataset)
-  if '/' in dataset or dataset.startswith('.'):
-    raise ValueError(
-      f'Image folder {dataset!r} does not exist; expected {dataset}/train/<class>/*.jpg.'
-    )
-  builders = tfds.list_builders(with_community_datasets=False)  # community: a bucket read
-  if dataset.split(':')[0] not in builders:
-    close = difflib.get_close_matches(dataset, [*builders, 'digits'], n=3, cutoff=0.6)
-    hint = f' Did you mean: {", ".join(close)}?' if close else ''
-    if dataset == 'imagenet21k':
-      hint = ' ImageNet-21k is not in public tfds: give your tfds build or an image folder.'
-    raise ValueError(
-      f'Unknown dataset {dataset!r}: not "digits", an existing image folder, or a tfds name.{hint}'
-    )
-  try:
-    return TfdsSource(dataset, data_dir)
-  except Exception as e:  # tfds raises many kinds here
-    raise ValueError(f'Cannot open tfds dataset {dataset!r}: {str(e).splitlines()[0]}') from e
 
 
 def per_host_max(total: int, process_count: int) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models.vit import Dtype, _elementwise_dtype, _matmul_kwargs, layer_norm
+from vit_jax.models.precision import Dtype, elementwise_dtype, layer_norm, matmul_kwargs
 
 
 def is_mixer(config: Mapping[str, Any]) -> bool:
@@ -38,7 +38,7 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kwargs = _matmul_kwargs(self.dtype, self.param_dtype)
+    kwargs = matmul_kwargs(self.dtype, self.param_dtype)
     y = nn.gelu(nn.Dense(self.mlp_dim, **kwargs, name='Dense_0')(x), approximate=True)
     return nn.Dense(x.shape[-1], **kwargs, name='Dense_1')(y)
 
@@ -68,7 +68,7 @@ class MlpMixer(nn.Module):
     patches: {'size': (ph, pw)}.
     num_blocks, hidden_dim, tokens_mlp_dim, channels_mlp_dim: depth, C, and the two MLP widths.
     head_bias_init: constant initial bias of the head.
-    dtype: compute dtype; 16-bit dtypes take the mixed-precision path of `vit.py` (16-bit
+    dtype: compute dtype; 16-bit dtypes take the mixed-precision path of `precision.py` (16-bit
       matmul operands, float32 sums, norms and residuals); parameters stay in `param_dtype`.
   """
 
@@ -92,10 +92,10 @@ class MlpMixer(nn.Module):
       patch,
       strides=patch,
       padding='SAME',  # flax's default, as the original; no padding when the patch divides
-      dtype=_elementwise_dtype(self.dtype),
+      dtype=elementwise_dtype(self.dtype),
       param_dtype=self.param_dtype,
       name='stem',
-    )(inputs.astype(_elementwise_dtype(self.dtype)))
+    )(inputs.astype(elementwise_dtype(self.dtype)))
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     for i in range(self.num_blocks):
@@ -111,7 +111,7 @@ class MlpMixer(nn.Module):
     if self.num_classes:
       x = nn.Dense(
         self.num_classes,
-        **_matmul_kwargs(self.dtype, self.param_dtype),
+        **matmul_kwargs(self.dtype, self.param_dtype),
         kernel_init=nn.initializers.zeros,
         bias_init=nn.initializers.constant(self.head_bias_init),
         name='head',

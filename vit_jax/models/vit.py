@@ -23,26 +23,21 @@ Options beyond the original, with the names of the checkpoints that use them:
 """
 
 import functools
-import re
-import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.extend
 import jax.numpy as jnp
-import numpy as np
-from jax import lax
-from jax.interpreters import ad, batching, mlir
 
-from vit_jax.models import resnet
-
-Dtype = Any
+from vit_jax.models import precision, resnet
+from vit_jax.models.attention import MultiHeadDotProductAttention
+from vit_jax.models.blocks import block_indices
+from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
+from vit_jax.models.precision import Dtype
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 POSEMBS = ('learn', 'sincos2d')
-ATTENTION_IMPLS = ('xla', 'fused')
 # Which activations a rematerialised encoder block keeps for the backward pass.
 REMAT_POLICIES = {
   'none': None,  # no rematerialisation
@@ -50,309 +45,6 @@ REMAT_POLICIES = {
   'dots': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
   'dots_saveable': jax.checkpoint_policies.dots_saveable,
 }
-
-
-def _is_mixed(dtype: Dtype) -> bool:
-  """16-bit compute dtypes take the mixed-precision path (16-bit operands, float32 sums)."""
-  return jnp.dtype(dtype).itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _einsum_operands(spec: str) -> tuple[str, str, str]:
-  inputs, out = spec.split('->')
-  lhs, rhs = inputs.split(',')
-  return lhs, rhs, out
-
-
-def _mixed_einsum_impl(x, y, *, spec: str, dtype: Dtype) -> jnp.ndarray:
-  return jnp.einsum(spec, x.astype(dtype), y.astype(dtype), preferred_element_type=jnp.float32)
-
-
-# The product of `mixed_einsum` as a bilinear primitive, for its tangents. JAX transposes it by
-# the rules below, so the backward matmuls too take `dtype` operands and return float32; JAX
-# transposing the casts and the einsum would multiply the float32 cotangent in float32 and
-# round the gradient to `dtype`.
-_mixed_einsum_p = jax.extend.core.Primitive('mixed_einsum')
-_mixed_einsum_p.def_impl(_mixed_einsum_impl)
-mlir.register_lowering(_mixed_einsum_p, mlir.lower_fun(_mixed_einsum_impl, multiple_results=False))
-
-
-@_mixed_einsum_p.def_abstract_eval
-def _mixed_einsum_abstract_eval(x, y, *, spec, dtype):
-  # The einsum's own result type: shape, and under shard_map the axes it varies over.
-  out = jax.eval_shape(functools.partial(_mixed_einsum_impl, spec=spec, dtype=dtype), x, y)
-  return x.update(shape=out.shape, dtype=out.dtype, weak_type=False, sharding=out.sharding)
-
-
-def _mixed_einsum_transpose_lhs(ct, x, y, *, spec, dtype):
-  lhs, rhs, out = _einsum_operands(spec)
-  dx = _mixed_einsum_p.bind(ct, y, spec=f'{out},{rhs}->{lhs}', dtype=dtype)
-  return dx.astype(x.aval.dtype)
-
-
-def _mixed_einsum_transpose_rhs(ct, x, y, *, spec, dtype):
-  lhs, rhs, out = _einsum_operands(spec)
-  dy = _mixed_einsum_p.bind(x, ct, spec=f'{lhs},{out}->{rhs}', dtype=dtype)
-  return dy.astype(y.aval.dtype)
-
-
-ad.defbilinear(_mixed_einsum_p, _mixed_einsum_transpose_lhs, _mixed_einsum_transpose_rhs)
-
-
-def _mixed_einsum_batch(args, dims, *, spec, dtype):
-  """vmap: the mapped axis becomes one more letter of the spec, placed after an operand's
-  leading batch letters (XLA's CPU backend fails on bfloat16 x bfloat16 = float32 batched
-  matmuls with a free axis ahead of the batch axes)."""
-  lhs, rhs, out = _einsum_operands(spec)
-  axis = next(c for c in string.ascii_letters if c not in spec)
-  if None not in dims:  # both mapped (None: not mapped): one more batch axis, in front
-    x, y = (jnp.moveaxis(arg, dim, 0) for arg, dim in zip(args, dims, strict=True))
-    spec = f'{axis}{lhs},{axis}{rhs}->{axis}{out}'
-    return _mixed_einsum_p.bind(x, y, spec=spec, dtype=dtype), 0
-
-  def insert(letters: str) -> tuple[str, int]:
-    at = len(letters) - len(letters.lstrip(''.join(set(lhs) & set(rhs) & set(out))))
-    return letters[:at] + axis + letters[at:], at
-
-  (x, y), (bx, by) = args, dims
-  if bx is not None:
-    lhs, at = insert(lhs)
-    x = jnp.moveaxis(x, bx, at)
-  else:
-    rhs, at = insert(rhs)
-    y = jnp.moveaxis(y, by, at)
-  out, at = insert(out)
-  return _mixed_einsum_p.bind(x, y, spec=f'{lhs},{rhs}->{out}', dtype=dtype), at
-
-
-batching.primitive_batchers[_mixed_einsum_p] = _mixed_einsum_batch
-
-
-def _mixed_product(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """`mixed_einsum` where an operand is a tangent. JAX would transpose a custom-JVP function
-  there through its plain definition (float32 matmuls, rounded gradients); the primitive is
-  transposed by its own rules."""
-  # Under shard_map, an operand that is the same on every device is marked as varying where
-  # the other one varies, as JAX marks the operands of its own ops (its gradient is then
-  # summed over the devices); elsewhere adding a zero scalar is a no-op that XLA removes.
-  x = x + lax.full_like(y, 0, x.dtype, shape=())
-  y = y + lax.full_like(x, 0, y.dtype, shape=())
-  return _mixed_einsum_p.bind(x, y, spec=spec, dtype=jnp.dtype(dtype))
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 3))
-def mixed_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """Two-operand einsum with operands cast to `dtype`, float32 accumulation and output.
-
-  Differentiable by every JAX transformation (jvp, vjp, vmap, higher orders). The matmuls of
-  the backward pass also take `dtype` operands (the float32 cotangent is cast down) and
-  accumulate in float32, and gradients come back in the operands' own dtypes without a detour
-  through `dtype`; only the cast operands are kept for the backward pass. The forward matmul
-  is a plain `dot_general`, which rematerialisation policies recognise. On CPUs with bfloat16
-  dot products (avx512_bf16) this runs ~2x faster than float32; a bfloat16 *output* would not
-  (the kernels then round every sum).
-  """
-  return _mixed_einsum_impl(x, y, spec=spec, dtype=dtype)
-
-
-@mixed_einsum.defjvp
-def _mixed_einsum_jvp(spec, dtype, primals, tangents):
-  (x, y), (dx, dy) = primals, tangents
-  xc, yc = x.astype(dtype), y.astype(dtype)
-  out = jnp.einsum(spec, xc, yc, preferred_element_type=jnp.float32)
-  return out, _mixed_product(spec, dx, yc, dtype) + _mixed_product(spec, xc, dy, dtype)
-
-
-def _einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """`mixed_einsum` for 16-bit compute dtypes, else a plain einsum in the operands' dtype."""
-  if _is_mixed(dtype):
-    return mixed_einsum(spec, x, y, dtype)
-  return jnp.einsum(spec, x, y)
-
-
-def _tangent_einsum(spec: str, x: jnp.ndarray, y: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """`_einsum` inside a JVP rule, where one operand is a tangent."""
-  if _is_mixed(dtype):
-    return _mixed_product(spec, x, y, dtype)
-  return jnp.einsum(spec, x, y)
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
-def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """softmax(q k^T) v on heads-major (batch, heads, tokens, head_dim) arrays; q is pre-scaled.
-
-  Its JVP is written so that JAX, transposing it, derives the backward pass of
-  FlashAttention (Dao et al., 2022, without the tiling): with W the weights, Y the output
-  and dL = dq k^T + q dk^T the tangent of the logits, dY = (W * dL) v - Y rowsum(W * dL) + W dv,
-  whose transpose takes the softmax gradient's row sums of dY_bar * Y, head_dim wide, instead
-  of dW_bar * W, tokens wide, and keeps no logits. XLA differentiating the forward pass itself
-  would reduce the (batch, heads, tokens, tokens) product; on a CPU this makes the ViT-B/16
-  training step ~4% faster. Every JAX transformation applies (jvp, vjp, vmap, higher orders).
-  """
-  weights = _attention_weights(q, k, dtype).astype(v.dtype)
-  return _einsum('bhqk,bhkd->bhqd', weights, v, dtype)
-
-
-def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """softmax(q k^T) over the keys, in float32, heads-major (batch, heads, queries, keys)."""
-  return jax.nn.softmax(_einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
-
-
-@attend.defjvp
-def _attend_jvp(dtype, primals, tangents):
-  (q, k, v), (dq, dk, dv) = primals, tangents
-  weights = _attention_weights(q, k, dtype)
-  y = _einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), v, dtype)
-  dlogits = _tangent_einsum('bhqd,bhkd->bhqk', dq, k, dtype)
-  dlogits += _tangent_einsum('bhqd,bhkd->bhqk', q, dk, dtype)
-  scaled = weights * dlogits.astype(jnp.float32)  # W * dL, the tangent of W before the centring
-  dy = _tangent_einsum('bhqk,bhkd->bhqd', scaled.astype(v.dtype), v, dtype)
-  dy -= y * jnp.sum(scaled, axis=-1, keepdims=True).astype(y.dtype)
-  dy += _tangent_einsum('bhqk,bhkd->bhqd', weights.astype(v.dtype), dv, dtype)
-  return y, dy.astype(y.dtype)
-
-
-def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
-  """`jax.nn.dot_product_attention` on (batch, tokens, heads, head_dim) arrays: cuDNN's flash
-  attention on GPUs where it applies (16-bit inputs, a recent cuDNN), else XLA's.
-
-  jax picks XLA unless asked for cuDNN by name, and cuDNN refuses what it cannot do while
-  the call is traced, so asking first and falling back costs nothing at run time.
-  """
-  if jax.default_backend() == 'gpu' and _is_mixed(q.dtype):
-    try:
-      return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
-    except (ValueError, NotImplementedError, RuntimeError):
-      pass
-  return jax.nn.dot_product_attention(q, k, v)
-
-
-def _dot_general_as_einsum(lhs_ndim: int, rhs_ndim: int, dimension_numbers: Any) -> str:
-  """The einsum spec of a `lax.dot_general` (output: batch, lhs free, rhs free dims)."""
-  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
-  lhs_contract = [d % lhs_ndim for d in lhs_contract]
-  rhs_contract = [d % rhs_ndim for d in rhs_contract]
-  lhs_batch = [d % lhs_ndim for d in lhs_batch]
-  rhs_batch = [d % rhs_ndim for d in rhs_batch]
-  letters = iter('abcdefghijklmnopqrstuvwxyz')
-  lhs = [next(letters) for _ in range(lhs_ndim)]
-  rhs = [''] * rhs_ndim
-  for i, j in zip(lhs_contract, rhs_contract, strict=True):
-    rhs[j] = lhs[i]
-  for i, j in zip(lhs_batch, rhs_batch, strict=True):
-    rhs[j] = lhs[i]
-  rhs = [c or next(letters) for c in rhs]
-  out = [lhs[i] for i in lhs_batch]
-  out += [c for i, c in enumerate(lhs) if i not in lhs_contract and i not in lhs_batch]
-  out += [c for j, c in enumerate(rhs) if j not in rhs_contract and j not in rhs_batch]
-  return f'{"".join(lhs)},{"".join(rhs)}->{"".join(out)}'
-
-
-def _matmul_kwargs(dtype: Dtype, param_dtype: Dtype) -> dict[str, Any]:
-  """Dense/DenseGeneral arguments: a mixed-precision dot for 16-bit dtypes, else flax's."""
-  if not _is_mixed(dtype):
-    return {'dtype': dtype, 'param_dtype': param_dtype}
-
-  def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
-    del precision, preferred_element_type  # float32 accumulation is the point
-    spec = _dot_general_as_einsum(lhs.ndim, rhs.ndim, dimension_numbers)
-    return mixed_einsum(spec, lhs, rhs, dtype)
-
-  # The module itself works in float32 (bias, output); only the dot sees `dtype`.
-  return {'dtype': jnp.float32, 'param_dtype': param_dtype, 'dot_general': dot_general}
-
-
-def _elementwise_dtype(dtype: Dtype) -> Dtype:
-  """Norms, residuals and activations stay float32 on the mixed-precision path."""
-  return jnp.float32 if _is_mixed(dtype) else dtype
-
-
-def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
-  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained)."""
-  return nn.LayerNorm(
-    epsilon=1e-6, dtype=_elementwise_dtype(dtype), param_dtype=param_dtype, name=name
-  )
-
-
-def posemb_sincos_2d(
-  h: int, w: int, width: int, temperature: float = 10_000.0, dtype: Dtype = jnp.float32
-) -> jnp.ndarray:
-  """big_vision's fixed 2-D position embedding (1, h*w, width) for a row-major token grid.
-
-  Per token at (row y, column x): [sin(x w), cos(x w), sin(y w), cos(y w)] with frequencies
-  w_i = temperature^(-i / (width/4 - 1)), i < width/4 (MoCo v3's layout); computed in float32.
-  """
-  if width % 4 or width < 8:
-    raise ValueError(f'sincos2d position embeddings need a width divisible by 4, >= 8: {width}')
-  y, x = jnp.mgrid[:h, :w]
-  quarter = width // 4
-  omega = 1.0 / temperature ** (jnp.arange(quarter, dtype=jnp.float32) / (quarter - 1))
-  y = jnp.einsum('m,d->md', y.reshape(-1).astype(jnp.float32), omega)
-  x = jnp.einsum('m,d->md', x.reshape(-1).astype(jnp.float32), omega)
-  pe = jnp.concatenate([jnp.sin(x), jnp.cos(x), jnp.sin(y), jnp.cos(y)], axis=1)
-  return pe[None].astype(dtype)
-
-
-def corner_aligned_resize_matrix(size_in: int, size_out: int) -> np.ndarray:
-  """(size_out, size_in) matrix of 1-D linear resizing with the end points aligned.
-
-  Output `i` samples input position `i * (size_in - 1) / (size_out - 1)`: the resize of
-  `scipy.ndimage.zoom(order=1)` (`grid_mode=False`), with which the original vit_jax resizes
-  position embeddings when it loads a checkpoint at another resolution.
-  """
-  matrix = np.zeros((size_out, size_in))
-  steps = np.arange(size_out, dtype=np.float64)
-  src = steps * (size_in - 1) / (size_out - 1) if size_out > 1 else steps
-  lo = np.minimum(np.floor(src).astype(int), size_in - 1)
-  hi = np.minimum(lo + 1, size_in - 1)
-  np.add.at(matrix, (np.arange(size_out), lo), 1.0 - (src - lo))
-  np.add.at(matrix, (np.arange(size_out), hi), src - lo)
-  return matrix
-
-
-def resize_posemb_grid(
-  posemb: jnp.ndarray, old_grid: tuple[int, int], new_grid: tuple[int, int], num_prefix: int
-) -> jnp.ndarray:
-  """(1, prefix + old rows*cols, D) -> (1, prefix + new rows*cols, D), prefix rows kept.
-
-  The grid is resized as `checkpoint.resize_posemb` (`scipy.ndimage.zoom(order=1)`) does, but
-  as two small matmuls in float32 at full precision, so it runs under `jax.jit` on any backend.
-  """
-  (gh, gw), (nh, nw) = old_grid, new_grid
-  prefix, grid = posemb[:, :num_prefix], posemb[:, num_prefix:].astype(jnp.float32)
-  grid = grid.reshape(1, gh, gw, grid.shape[-1])
-  rows = jnp.asarray(corner_aligned_resize_matrix(gh, nh), jnp.float32)
-  cols = jnp.asarray(corner_aligned_resize_matrix(gw, nw), jnp.float32)
-  grid = jnp.einsum('oh,bhwd,pw->bopd', rows, grid, cols, precision=jax.lax.Precision.HIGHEST)
-  grid = grid.reshape(1, nh * nw, grid.shape[-1]).astype(posemb.dtype)
-  return jnp.concatenate([prefix, grid], axis=1)
-
-
-class AddPositionEmbs(nn.Module):
-  """Adds a learned position embedding of shape (1, tokens, D) to the inputs.
-
-  By default the embedding has one row per input token (another input size is an error).
-  With `posemb_grid=(rows, cols)` it is stored for that patch grid and resized on the fly to
-  the input's `grid` (`resize_posemb_grid`); the leading prefix (class) rows are kept.
-  """
-
-  param_dtype: Dtype = jnp.float32
-  posemb_grid: tuple[int, int] | None = None
-
-  @nn.compact
-  def __call__(self, x: jnp.ndarray, grid: tuple[int, int] | None = None) -> jnp.ndarray:
-    init = nn.initializers.normal(stddev=0.02)
-    if self.posemb_grid is None:
-      pe = self.param('pos_embedding', init, (1, x.shape[1], x.shape[2]), self.param_dtype)
-      return x + pe.astype(x.dtype)
-    if grid is None:
-      raise ValueError('posemb_grid is set: pass the input token grid (rows, cols)')
-    stored, grid = tuple(self.posemb_grid), tuple(grid)
-    num_prefix = x.shape[1] - grid[0] * grid[1]
-    shape = (1, num_prefix + stored[0] * stored[1], x.shape[2])
-    pe = self.param('pos_embedding', init, shape, self.param_dtype)
-    if grid != stored:
-      pe = resize_posemb_grid(pe, stored, grid, num_prefix)
-    return x + pe.astype(x.dtype)
 
 
 class MlpBlock(nn.Module):
@@ -369,7 +61,7 @@ class MlpBlock(nn.Module):
   def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
     dense = functools.partial(
       nn.Dense,
-      **_matmul_kwargs(self.dtype, self.param_dtype),
+      **precision.matmul_kwargs(self.dtype, self.param_dtype),
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
     )
@@ -378,65 +70,6 @@ class MlpBlock(nn.Module):
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim, name='Dense_1')(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-
-
-class MultiHeadDotProductAttention(nn.Module):
-  """Self-attention in the released layout: q/k/v (D, heads, head_dim), out (heads, head_dim, D).
-
-  `attention_impl='xla'` spells out softmax(q k^T / sqrt(d)) v; `'fused'` calls
-  `fused_attention` (cuDNN flash attention on GPUs where it applies). The
-  fused path has no attention dropout, so training with attention dropout takes the
-  explicit path.
-  """
-
-  num_heads: int
-  dropout_rate: float = 0.0
-  attention_impl: str = 'xla'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(
-    self, x: jnp.ndarray, deterministic: bool, kv: jnp.ndarray | None = None
-  ) -> jnp.ndarray:
-    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`)."""
-    width = x.shape[-1]
-    if width % self.num_heads:
-      raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
-    head_dim = width // self.num_heads
-    dense = functools.partial(
-      nn.DenseGeneral,
-      **_matmul_kwargs(self.dtype, self.param_dtype),
-      kernel_init=nn.initializers.xavier_uniform(),
-    )
-    kv = x if kv is None else kv
-    q, k, v = (
-      dense(features=(self.num_heads, head_dim), name=n)(y)
-      for n, y in (('query', x), ('key', kv), ('value', kv))
-    )  # each (batch, tokens, heads, head_dim)
-
-    use_dropout = not deterministic and self.dropout_rate > 0
-    if self.attention_impl == 'fused' and not use_dropout:
-      if _is_mixed(self.dtype):
-        q, k, v = (t.astype(self.dtype) for t in (q, k, v))
-      y = fused_attention(q, k, v)
-    elif self.attention_impl in ATTENTION_IMPLS:
-      # Heads-major (batch, heads, tokens, head_dim): XLA's batched matmuls run ~2x faster
-      # on CPU with the batch dimensions leading than with heads between the tokens.
-      q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
-      q = q / jnp.sqrt(head_dim).astype(q.dtype)
-      # Applied with mutable=['intermediates'] (attention maps, rollout), the weights are kept.
-      if use_dropout or self.is_mutable_collection('intermediates'):
-        weights = _attention_weights(q, k, self.dtype).astype(v.dtype)
-        self.sow('intermediates', 'attention_weights', weights)
-        weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
-        y = _einsum('bhqk,bhkd->bhqd', weights, v, self.dtype)
-      else:
-        y = attend(q, k, v, self.dtype)
-      y = jnp.swapaxes(y, 1, 2)
-    else:
-      raise ValueError(f'attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}')
-    return dense(features=width, axis=(-2, -1), name='out')(y)
 
 
 class DropPath(nn.Module):
@@ -488,7 +121,7 @@ class Encoder1DBlock(nn.Module):
     norm = functools.partial(
       nn.LayerNorm,
       epsilon=1e-6,
-      dtype=_elementwise_dtype(self.dtype),
+      dtype=precision.elementwise_dtype(self.dtype),
       param_dtype=self.param_dtype,
     )
     y = norm(name='LayerNorm_0')(x)
@@ -533,8 +166,8 @@ class Encoder(nn.Module):
   """Position embedding, `num_layers` blocks, final LayerNorm (`Transformer` in the tree).
 
   `scan_layers=True` runs the blocks as one `nn.scan` over stacked parameters
-  (`encoderblock/...` with a leading layer axis; convert with `stack_encoder_blocks` and
-  `unstack_encoder_blocks`): deep models compile faster, and rematerialisation inside the
+  (`encoderblock/...` with a leading layer axis; convert with `blocks.stack_encoder_blocks`
+  and `blocks.unstack_encoder_blocks`): deep models compile faster, and rematerialisation inside the
   scan frees each block's activations on every backend. Unrolled, XLA on CPU schedules the
   recomputation so that it saves no memory (ViT-L/16: the same compiled memory with and
   without remat).
@@ -582,7 +215,7 @@ class Encoder(nn.Module):
     x, captured = self._blocks(x, train, capture)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
-    return layer_norm('encoder_norm', self.dtype, self.param_dtype)(x), captured
+    return precision.layer_norm('encoder_norm', self.dtype, self.param_dtype)(x), captured
 
   def _blocks(
     self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
@@ -651,7 +284,7 @@ class MAPHead(nn.Module):
       param_dtype=self.param_dtype,
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x)
-    z = layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
+    z = precision.layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
     mlp = MlpBlock(
       self.mlp_dim,
       gelu_approximate=self.gelu_approximate,
@@ -684,20 +317,20 @@ class VisionTransformer(nn.Module):
       covers both) and a second head `head_dist` on it; needs classifier='token'. The output
       is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
       returns the pair (class head, distillation head) for a distillation loss
-      (`vit_jax.losses`). Without a head: the mean of the two tokens' features (with
+      (`vit_jax.train.losses`). Without a head: the mean of the two tokens' features (with
       `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
-      accumulation (forward and backward, `mixed_einsum`); norms, softmax, GELU, residuals
+      accumulation (forward and backward, `precision.mixed_einsum`); norms, softmax, GELU, residuals
       and the patch embedding stay float32, parameters stay in `param_dtype`.
     attention_impl: 'xla' (explicit einsum softmax) or 'fused' (jax.nn.dot_product_attention).
     remat_policy: rematerialise each encoder block: 'none', 'full', 'dots', 'dots_saveable'.
     scan_layers: run the encoder blocks as one `nn.scan` over stacked parameters
       (`Transformer/encoderblock/...`, leading axis = layer). Convert the released layout
-      with `stack_encoder_blocks` (and back with `unstack_encoder_blocks`).
+      with `blocks.stack_encoder_blocks` (and back with `blocks.unstack_encoder_blocks`).
     posemb_grid: None (default): learned position embeddings have one row per input token, so
       the model runs at the size it was initialised at. (rows, cols): they are stored for
-      that patch grid and resized on the fly (`resize_posemb_grid`, the resize that
+      that patch grid and resized on the fly (`posemb.resize_posemb_grid`, the resize that
       `checkpoint.load_pretrained` applies) to the grid of each input, whose sides must be
       multiples of the patch: a model trained at 224 px with 16-px patches, built with
       `posemb_grid=(14, 14)`, applies to 384x384 or 224x320 images unchanged. (sincos2d
@@ -784,7 +417,7 @@ class VisionTransformer(nn.Module):
   def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
     return nn.Dense(
       self.num_classes,
-      **_matmul_kwargs(self.dtype, self.param_dtype),
+      **precision.matmul_kwargs(self.dtype, self.param_dtype),
       kernel_init=nn.initializers.zeros,
       bias_init=nn.initializers.constant(self.head_bias_init),
       name=name,
@@ -803,7 +436,8 @@ class VisionTransformer(nn.Module):
   def _embed_patches(self, inputs: jnp.ndarray) -> jnp.ndarray:
     """NHWC images -> (B, h, w, D) patch embeddings (after the ResNet stem of hybrids)."""
     # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
-    x = inputs.astype(self.dtype if self.resnet is not None else _elementwise_dtype(self.dtype))
+    elementwise = precision.elementwise_dtype(self.dtype)
+    x = inputs.astype(self.dtype if self.resnet is not None else elementwise)
     if self.resnet is not None:
       x = resnet.resnet_stem(
         x, self.resnet['num_layers'], self.resnet['width_factor'], self.dtype, self.param_dtype
@@ -814,7 +448,7 @@ class VisionTransformer(nn.Module):
       kernel_size=patch,
       strides=patch,
       padding='VALID',
-      dtype=_elementwise_dtype(self.dtype),
+      dtype=elementwise,
       param_dtype=self.param_dtype,
       name='embedding',
     )(x)
@@ -828,7 +462,7 @@ class VisionTransformer(nn.Module):
     if self.representation_size is not None:
       x = nn.Dense(
         self.representation_size,
-        **_matmul_kwargs(self.dtype, self.param_dtype),
+        **precision.matmul_kwargs(self.dtype, self.param_dtype),
         name='pre_logits',
       )(x)
       x = jnp.tanh(x)
@@ -880,25 +514,6 @@ class VisionTransformer(nn.Module):
     return features
 
 
-def block_indices(blocks: Sequence[int], num_layers: int) -> tuple[int, ...]:
-  """Block indices (negative ones count from the end) as sorted, distinct, non-negative ones."""
-  if isinstance(blocks, (int, str)) or not blocks:
-    raise ValueError(f'intermediate_blocks={blocks!r}: give a non-empty sequence of block indices')
-  out = set()
-  for i in blocks:
-    if (
-      isinstance(i, bool)
-      or not isinstance(i, (int, np.integer))
-      or not -num_layers <= i < num_layers
-    ):
-      raise ValueError(
-        f'intermediate_blocks: {i!r} is not a block index of a model with {num_layers} blocks'
-        f' (0..{num_layers - 1}, or negative from the end)'
-      )
-    out.add(int(i) % num_layers)
-  return tuple(sorted(out))
-
-
 def _feature_dict(
   embedding: jnp.ndarray, encoded: jnp.ndarray | None, blocks: Mapping[int, jnp.ndarray]
 ) -> dict[str, jnp.ndarray]:
@@ -914,33 +529,3 @@ def _feature_dict(
     if num_prefix:
       features[f'{name}/prefix'] = tokens[:, :num_prefix].astype(jnp.float32)
   return features
-
-
-def _blocks_of(transformer: Mapping[str, Any]) -> list[str]:
-  names = [k for k in transformer if re.fullmatch(r'encoderblock_\d+', k)]
-  return sorted(names, key=lambda k: int(k.rsplit('_', 1)[1]))
-
-
-def stack_encoder_blocks(params: Mapping[str, Any]) -> dict[str, Any]:
-  """Released layout -> `scan_layers=True` layout: `encoderblock_{i}` stacked on axis 0."""
-  transformer = dict(params['Transformer'])
-  if 'encoderblock' in transformer:
-    raise ValueError('params are already stacked (Transformer/encoderblock exists)')
-  names = _blocks_of(transformer)
-  if [int(n.rsplit('_', 1)[1]) for n in names] != list(range(len(names))) or not names:
-    raise ValueError(f'expected Transformer/encoderblock_0..N-1; found {names}')
-  blocks = [transformer.pop(n) for n in names]
-  transformer['encoderblock'] = jax.tree.map(lambda *xs: jnp.stack(xs), *blocks)
-  return {**params, 'Transformer': transformer}
-
-
-def unstack_encoder_blocks(params: Mapping[str, Any]) -> dict[str, Any]:
-  """`scan_layers=True` layout -> the released layout with `encoderblock_{i}`."""
-  transformer = dict(params['Transformer'])
-  if 'encoderblock' not in transformer:
-    raise ValueError('params are not stacked (no Transformer/encoderblock)')
-  stacked = transformer.pop('encoderblock')
-  num_layers = jax.tree.leaves(stacked)[0].shape[0]
-  for i in range(num_layers):
-    transformer[f'encoderblock_{i}'] = jax.tree.map(lambda x, i=i: x[i], stacked)
-  return {**params, 'Transformer': transformer}

@@ -30,8 +30,9 @@ from absl import logging
 from clu import metric_writers, periodic_actions, profiler
 
 from vit_jax import data as data_lib
-from vit_jax import distributed, events, files, rundir
+from vit_jax import distributed, files, rundir
 from vit_jax.evals import common as evals_common
+from vit_jax.train import events
 from vit_jax.train import state as state_lib
 
 

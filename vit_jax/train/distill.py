@@ -3,7 +3,7 @@
 `load` fits the teacher's checkpoint (`vit_jax.checkpoint.fit`: any format, any registered
 architecture, or the one its shapes describe) and checks it against the run; `logits` runs it in
 inference mode on the student's batch, resized to the teacher's resolution where it differs;
-`loss` is `vit_jax.losses`' hard or soft distillation loss per example. The teacher's
+`loss` is `vit_jax.train.losses`' hard or soft distillation loss per example. The teacher's
 parameters are an input of the compiled step, placed on the mesh by the student's sharding
 rules: they are not trained, not in the optimizer state and not in checkpoints (a resumed run
 reads them again from the same file). Nothing here imports TensorFlow.
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import losses, parallel
+from vit_jax import parallel
+from vit_jax.train import losses
 from vit_jax.train import spec as spec_lib
 
 

@@ -31,6 +31,7 @@ from vit_jax.data import spec as data_spec
 from vit_jax.data.spec import Data
 from vit_jax.evals import spec as evals_spec
 from vit_jax.evals.spec import Evals
+from vit_jax.optim import Optim  # the optimizer section, defined beside the optimizer
 
 DTYPES = ('float32', 'bfloat16')
 LOSSES = ('softmax_xent', 'sigmoid_xent')
@@ -70,29 +71,6 @@ class Init:
   pretrained_path: str = ''
   # AugReg: a model ('B_16', best i21k checkpoint by index.csv) or a full file name.
   model_or_filename: str = ''
-
-
-@dataclasses.dataclass(frozen=True)
-class Optim:
-  """The optimizer and the learning-rate schedule (vit_jax/optim.py)."""
-
-  # 'sgd' (momentum) for fine-tuning, 'adam' for pretraining.
-  optimizer: str = 'sgd'
-  momentum: float = 0.9
-  b1: float = 0.9
-  b2: float = 0.999
-  # Decoupled weight decay (AdamW convention, see vit_jax/optim.py) on `weight_decay_pattern`.
-  weight_decay: float = 0.0
-  weight_decay_pattern: str = r'.*/kernel'
-  # Clip gradients to this global norm (0 = no clipping).
-  grad_norm_clip: float = 1.0
-  # dtype of the first moment (SGD momentum, Adam mu): 'float32' or 'bfloat16'.
-  optim_dtype: str = 'float32'
-  base_lr: float = 0.03
-  # 'cosine', 'linear' (to `linear_end`) or 'constant', after `warmup_steps` of linear warmup.
-  decay_type: str = 'cosine'
-  warmup_steps: int = 500
-  linear_end: float = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from absl import flags
 from PIL import Image
 
 from vit_jax import files
@@ -380,34 +381,42 @@ def _size(text: str) -> tuple[int, int]:
   return int(w), int(h)
 
 
-def define_flags() -> None:
-  from absl import flags
-
-  flags.DEFINE_bool('pipeline', True, 'the input pipeline benchmark (this mode)')
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The `--pipeline` mode's flags, on `flag_values` (defined at program start)."""
+  fv = flag_values
+  flags.DEFINE_bool('pipeline', True, 'the input pipeline benchmark (this mode)', flag_values=fv)
   default_dir = os.path.join(tempfile.gettempdir(), 'vit_jax_pipeline_benchmark')
-  flags.DEFINE_string('pipeline_dir', default_dir, 'where the synthetic JPEG folders are kept')
-  flags.DEFINE_list('sources', list(SOURCES), f'of {list(SOURCES)}')
-  flags.DEFINE_list('modes', list(MODES), f'of {list(MODES)}')
-  flags.DEFINE_list('crops', ['224', '384'], 'output sizes in pixels')
-  flags.DEFINE_list('threads', ['1', '2'], 'thread counts (0: the cores this process may use)')
-  flags.DEFINE_list('decode', ['window', 'whole'], 'JPEG training: crop window or whole image')
-  flags.DEFINE_integer('images', 2048, 'JPEGs in the throughput folder')
-  flags.DEFINE_string('image_size', '500x375', 'their size, WxH')
-  flags.DEFINE_integer('batch', 64, 'images per batch')
-  flags.DEFINE_integer('measure_images', 1024, 'images timed per variant and round')
-  flags.DEFINE_integer('rounds', 2, 'interleaved rounds')
-  flags.DEFINE_bool('resume', True, 'measure the resume cost')
-  flags.DEFINE_integer('resume_images', 20_000, 'JPEGs in the resume-cost folder')
-  flags.DEFINE_string('resume_size', '64x48', 'their size, WxH')
-  flags.DEFINE_bool('resume_check', True, 'check resumed batches against an uninterrupted run')
-  flags.DEFINE_multi_string('model_json', [], 'vit_jax.benchmark --json files (training rows)')
-  flags.DEFINE_string('json', None, 'write the results here (JSON)')
+  flags.DEFINE_string(
+    'pipeline_dir', default_dir, 'where the synthetic JPEG folders are kept', flag_values=fv
+  )
+  flags.DEFINE_list('sources', list(SOURCES), f'of {list(SOURCES)}', flag_values=fv)
+  flags.DEFINE_list('modes', list(MODES), f'of {list(MODES)}', flag_values=fv)
+  flags.DEFINE_list('crops', ['224', '384'], 'output sizes in pixels', flag_values=fv)
+  flags.DEFINE_list(
+    'threads', ['1', '2'], 'thread counts (0: the cores this process may use)', flag_values=fv
+  )
+  flags.DEFINE_list(
+    'decode', ['window', 'whole'], 'JPEG training: crop window or whole image', flag_values=fv
+  )
+  flags.DEFINE_integer('images', 2048, 'JPEGs in the throughput folder', flag_values=fv)
+  flags.DEFINE_string('image_size', '500x375', 'their size, WxH', flag_values=fv)
+  flags.DEFINE_integer('batch', 64, 'images per batch', flag_values=fv)
+  flags.DEFINE_integer('measure_images', 1024, 'images timed per variant and round', flag_values=fv)
+  flags.DEFINE_integer('rounds', 2, 'interleaved rounds', flag_values=fv)
+  flags.DEFINE_bool('resume', True, 'measure the resume cost', flag_values=fv)
+  flags.DEFINE_integer('resume_images', 20_000, 'JPEGs in the resume-cost folder', flag_values=fv)
+  flags.DEFINE_string('resume_size', '64x48', 'their size, WxH', flag_values=fv)
+  flags.DEFINE_bool(
+    'resume_check', True, 'check resumed batches against an uninterrupted run', flag_values=fv
+  )
+  flags.DEFINE_multi_string(
+    'model_json', [], 'vit_jax.benchmark --json files (training rows)', flag_values=fv
+  )
+  flags.DEFINE_string('json', None, 'write the results here (JSON)', flag_values=fv)
 
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  from absl import flags
-
   f = flags.FLAGS
   threads = [int(t) or pipeline.default_threads() for t in f.threads]
   result = run_pipeline_benchmark(
