@@ -66,6 +66,10 @@ def _flag_names(entry: cli.EntryPoint) -> set[str]:
   return set(flag_values)
 
 
+def _pip(*args: str | Path) -> None:
+  subprocess.run([sys.executable, '-m', 'pip', *args], check=True, capture_output=True, timeout=300)
+
+
 # The scripts whose `--help` imports no JAX (the others take 3-10 s each to start): run from
 # the installed wheel. Every entry point's flags are checked in-process below.
 LIGHT_SCRIPTS = ('vit-train', 'vit-reproduce')
@@ -74,12 +78,7 @@ LIGHT_SCRIPTS = ('vit-train', 'vit-reproduce')
 def _installed_scripts(wheel: Path, tmp_path: Path) -> dict[str, str]:
   """Installs the wheel alone into a folder; its console scripts' `--help` (the light ones)."""
   target = tmp_path / 'installed'
-  subprocess.run(
-    [sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-index', '-t', target, wheel],
-    check=True,
-    capture_output=True,
-    timeout=300,
-  )
+  _pip('install', '--no-deps', '--no-index', '-t', target, wheel)
   for script, entry in _scripts().items():  # pip's wrapper imports the declared function
     module, function = entry.split(':')
     assert f'from {module} import {function}' in (target / 'bin' / script).read_text()
@@ -129,12 +128,7 @@ def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
   for name in ('pyproject.toml', 'README.md'):
     shutil.copy(REPO / name, source / name)
   dist = tmp_path / 'dist'
-  subprocess.run(
-    [sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '-w', dist, source],
-    check=True,
-    capture_output=True,
-    timeout=300,
-  )
+  _pip('wheel', '--no-deps', '--no-build-isolation', '-w', dist, source)
   (wheel,) = dist.glob('vit_jax-*.whl')
   shipped = {n for n in zipfile.ZipFile(wheel).namelist() if n.endswith('.py')}
   expected = {
