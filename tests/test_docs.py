@@ -429,40 +429,22 @@ def pin_problems(root: Path) -> list[str]:
 
 
 # --- Entry points' flags ----------------------------------------------------------------------
-# `_entry_point_flags` is the one place that knows where an entry point's flags are defined.
-# Today they are absl DEFINE_* calls in its source, some run at import and some in a function,
-# and importing the entry modules into one process collides (vit_jax.main and
-# vit_jax.reproduce both define --config and --workdir on absl's global FLAGS), so it reads the
-# calls off the source. A registry of the entry points' `define_flags(FlagValues)` replaces it;
-# `flag_problems` takes any such mapping.
-
-_ENTRY_SOURCES = {
-  'vit_jax.main': ('vit_jax/main.py',),
-  'vit_jax.convert': ('vit_jax/convert.py',),
-  'vit_jax.predict': ('vit_jax/predict.py',),
-  'vit_jax.visualize': ('vit_jax/visualize.py',),
-  'vit_jax.benchmark': ('vit_jax/benchmark.py', 'vit_jax/data/benchmark.py'),  # --pipeline
-  'vit_jax.reproduce': ('vit_jax/reproduce/__main__.py',),
-  'vit_jax.models': ('vit_jax/models/__main__.py',),
-}
+# Each entry point defines its flags in `define_flags(FlagValues)` (vit_jax.cli.ENTRY_POINTS),
+# so all of them can be defined, each on a fresh FlagValues, in this one process; absl.app adds
+# its own to every program.
 _ABSL_FLAGS = {'help', 'helpshort', 'helpfull', 'helpxml', 'flagfile', 'undefok', 'verbosity', 'v'}
 
 
 def _entry_point_flags() -> dict[str, set[str]]:
-  """Each entry point's flag names: the first argument of each DEFINE_* call in its source."""
+  """Each `python -m` module's flag names (the flags of all its modes: `--pipeline`)."""
+  from vit_jax import cli
 
-  def defined(path: str) -> set[str]:
-    calls = [n for n in ast.walk(ast.parse((ROOT / path).read_text())) if isinstance(n, ast.Call)]
-    name = lambda c: getattr(c.func, 'attr', getattr(c.func, 'id', ''))
-    return {
-      c.args[0].value
-      for c in calls
-      if (name(c).startswith('DEFINE_') or name(c) == 'define_config_flag')
-      and c.args
-      and isinstance(c.args[0], ast.Constant)
-    }
-
-  return {m: _ABSL_FLAGS | set().union(*map(defined, s)) for m, s in _ENTRY_SOURCES.items()}
+  names: dict[str, set[str]] = {}
+  for entry in cli.ENTRY_POINTS:
+    flag_values = flags.FlagValues()
+    entry.define_flags(flag_values)
+    names.setdefault(entry.module, set(_ABSL_FLAGS)).update(flag_values)
+  return names
 
 
 def flag_problems(root: Path, entry_flags: Mapping[str, set[str]]) -> list[str]:

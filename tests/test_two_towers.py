@@ -13,8 +13,9 @@ from conftest import randomize
 from jax.sharding import PartitionSpec as P
 from numpy_models import l2_normalize, text_transformer, vit
 
-from vit_jax import checkpoint, convert, parallel, predict
+from vit_jax import checkpoint, parallel
 from vit_jax.checkpoint import tree, two_towers
+from vit_jax.cli import convert, predict
 from vit_jax.models import (
   MODEL_CONFIGS,
   TWO_TOWER_CONFIGS,
