@@ -467,6 +467,60 @@ def flag_problems(root: Path, entry_flags: Mapping[str, set[str]]) -> list[str]:
   return problems
 
 
+# --- Names of the code ------------------------------------------------------------------------
+# A file of the repository or a dotted name of the package, written in a page, exists: a module
+# that moves or a function renamed fails here instead of misleading a reader.
+
+_FILE = re.compile(r'(?<![\w/.-])((?:vit_jax|configs|tests|launch|notebooks|docs)/[\w/.-]*\w)')
+_DOTTED = re.compile(r'(?<![\w.])(vit_jax(?:\.\w+)+)')
+_FROM_IMPORT = re.compile(r'^\s*from (vit_jax[\w.]*) import ([\w, ]+)$', re.M)
+
+
+def _placeholder(name: str) -> bool:
+  return any(PLACEHOLDER.match(part) for part in re.split(r'[/.]', name))
+
+
+def _resolves(dotted: str) -> bool:
+  """`vit_jax.a.b.c`: the longest importable module prefix, then attributes."""
+  import importlib
+
+  parts = dotted.split('.')
+  for i in range(len(parts), 0, -1):
+    try:
+      value = importlib.import_module('.'.join(parts[:i]))
+    except ImportError:
+      continue
+    for attr in parts[i:]:
+      if not hasattr(value, attr):
+        return False
+      value = getattr(value, attr)
+    return True
+  return False
+
+
+def name_problems(root: Path) -> list[str]:
+  """Every repository file and `vit_jax.*` name a page writes in code exists."""
+  problems = []
+  for page in pages(root):
+    code = [(_line_of(page.prose, m.start()), m.group()) for m in _CODE_SPAN.finditer(page.prose)]
+    code += [(block.line, '\n'.join(block.lines)) for block in page.blocks]
+    for line, snippet in code:
+      where = f'{page.path}:{line}'
+      for path in _FILE.findall(snippet):
+        path = path.rstrip('.')
+        if not _placeholder(path) and not (root / path).exists() and path not in PENDING_PAGES:
+          problems.append(f'{where}: no file {path}')
+      names = _DOTTED.findall(snippet)
+      for module, imported in _FROM_IMPORT.findall(snippet):
+        names += [
+          f'{module}.{n.split(" as ")[0].strip()}' for n in imported.split(',') if n.strip()
+        ]
+      for name in names:
+        if not _placeholder(name) and not _resolves(name):
+          problems.append(f'{where}: no {name}')
+  return problems
+
+
 # --- The checks on the manual -----------------------------------------------------------------
 
 
@@ -494,6 +548,10 @@ def test_the_readme_first_screen_needs_no_download():
 
 def test_every_jax_version_in_a_command_is_the_pinned_one():
   assert pin_problems(ROOT) == []
+
+
+def test_every_file_and_name_of_the_code_exists():
+  assert name_problems(ROOT) == []
 
 
 def test_every_entry_point_command_names_its_flags():
@@ -634,4 +692,18 @@ def test_an_unknown_entry_point_or_flag_is_reported(copy):
     f'{mine[0]}python -m vit_jax.main has no flag --verbosity',
     f'{mine[1]}python -m vit_jax.predict has no flag --json',
     f'{mine[1]}python -m vit_jax.predict has no flag --nojson',
+  ]
+
+
+def test_a_moved_module_or_a_renamed_function_is_reported(copy):
+  n = _append(
+    copy / 'docs' / 'models.md',
+    'The losses live in `vit_jax/losses.py` (`vit_jax.train.losses.soft_distillation_loss`, and\n'
+    '`vit_jax.models.vit.no_such_function`).\n'
+    '```python\nfrom vit_jax.train import losses, no_such_module\n```',
+  )
+  assert name_problems(copy) == [
+    f'docs/models.md:{n}: no file vit_jax/losses.py',
+    f'docs/models.md:{n + 1}: no vit_jax.models.vit.no_such_function',
+    f'docs/models.md:{n + 2}: no vit_jax.train.no_such_module',
   ]
