@@ -563,7 +563,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   code = started[0][0].wait(timeout=RUN_TIMEOUT_S)
   waited = time.monotonic() - killed
   assert code == 1, started[0][1]()
-  # The bound: the peer watch's timeout and one poll period (docs/multihost.md), plus slack for 2 cores.
+  # The bound: the peer watch's timeout and one poll period (docs/multihost.md), plus slack for
+  # 2 cores.
   assert waited < PEER_TIMEOUT_S * 1.1 + 15, waited
   assert _error_lines(started[0][1]()) == [
     f'Error: Process 0: process 1 of 2 has been silent for {PEER_TIMEOUT_S} s (killed, hung, '
