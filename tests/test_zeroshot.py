@@ -2,6 +2,9 @@
 towers (tests/numpy_models.py) on a tiny LiT file in the released layout, the evaluator on
 digits over 8 devices, the prompt data, and the command line with its one-line errors."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -9,9 +12,11 @@ import numpy as np
 import pytest
 from conftest import randomize
 from numpy_models import l2_normalize, text_transformer, vit
+from PIL import Image
 
 from vit_jax import checkpoint, parallel, text
 from vit_jax import data as data_lib
+from vit_jax.cli import zeroshot as zeroshot_cli
 from vit_jax.data import spec as data_spec
 from vit_jax.evals import common, prompts, zeroshot
 from vit_jax.evals import spec as evals_spec
@@ -166,3 +171,121 @@ def test_prompt_data_is_clips():
   assert prompts.class_names('cifar10', ['Air_plane']) == ['air plane']
   with pytest.raises(ValueError, match="'no placeholder': not a set"):
     prompts.templates(['no placeholder'])
+
+
+# ----------------------------------------------------------------------------------------
+# The command line.
+# ----------------------------------------------------------------------------------------
+
+
+def _write_images(directory: Path, n: int, seed=0) -> list[Path]:
+  """PNGs at the model's size, so the resize is the identity and the preprocessing is
+  x / 255 * 2 - 1 exactly."""
+  rng = np.random.default_rng(seed)
+  directory.mkdir(parents=True, exist_ok=True)
+  paths = []
+  for i in range(n):
+    paths.append(directory / f'{i}.png')
+    Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)).save(paths[-1])
+  return paths
+
+
+def _numpy_scores(flat, paths, names, templates):
+  tokenizer = text.get_tokenizer('sentencepiece', SP_MODEL, LEN)
+  zcls = numpy_class_embeddings(flat, tokenizer, names, templates)
+  pixels = np.stack([np.asarray(Image.open(p), np.float64) / 255 * 2 - 1 for p in paths])
+  return np.exp(2.0) * l2_normalize(vit(_tower(flat, 'img/'), pixels)) @ zcls.T
+
+
+def test_command_prints_classes_and_probabilities_of_the_numpy_towers(lit, tmp_path):
+  """`python -m vit_jax.zeroshot` on a released-layout file with its `.model` beside it:
+  each image's classes and LiT probabilities (softmax of exp(t) cos), an unreadable image a
+  one-line error while the others are still classified."""
+  path, flat, _ = lit
+  images = _write_images(tmp_path / 'images', 3)
+  (tmp_path / 'broken.jpg').write_bytes(b'not an image')
+  args = [f'--checkpoint={path}', '--classes=cat,dog,boat', '--templates=a photo of a {};{}']
+  args += ['--json', '--top_k=3', f'--cache_dir={tmp_path / "cache"}']
+  run = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'vit_jax.zeroshot',
+      *args,
+      *map(str, images),
+      str(tmp_path / 'broken.jpg'),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert run.returncode == 1, run.stderr
+  errors = [line for line in run.stderr.splitlines() if line.startswith('error:')]
+  broken = tmp_path / 'broken.jpg'
+  assert errors == [
+    f'error: {broken}: cannot read image (cannot identify image file {str(broken)!r})'
+  ]
+  out = json.loads(run.stdout)
+  assert out['probabilities'] == 'softmax' and out['classes'] == 3
+  scores = _numpy_scores(flat, images, ['cat', 'dog', 'boat'], ['a photo of a {}', '{}'])
+  probs = np.exp(scores - scores.max(1, keepdims=True))
+  probs /= probs.sum(1, keepdims=True)
+  for row, want in zip(out['predictions'], probs, strict=True):
+    order = np.argsort(-want)
+    assert [c['class'] for c in row['top_k']] == [['cat', 'dog', 'boat'][i] for i in order]
+    np.testing.assert_allclose([c['probability'] for c in row['top_k']], want[order], atol=1e-5)
+
+
+def test_command_accuracy_on_an_image_folder_and_the_cache(lit, tmp_path, capsys):
+  """--dataset=FOLDER: top-1 over its test split equals the numpy towers'; a second run reads
+  the class embeddings from the cache and prints the same."""
+  path, flat, _ = lit
+  names = ['apple', 'bridge', 'cloud']
+  paths = [p for i, c in enumerate(names) for p in _write_images(tmp_path / 'd/test' / c, 6, i)]
+  for c in names:  # the classes are the training split's folders
+    (tmp_path / 'd/train' / c).mkdir(parents=True)
+  options = {'json': True, 'cache_dir': str(tmp_path / 'cache')}
+  folder = str(tmp_path / 'd')
+  assert zeroshot_cli.run(str(path), [], templates='{}', dataset=folder, options=options) == 0
+  first = json.loads(capsys.readouterr().out)
+  scores = _numpy_scores(flat, paths, names, ['{}'])
+  labels = np.repeat(np.arange(3), 6)
+  assert first['count'] == 18
+  assert first['accuracy'] == pytest.approx(np.mean(np.argmax(scores, 1) == labels), abs=1e-12)
+  options['json'] = False
+  assert zeroshot_cli.run(str(path), [], templates='{}', dataset=folder, options=options) == 0
+  second = capsys.readouterr().out
+  assert '(class embeddings from the cache)' in second
+  assert f'zero-shot top-1 {first["accuracy"]:.4f} on 18 images' in second
+
+
+def test_command_errors_are_one_line(lit, tmp_path, capsys):
+  path, _, fitted = lit
+  image = str(_write_images(tmp_path / 'images', 1)[0])
+  alone = tmp_path / 'alone' / 'LiT-L16S.npz'  # no vocabulary beside it
+  alone.parent.mkdir()
+  alone.write_bytes(path.read_bytes())
+  vit_file = tmp_path / 'vit.npz'
+  checkpoint.save_npz(fitted.params['img'], vit_file)
+  no_cache = {'cache_dir': ''}
+  cases = [
+    (
+      str(alone),
+      {},
+      f'no tokenizer vocabulary beside the checkpoint: expected {alone.with_suffix(".model")}',
+    ),
+    (str(path), {'vocab': str(DATA / 'bert_vocab.txt')}, 'not a sentencepiece model'),
+    (
+      str(path),
+      {'vocab': str(DATA / 'sp_bpe.model')},
+      '1200 pieces, but the text tower embeds 818',
+    ),
+    (str(vit_file), {}, 'not an image-text (LiT, SigLIP) checkpoint'),
+  ]
+  for ckpt_path, options, message in cases:
+    assert zeroshot_cli.run(ckpt_path, [image], classes='a,b', options=options | no_cache) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and message in err, err
+  status = zeroshot_cli.run(str(path), [], dataset='no_such_dataset_xyz', options=no_cache)
+  err = capsys.readouterr().err
+  assert status == 2 and err.count('\n') == 1 and 'no_such_dataset_xyz' in err, err
