@@ -289,3 +289,27 @@ def test_command_errors_are_one_line(lit, tmp_path, capsys):
   status = zeroshot_cli.run(str(path), [], dataset='no_such_dataset_xyz', options=no_cache)
   err = capsys.readouterr().err
   assert status == 2 and err.count('\n') == 1 and 'no_such_dataset_xyz' in err, err
+
+
+def test_report_puts_a_zero_shot_run_beside_the_lit_model_card(tmp_path):
+  """`--out` writes a run folder; `vit_jax.reproduce report` puts its zero-shot top-1 beside
+  the model card's (LiT-B16B_2 CIFAR-100: 79.0%), named after the released file."""
+  from vit_jax.reproduce import report
+
+  directory = tmp_path / 'released'
+  directory.mkdir()
+  path = write_lit_file(directory, 'LiT-B16B_2')
+  loaded = zeroshot_cli.load(str(path))
+  result = {'dataset': 'cifar100', 'split': 'test', 'accuracy': 0.7512, 'count': 10_000}
+  zeroshot_cli.write_run(str(tmp_path / 'runs/b16b2_c100'), str(path), loaded, result)
+  rows, _, text = report.report([str(tmp_path / 'runs')])
+  assert len(rows) == 1
+  row = rows[0]
+  assert (row.model, row.pretrain, row.dataset) == (
+    'LiT-B16B_2',
+    'cc12m+yfcc100m',
+    'zeroshot/cifar100',
+  )
+  assert (row.ours, row.source, row.paper) == (pytest.approx(75.12), 'LiT model card', 79.0)
+  assert row.note == 'not like for like: ours 32 px; paper 224 px'  # the tiny towers' size
+  assert '| LiT-B16B_2 | cc12m+yfcc100m | CIFAR-100 zero-shot |' in text

@@ -3,12 +3,14 @@
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --classes=cat,dog,boat [--top_k 3] \
       [--templates=clip_best] [--json] IMAGE...
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --dataset=cifar100 [--split=test] \
-      [--limit=N] [--json]
+      [--limit=N] [--json] [--out=RUN_DIR]
 
 The first prints each image's top-k classes with probabilities: LiT's softmax over the classes
 of exp(t) times the cosine similarities, SigLIP's sigmoid(exp(t) * similarity + b) of each
 class alone (they need not sum to 1). The second prints the top-1 accuracy over a split of a
-tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'.
+tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'; with `--out` it
+also writes a run folder that `python -m vit_jax.reproduce report` puts beside the LiT model
+card's number.
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
 for a BERT tower, `NAME.model` for a sentencepiece one), or from `--vocab` (a SigLIP file's
@@ -193,6 +195,25 @@ def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, 
   return zeroshot.accuracy(zimg, labels, zcls), len(labels)
 
 
+def write_run(out: str, checkpoint: str, loaded: Loaded, result: dict[str, Any]) -> None:
+  """A run directory for `python -m vit_jax.reproduce report`: config.json (the model, the
+  dataset, the checkpoint, no training steps) and one metrics line `zeroshot/<dataset>`."""
+  from vit_jax import rundir
+
+  name = os.path.basename(str(checkpoint)).removesuffix('.npz')
+  config = {
+    'model_name': name,
+    'dataset': result['dataset'],
+    'pretrained_path': str(checkpoint),
+    'pp': {'crop': loaded.size, 'test': result['split'], 'train': ''},
+    'total_steps': 0,
+  }
+  files.path(out).mkdir(parents=True, exist_ok=True)
+  rundir.write_config(out, config, {})
+  line = {'step': 0, f'zeroshot/{result["dataset"]}': result['accuracy'], 'count': result['count']}
+  files.atomic_write_text(files.join(out, rundir.METRICS_FILE), json.dumps(line) + '\n')
+
+
 def _print_predictions(good, probs, names, k, loaded, as_json, errors) -> None:
   k = min(k, len(names))
   top = np.argsort(-probs, axis=1, kind='stable')[:, :k]
@@ -219,12 +240,13 @@ def run(
   options: dict[str, Any] | None = None,
 ) -> int:
   """The command line's work; returns the exit status. `options`: vocab, split, limit,
-  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir."""
+  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out."""
   from vit_jax import data as data_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
-  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None} | (options or {})
+  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': ''}
+  o |= options or {}
   try:
     if bool(images) == bool(dataset):
       raise ValueError('give image files (with --classes) or --dataset, not both nor neither')
@@ -253,6 +275,8 @@ def run(
   if source:
     result = {'model': loaded.name, 'dataset': dataset, 'split': o['split'], 'count': count}
     result['accuracy'] = accuracy
+    if o['out']:
+      write_run(o['out'], checkpoint, loaded, result)
     print(json.dumps(result) if o['json'] else f'zero-shot top-1 {accuracy:.4f} on {count} images')
     return 0
   good, probs, errors = classify_files(loaded, zcls, images, o['batch_size'])
@@ -275,6 +299,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('split', 'test', 'The split of --dataset.', flag_values=fv)
   flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
   flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
+  flags.DEFINE_string(
+    'out', '', 'With --dataset: write the result as a run folder for the report.', flag_values=fv
+  )
   flags.DEFINE_integer('top_k', 5, 'How many classes to show per image.', flag_values=fv)
   flags.DEFINE_bool('json', False, 'Print JSON instead of text.', flag_values=fv)
   flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.', flag_values=fv)
@@ -293,7 +320,7 @@ def main(argv: Sequence[str]) -> None:
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'canonicalize', 'cache_dir')
-  options = {k: f[k].value for k in (*keys, 'tfds_data_dir')}
+  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out')}
   sys.exit(run(f.checkpoint, argv[1:], f.classes, f.templates, f.dataset, options))
 
 
