@@ -144,6 +144,7 @@ def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
     'vit_jax/main.py',
     'vit_jax/cli/train.py',
   } <= shipped
+  assert 'vit_jax/evals/prompts.json' in zipfile.ZipFile(wheel).namelist()  # package data
   (entry_points,) = (n for n in zipfile.ZipFile(wheel).namelist() if n.endswith('entry_points.txt'))
   parser = configparser.ConfigParser()
   parser.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
