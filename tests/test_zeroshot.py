@@ -313,3 +313,33 @@ def test_report_puts_a_zero_shot_run_beside_the_lit_model_card(tmp_path):
   assert (row.ours, row.source, row.paper) == (pytest.approx(75.12), 'LiT model card', 79.0)
   assert row.note == 'not like for like: ours 32 px; paper 224 px'  # the tiny towers' size
   assert '| LiT-B16B_2 | cc12m+yfcc100m | CIFAR-100 zero-shot |' in text
+
+
+def test_command_on_a_siglip_tree_gives_sigmoid_probabilities(tmp_path, capsys):
+  """A file with SigLIP's bias `b`: the tokenizer takes big_vision's options (sticky </s>,
+  padding 1, lower case) and each class's probability is sigmoid(exp(t) cos + b)."""
+  config = tiny_lit_config()
+  config.bias_init, config.temperature_init = -10.0, 10.0
+  model = model_from_config(config)
+  params = randomize(stats.param_shapes(model, SIZE, LEN), seed=3)
+  params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
+  path = tmp_path / 'siglip.npz'
+  checkpoint.save_npz(params, path)
+  images = _write_images(tmp_path / 'images', 2, seed=5)
+  options = {'vocab': str(SP_MODEL), 'json': True, 'cache_dir': '', 'canonicalize': False}
+  status = zeroshot_cli.run(str(path), list(map(str, images)), 'Cat,Dog', '{}', options=options)
+  assert status == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out['probabilities'] == 'sigmoid'
+  with np.load(path) as f:
+    flat = {k: np.float64(f[k]) for k in f.files}
+  options = {'eos': 'sticky', 'pad_value': 1, 'lower': True}  # SigLIP's, from the file's `b`
+  tokenizer = text.get_tokenizer('sentencepiece', SP_MODEL, LEN, **options)
+  assert (tokenizer(['Cat']) != text.get_tokenizer('sentencepiece', SP_MODEL, LEN)(['Cat'])).any()
+  zcls = numpy_class_embeddings(flat, tokenizer, ['Cat', 'Dog'], ['{}'])
+  pixels = np.stack([np.asarray(Image.open(p), np.float64) / 255 * 2 - 1 for p in images])
+  cos = l2_normalize(vit(_tower(flat, 'img/'), pixels)) @ zcls.T
+  want = 1 / (1 + np.exp(-(np.exp(1.5) * cos - 2.0)))
+  for row, probs in zip(out['predictions'], want, strict=True):
+    got = {c['class']: c['probability'] for c in row['top_k']}
+    np.testing.assert_allclose([got['Cat'], got['Dog']], probs, atol=1e-5)
