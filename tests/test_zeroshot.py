@@ -343,3 +343,28 @@ def test_command_on_a_siglip_tree_gives_sigmoid_probabilities(tmp_path, capsys):
   for row, probs in zip(out['predictions'], want, strict=True):
     got = {c['class']: c['probability'] for c in row['top_k']}
     np.testing.assert_allclose([got['Cat'], got['Dog']], probs, atol=1e-5)
+
+
+def test_command_retrieval_over_a_captions_file(lit, tmp_path, capsys):
+  """--captions: recall@k of the model's embeddings equals `recalls` on the numpy towers'
+  embeddings (recalls itself is checked against a loop in test_retrieval.py)."""
+  from vit_jax.evals import retrieval
+
+  path, flat, _ = lit
+  images = _write_images(tmp_path / 'pairs', 4, seed=7)
+  captions = ['a red cat', 'a cat on a mat', 'the dog', 'a boat at sea', 'two trees', 'a tree']
+  owners = [0, 0, 1, 2, 3, 3]
+  lines = [f'pairs/{images[o].name}\t{c}' for o, c in zip(owners, captions, strict=True)]
+  (tmp_path / 'captions.tsv').write_text('\n'.join(lines) + '\n')
+  options = {'captions': str(tmp_path / 'captions.tsv'), 'json': True}
+  assert zeroshot_cli.run(str(path), [], options=options) == 0
+  got = json.loads(capsys.readouterr().out)
+  tokenizer = text.get_tokenizer('sentencepiece', SP_MODEL, LEN)
+  ztxt = l2_normalize(text_transformer(_tower(flat, 'txt/'), tokenizer(captions)))
+  pixels = np.stack([np.asarray(Image.open(p), np.float64) / 255 * 2 - 1 for p in images])
+  zimg = l2_normalize(vit(_tower(flat, 'img/'), pixels))
+  want = retrieval.recalls(zimg, ztxt, owners)
+  assert {k: got[k] for k in want} == want
+  (tmp_path / 'bad.tsv').write_text('no tab here\n')
+  assert zeroshot_cli.run(str(path), [], options={'captions': str(tmp_path / 'bad.tsv')}) == 2
+  assert capsys.readouterr().err == f'error: {tmp_path / "bad.tsv"}:1: expected IMAGE<TAB>CAPTION\n'

@@ -4,13 +4,15 @@
       [--templates=clip_best] [--json] IMAGE...
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --dataset=cifar100 [--split=test] \
       [--limit=N] [--json] [--out=RUN_DIR]
+  python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --captions=captions.tsv [--json]
 
 The first prints each image's top-k classes with probabilities: LiT's softmax over the classes
 of exp(t) times the cosine similarities, SigLIP's sigmoid(exp(t) * similarity + b) of each
 class alone (they need not sum to 1). The second prints the top-1 accuracy over a split of a
 tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'; with `--out` it
 also writes a run folder that `python -m vit_jax.reproduce report` puts beside the LiT model
-card's number.
+card's number. The third prints image-to-text and text-to-image recall@1/5/10
+(`vit_jax.evals.retrieval`) over `IMAGE<TAB>CAPTION` lines (an image may have several).
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
 for a BERT tower, `NAME.model` for a sentencepiece one), or from `--vocab` (a SigLIP file's
@@ -195,6 +197,48 @@ def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, 
   return zeroshot.accuracy(zimg, labels, zcls), len(labels)
 
 
+def read_captions(path: str) -> tuple[list[str], list[str], np.ndarray]:
+  """A captions file, `IMAGE<TAB>CAPTION` a line (an image on several lines has several
+  captions; relative image paths are beside the file): (images, captions, each caption's
+  image index)."""
+  images, captions, owners = [], [], []
+  index: dict[str, int] = {}
+  for n, line in enumerate(files.path(path).read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    image, tab, caption = line.partition('\t')
+    if not tab or not image.strip() or not caption.strip():
+      raise ValueError(f'{path}:{n}: expected IMAGE<TAB>CAPTION')
+    image = files.join(os.path.dirname(str(path)), image.strip())
+    if image not in index:
+      index[image] = len(images)
+      images.append(image)
+    captions.append(caption.strip())
+    owners.append(index[image])
+  if not captions:
+    raise ValueError(f'{path}: no captions')
+  return images, captions, np.asarray(owners)
+
+
+def retrieval_recalls(loaded: Loaded, captions_file: str, batch_size: int) -> dict[str, float]:
+  """Image-to-text and text-to-image recall@1/5/10 over a captions file."""
+  from vit_jax.cli import predict
+  from vit_jax.evals import retrieval, zeroshot
+
+  images, captions, owners = read_captions(captions_file)
+  pixels = [lit_preprocess(predict.read_image(p), loaded.size).numpy() for p in images]
+  zimg = np.concatenate(
+    [
+      _embed_images(loaded, np.stack(pixels[i : i + batch_size]))
+      for i in range(0, len(pixels), batch_size)
+    ]
+  )
+  tokens = np.asarray(loaded.tokenizer(captions), np.int32)
+  embed = zeroshot.text_embedder(loaded.model)
+  ztxt = zeroshot.embed_tokens(embed, loaded.params, tokens, min(256, len(tokens)))
+  return retrieval.recalls(zimg, ztxt, owners)
+
+
 def write_run(out: str, checkpoint: str, loaded: Loaded, result: dict[str, Any]) -> None:
   """A run directory for `python -m vit_jax.reproduce report`: config.json (the model, the
   dataset, the checkpoint, no training steps) and one metrics line `zeroshot/<dataset>`."""
@@ -231,6 +275,14 @@ def _print_predictions(good, probs, names, k, loaded, as_json, errors) -> None:
     print(f'{row["image"]}: {shown}')
 
 
+def _print_recalls(loaded: Loaded, recalls: dict[str, float], o: dict[str, Any]) -> int:
+  if o['json']:
+    print(json.dumps({'model': loaded.name, 'captions': o['captions'], **recalls}))
+  else:
+    print(', '.join(f'{k} {v:.4f}' for k, v in recalls.items()))
+  return 0
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -240,17 +292,19 @@ def run(
   options: dict[str, Any] | None = None,
 ) -> int:
   """The command line's work; returns the exit status. `options`: vocab, split, limit,
-  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out."""
+  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions."""
   from vit_jax import data as data_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
-  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': ''}
+  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
   o |= options or {}
   try:
-    if bool(images) == bool(dataset):
-      raise ValueError('give image files (with --classes) or --dataset, not both nor neither')
+    if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
+      raise ValueError('give one of: image files (with --classes), --dataset, --captions')
     loaded = load(checkpoint, o['vocab'])
+    if o['captions']:
+      return _print_recalls(loaded, retrieval_recalls(loaded, o['captions'], o['batch_size']), o)
     source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
     names = read_classes(classes) if classes else source.class_names() if source else []
     if not names:
@@ -296,6 +350,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     'templates', 'clip_best', "Template sets or templates with '{}', ';'-separated.", flag_values=fv
   )
   flags.DEFINE_string('dataset', '', 'A tfds name, an image folder or digits.', flag_values=fv)
+  flags.DEFINE_string(
+    'captions', '', 'Retrieval recall@1/5/10 over IMAGE<TAB>CAPTION lines.', flag_values=fv
+  )
   flags.DEFINE_string('split', 'test', 'The split of --dataset.', flag_values=fv)
   flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
   flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
@@ -320,7 +377,7 @@ def main(argv: Sequence[str]) -> None:
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'canonicalize', 'cache_dir')
-  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out')}
+  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions')}
   sys.exit(run(f.checkpoint, argv[1:], f.classes, f.templates, f.dataset, options))
 
 
