@@ -59,4 +59,4 @@ def test_the_notebook_runs_end_to_end(tmp_path):
     shown = len(re.findall(r'plt\.show\(\)', cell.source))
     figures = [o for o in cell.outputs if 'image/png' in o.get('data', {})]
     assert len(figures) == shown, cell.source
-  assert sum(len(re.findall(r'plt\.show\(\)', cell.source)) for cell in cells) == 4
+  assert sum(len(re.findall(r'plt\.show\(\)', cell.source)) for cell in cells) == 5

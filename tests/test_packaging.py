@@ -52,7 +52,8 @@ def _scripts() -> dict[str, str]:
 def test_the_console_scripts_are_the_entry_points_and_python_m_finds_each():
   declared = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['scripts']
   assert declared == _scripts()
-  assert len(declared) == 7  # train, convert, predict, visualize, benchmark, reproduce, models
+  assert len(declared) == 8  # train, convert, predict, visualize, benchmark, reproduce, models,
+  # zeroshot
   for entry in cli.ENTRY_POINTS:
     assert importlib.util.find_spec(entry.module) is not None, entry
     assert cli.entry_point(entry.module, [entry.mode]) == entry
@@ -143,6 +144,7 @@ def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
     'vit_jax/main.py',
     'vit_jax/cli/train.py',
   } <= shipped
+  assert 'vit_jax/evals/prompts.json' in zipfile.ZipFile(wheel).namelist()  # package data
   (entry_points,) = (n for n in zipfile.ZipFile(wheel).namelist() if n.endswith('entry_points.txt'))
   parser = configparser.ConfigParser()
   parser.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())

@@ -10,7 +10,9 @@ Keys: model = registry name ('ViT-B_16', 'R50+ViT-B_16'); pretrain = 'imagenet20
 'imagenet21k' or 'jft300m'; dataset = the tfds name ('cifar10', 'imagenet2012',
 'imagenet2012_real' for ImageNet ReaL, 'oxford_iiit_pet', 'oxford_flowers102'), 'vtab'
 for the 19-task VTAB-1k mean, or 'fewshot/<tfds name>/<n>shot' for linear few-shot accuracy
-on frozen features (the training metric of that name, vit_jax/evals/fewshot.py). Accuracies are in
+on frozen features (the training metric of that name, vit_jax/evals/fewshot.py), or
+'zeroshot/<tfds name>' for an image-text model's zero-shot top-1 (vit_jax/evals/zeroshot.py;
+the LiT model card's, pretrain 'cc12m+yfcc100m'). Accuracies are in
 percent. Each number carries the setting it was measured in (crop, Polyak decay) where the
 source gives it, so that a run in another setting is not compared as if it were like.
 """
@@ -26,7 +28,12 @@ DATASET_TITLES = {
   'oxford_flowers102': 'Oxford Flowers-102',
   'vtab': 'VTAB (19 tasks)',
 }
-PRETRAIN_TITLES = {'imagenet2012': 'ImageNet', 'imagenet21k': 'ImageNet-21k', 'jft300m': 'JFT-300M'}
+PRETRAIN_TITLES = {
+  'imagenet2012': 'ImageNet',
+  'imagenet21k': 'ImageNet-21k',
+  'jft300m': 'JFT-300M',
+  'cc12m+yfcc100m': 'CC12M + YFCC100M (LiT)',
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +100,14 @@ _T5 = {
   },
 }
 
+# The LiT model card (google-research/vision_transformer `model_cards/lit.md`): zero-shot
+# top-1 of the released image-text models, trained on CC12M and YFCC100M, at 224 px.
+_LIT_CARD = {
+  'LiT-B16B_2': {'imagenet2012': 73.9, 'cifar100': 79.0, 'oxford_iiit_pet': 83.3},
+  'LiT-L16L': {'imagenet2012': 75.7, 'cifar100': 80.5, 'oxford_iiit_pet': 83.3},
+}
+LIT_PRETRAIN = 'cc12m+yfcc100m'
+
 # README: {model: {dataset: (dropout 0.0, dropout 0.1)}}, imagenet21k checkpoints.
 _README = {
   'R50+ViT-B_16': {
@@ -143,6 +158,12 @@ def _build() -> tuple[Reference, ...]:
   for dataset, acc in _T8.items():
     note = 'learned 1-D position embedding'
     refs.append(Reference('Table 8', 'ViT-B_16', 'jft300m', dataset, acc, note=note))
+  for model, rows in _LIT_CARD.items():
+    for dataset, acc in rows.items():
+      key = f'zeroshot/{dataset}'
+      refs.append(
+        Reference('LiT model card', model, LIT_PRETRAIN, key, acc, note='224 px', crop=224)
+      )
   for model, rows in _README.items():
     for dataset, cells in rows.items():
       for dropout, acc in zip((0.0, 0.1), cells, strict=True):
@@ -166,6 +187,9 @@ REFERENCES: tuple[Reference, ...] = _build()
 
 def title(dataset: str) -> str:
   """A dataset key as the tables name it: 'CIFAR-10', 'ImageNet 5-shot linear'."""
+  if dataset.startswith('zeroshot/'):
+    name = dataset.removeprefix('zeroshot/')
+    return f'{DATASET_TITLES.get(name, name)} zero-shot'
   if dataset.startswith('fewshot/'):
     _, name, shots = dataset.split('/')
     return f'{DATASET_TITLES.get(name, name)} {shots.removesuffix("shot")}-shot linear'

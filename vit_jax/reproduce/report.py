@@ -45,7 +45,9 @@ class Run:
   dataset: str
   pretrain: str
   dropout: float
-  accuracy: float  # %, the last evaluation (the Polyak average's, if the run kept one)
+  # %, the last evaluation (the Polyak average's, if the run kept one); None for a run that
+  # measured zero-shot accuracy alone (an image-text model's, `vit_jax.zeroshot --out`)
+  accuracy: float | None
   step: int
   total_steps: int
   eval_split: str
@@ -54,7 +56,8 @@ class Run:
   seed: int
   base_lr: float
   polyak: float = 0.0  # the Polyak averaging decay (0: none)
-  # Further measurements, %: 'imagenet2012_real', 'fewshot/<dataset>/<n>shot'.
+  # Further measurements, %: 'imagenet2012_real', 'fewshot/<dataset>/<n>shot',
+  # 'zeroshot/<dataset>'.
   extra: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
   @property
@@ -95,6 +98,8 @@ def infer_pretrain(config: dict) -> str:
     return 'imagenet21k'
   if re.search(r'imagenet2012|imagenet1k|i1k|ilsvrc', lower):
     return 'imagenet2012'
+  if os.path.basename(path).startswith('LiT-'):  # the released LiT files' names
+    return paper.LIT_PRETRAIN
   if os.path.basename(path).removesuffix('.npz') == config.get('model_name'):
     return 'imagenet21k'
   return 'unknown'
@@ -102,17 +107,20 @@ def infer_pretrain(config: dict) -> str:
 
 def _measured(
   evaluation: Mapping, metrics: Sequence[Mapping], polyak: float
-) -> tuple[float, dict[str, float]]:
-  """(test accuracy, further measurements) in %, from the last evaluation and few-shot lines;
-  the Polyak average's numbers where the run kept one."""
+) -> tuple[float | None, dict[str, float]]:
+  """(test accuracy, further measurements) in %, from the last evaluation, few-shot and
+  zero-shot lines; the Polyak average's numbers where the run kept one."""
   prefix = 'polyak/' if polyak and 'polyak/accuracy_test' in evaluation else ''
   extra = {}
   if prefix + 'accuracy_real' in evaluation:
     extra['imagenet2012_real'] = 100 * float(evaluation[prefix + 'accuracy_real'])
-  fewshot = [m for m in metrics if any(k.startswith('fewshot/') for k in m)]
-  for key, value in (fewshot[-1] if fewshot else {}).items():
-    if key.startswith('fewshot/') and '/l2_' not in key:
-      extra[key] = 100 * float(value)
+  for kind in ('fewshot/', 'zeroshot/'):
+    lines = [m for m in metrics if any(k.startswith(kind) for k in m)]
+    for key, value in (lines[-1] if lines else {}).items():
+      if key.startswith(kind) and '/l2_' not in key:
+        extra[key] = 100 * float(value)
+  if prefix + 'accuracy_test' not in evaluation:
+    return None, extra
   return 100 * float(evaluation[prefix + 'accuracy_test']), extra
 
 
@@ -121,6 +129,7 @@ def read_run(path: str, pretrain: str | None = None) -> Run | None:
   config = rundir.read_config(path)
   metrics = rundir.read_metrics(path)
   evaluations = [m for m in metrics if 'accuracy_test' in m]
+  evaluations = evaluations or [m for m in metrics if any(k.startswith('zeroshot/') for k in m)]
   if not evaluations:
     return None
   evaluation = evaluations[-1]
@@ -242,11 +251,14 @@ def _beside_the_paper(
 
 def _measurements(run: Run) -> dict[tuple[str, str], float]:
   """{(pretraining data, dataset key): %} of one run: its test accuracy, and the extra ones
-  (few-shot features come from the run's own training, on top of its pretraining)."""
-  out = {(run.pretrain, run.dataset): run.accuracy}
+  (few-shot features, and zero-shot accuracy after training steps, come from the run's own
+  training, on top of its pretraining)."""
+  out = {(run.pretrain, run.dataset): run.accuracy} if run.accuracy is not None else {}
   for key, value in run.extra.items():
     upstream = run.pretrain
-    if key.startswith('fewshot/'):
+    # Zero-shot accuracy of a released model evaluated alone (no training steps) is its own.
+    trained = key.startswith('fewshot/') or (key.startswith('zeroshot/') and run.total_steps)
+    if trained:
       scratch = run.pretrain == 'scratch'
       upstream = run.dataset if scratch else f'{run.pretrain}+{run.dataset}'
     out[upstream, key] = value
