@@ -549,7 +549,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   meta = json.loads(
     (tmp_path / 'run' / 'checkpoints' / str(stopped) / 'meta' / 'metadata').read_text()
   )
-  assert meta['step'] == stopped and meta['data_position'] == stopped * OVERRIDES['batch']
+  assert meta['step'] == stopped and meta['global_batch'] == OVERRIDES['batch']
 
   started = processes(workdir, tmp_path, flags, tag='kill')
 

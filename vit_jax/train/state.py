@@ -4,11 +4,12 @@ orbax checkpoints it is saved to and restored from.
 State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`,
 and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/polyak.py), shaped
 and sharded like the parameters.
-A checkpoint holds two items: `state`, and `meta` (JSON: the step, the data position, the
-global batch, the number of data shards the training stream was read as, and the unreadable
-training images replaced so far).
+A checkpoint holds two items: `state`, and `meta` (JSON: the step, the global batch, the
+number of data shards the training stream was read as, and the unreadable training images
+replaced so far). `config.json` records the PRNG implementation the state's key was made by.
 """
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -19,6 +20,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, rundir
 from vit_jax.checkpoint.orbax import drop_abandoned_read_tracebacks
+from vit_jax.train import checkpoint_faults
 from vit_jax.train.setup import Setup
 
 
@@ -119,13 +121,49 @@ class Checkpoints:
       self.directory, options=options, item_names=('state', 'meta')
     )
     self.last_saved: int | None = self.manager.latest_step()
+    self._writing: int | None = None  # the step being written
     self._closed = False
+    checkpoint_faults.drop_write_failure_tracebacks()
 
   def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Starts writing `step` once the previous write has finished on every process."""
+    self.settle()
     args = self._ocp.args
     items = args.Composite(state=args.StandardSave(state), meta=args.JsonSave(meta))
-    self.manager.save(step, args=items, force=True)
+    self._writing = step
+    with self._write_errors():
+      self.manager.save(step, args=items, force=True)
     self.last_saved = step
+
+  def settle(self) -> None:
+    """Waits for the write in flight; the processes vote on its outcome, so a write that
+    failed on any of them ends every process with the same one-line CheckpointWriteError."""
+    problem = None
+    try:
+      self.wait()
+    except checkpoint_faults.CheckpointWriteError as e:
+      problem = str(e)
+    problems = distributed.Vote('checkpoint_write')(problem)
+    if problems:
+      process, message = min(problems.items())
+      where = f'process {process}: ' if jax.process_count() > 1 else ''
+      raise checkpoint_faults.CheckpointWriteError(where + message)
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """orbax's and TensorStore's errors of a failed write as one CheckpointWriteError."""
+    try:
+      yield
+    except checkpoint_faults.CheckpointWriteError:
+      raise
+    except Exception as e:
+      step, self._writing = self._writing, None
+      self.last_saved = self._good_steps()[-1] if self._good_steps() else None
+      path = f'{self.directory}/{step}'
+      raise checkpoint_faults.write_failure(path, e, self._good_steps()) from None
+
+  def _good_steps(self) -> list[int]:
+    return rundir.checkpoint_steps(self.directory)
 
   def restore(self, step: int, lay: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, meta) of `step`; raises what orbax raises on a damaged or unfitting step."""
@@ -182,19 +220,26 @@ class Checkpoints:
     self.last_saved = self.manager.latest_step()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the write in flight (this process); CheckpointWriteError if it failed."""
+    with self._write_errors():
+      self.manager.wait_until_finished()
+    self._writing = None
 
   def close(self) -> None:
-    if not self._closed:
-      self._closed = True
-      self.manager.wait_until_finished()
-      self.manager.close()
+    """Waits for the write in flight and closes; a failed write raises once."""
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      self.wait()
+    finally:
+      with contextlib.suppress(Exception):  # its error was raised (or is being raised) above
+        self.manager.close()
 
 
 def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict[str, int]:
   return {
     'step': step,
-    'data_position': step * batch,
     'global_batch': batch,
     'data_shards': data_shards,
     'bad_images': bad_images,
