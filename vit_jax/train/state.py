@@ -1,12 +1,13 @@
 """The train state: its shapes and shardings, a fresh start (scratch or pretrained), and the
 orbax checkpoints it is saved to and restored from.
 
-State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`,
+State: `{'params', 'opt_state', 'step': int32, 'rng': the dropout key's data (uint32[2] under
+threefry2x32, uint32[4] under rbg and unsafe_rbg: `jax.random.key_data`)}`,
 and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/polyak.py), shaped
 and sharded like the parameters.
 A checkpoint holds two items: `state`, and `meta` (JSON: the step, the global batch, the
 number of data shards the training stream was read as, and the unreadable training images
-replaced so far). `config.json` records the PRNG implementation the state's key was made by.
+replaced so far, and `prng_impl`: the PRNG implementation the key data belongs to).
 """
 
 import contextlib
@@ -42,7 +43,7 @@ def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
     'params': params,
     'opt_state': jax.eval_shape(tx.init, params),
     'step': jax.ShapeDtypeStruct((), jnp.int32),
-    'rng': jax.ShapeDtypeStruct((2,), jnp.uint32),
+    'rng': jax.eval_shape(jax.random.key_data, init_rng),
   }
   rules = setup.spec.step.sharding
   shardings = {
@@ -185,6 +186,7 @@ class Checkpoints:
     for step in sorted(self.manager.all_steps(), reverse=True):
       problem, restored = rundir.checkpoint_step_problem(self.directory, step), None
       if problem is None:
+        self._check_prng(step)
         try:
           restored = self.restore(step, lay)
         except Exception as e:  # orbax and tensorstore raise many kinds on damaged files
@@ -202,6 +204,23 @@ class Checkpoints:
         'afresh, or use a new --workdir.'
       )
     return None
+
+  def _check_prng(self, step: int) -> None:
+    """A ValueError when `step`'s RNG key was made by another PRNG implementation than
+    this run's (its key data has another shape: a restore would fail as if damaged)."""
+    try:
+      meta = self.manager.restore(
+        step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
+      )
+      saved = meta['meta'].get('prng_impl', DEFAULT_PRNG_IMPL)
+    except Exception:  # a damaged meta item: the full restore below names the damage
+      return
+    if saved != prng_impl():
+      raise ValueError(
+        f'{self.directory}/{step} was written under the PRNG implementation {saved!r}, this run '
+        f'uses {prng_impl()!r}: set JAX_DEFAULT_PRNG_IMPL={saved} to '
+        'resume, or start afresh with a new --workdir.'
+      )
 
   def _set_aside(self, failed: list[tuple[int, str]], good: int) -> None:
     """Damaged steps newer than `good` renamed on process 0; orbax's list read again."""
@@ -237,9 +256,18 @@ class Checkpoints:
         self.manager.close()
 
 
-def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict[str, int]:
+DEFAULT_PRNG_IMPL = 'threefry2x32'  # JAX's default, and that of checkpoints without prng_impl
+
+
+def prng_impl() -> str:
+  """The name of the PRNG implementation new keys are made by (jax_default_prng_impl)."""
+  return str(jax.config.jax_default_prng_impl)
+
+
+def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict:
   return {
     'step': step,
+    'prng_impl': prng_impl(),
     'global_batch': batch,
     'data_shards': data_shards,
     'bad_images': bad_images,
