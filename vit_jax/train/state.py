@@ -139,16 +139,18 @@ class Checkpoints:
   def settle(self) -> None:
     """Waits for the write in flight; the processes vote on its outcome, so a write that
     failed on any of them ends every process with the same one-line CheckpointWriteError."""
-    problem = None
+    own = None
     try:
       self.wait()
     except checkpoint_faults.CheckpointWriteError as e:
-      problem = str(e)
-    problems = distributed.Vote('checkpoint_write')(problem)
+      own = e
+    problems = distributed.Vote('checkpoint_write')(None if own is None else str(own))
     if problems:
       process, message = min(problems.items())
       where = f'process {process}: ' if jax.process_count() > 1 else ''
-      raise checkpoint_faults.CheckpointWriteError(where + message)
+      error = checkpoint_faults.CheckpointWriteError(where + message)
+      error.errno = own.errno if own is not None else None
+      raise error
 
   @contextlib.contextmanager
   def _write_errors(self):
