@@ -3,7 +3,9 @@ at the periodic, preemption and final save, and the PRNG implementations (rbg, u
 
 import contextlib
 import errno
+import glob
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -36,9 +38,10 @@ def _same_params(a, b):
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
   """The 6-step tiny run, checkpoints every 2 steps (saving changes no number)."""
-  return train.train_and_evaluate(
-    _config(checkpoint_every=2), str(tmp_path_factory.mktemp('uninterrupted'))
-  )
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  result = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+  result['workdir'] = workdir
+  return result
 
 
 @contextlib.contextmanager
@@ -198,3 +201,27 @@ def test_rbg_stop_and_resume_is_exact_and_another_prng_is_one_line(tmp_path, imp
     f"this run uses 'threefry2x32': set JAX_DEFAULT_PRNG_IMPL={impl} to resume, or "
     'start afresh with a new --workdir.'
   )
+
+
+@pytest.mark.parametrize('damage', ['corrupt', 'truncated'])
+def test_converting_a_run_whose_newest_step_is_damaged_names_it_and_the_newest_good_one(
+  tmp_path, uninterrupted, damage
+):
+  from vit_jax import checkpoint
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(uninterrupted['workdir'], workdir)
+  step_dir = os.path.join(rundir.checkpoint_dir(workdir), '6')
+  if damage == 'corrupt':
+    with open(os.path.join(step_dir, 'state', '_METADATA'), 'wb') as f:
+      f.write(b'\x00garbage\xff' * 7)
+  else:
+    for path in glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True):
+      os.truncate(path, os.path.getsize(path) // 2)
+  with pytest.raises(checkpoint.CheckpointError) as failed:
+    checkpoint.load(workdir)
+  message = str(failed.value)
+  assert message.startswith(f'{step_dir}: the orbax checkpoint is damaged (state: '), message
+  assert message.endswith(
+    f'; the newest good step is 4: convert {rundir.checkpoint_dir(workdir)}/4'
+  ), message
