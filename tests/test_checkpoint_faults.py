@@ -97,7 +97,7 @@ def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
     train.train_and_evaluate(_config(**overrides), workdir, stop_after=stop_after)
   message = str(failed.value)
   assert failed.value.errno == errno.ENOSPC and '\n' not in message
-  steps = f'steps {", ".join(map(str, kept))} are' if kept else 'no earlier step is'
+  steps = checkpoint_faults.kept_steps(kept)
   assert message == (
     f'Cannot write checkpoint {checkpoints}/{step} (no space left on the device): free space '
     f'or grow the filesystem, then rerun the same command to resume ({steps} kept; the '
@@ -157,8 +157,9 @@ def test_a_full_tmpfs_at_a_save_is_one_line_and_the_run_resumes_once_it_grows(
     failed = kept[-1] + 2
     assert run.stderr == (
       f'Error: Cannot write checkpoint {checkpoints}/{failed} (no space left on the device): '
-      'free space or grow the filesystem, then rerun the same command to resume (steps '
-      f'{", ".join(map(str, kept))} are kept; the partial write is removed at the next start).\n'
+      'free space or grow the filesystem, then rerun the same command to resume '
+      f'({checkpoint_faults.kept_steps(kept)} kept; the partial write is removed at the next '
+      'start).\n'
     )
     assert f'{failed}.orbax-checkpoint-tmp' in os.listdir(checkpoints)
     good = {s: digest(os.path.join(checkpoints, str(s))) for s in kept}

@@ -67,13 +67,20 @@ def write_failure(path: str, e: BaseException, kept: list[int]) -> CheckpointWri
   """The one-line error of a failed write of the step directory `path`."""
   number = storage_errno(e)
   cause, fix = _CAUSES.get(number, (_first_line(e), 'check the filesystem of --workdir'))
-  steps = f'steps {", ".join(map(str, kept))} are' if kept else 'no earlier step is'
+  steps = kept_steps(kept)
   error = CheckpointWriteError(
     f'Cannot write checkpoint {path} ({cause}): {fix}, then rerun the same command to resume '
     f'({steps} kept; the partial write is removed at the next start).'
   )
   error.errno = number
   return error
+
+
+def kept_steps(kept: list[int]) -> str:
+  """'step 3 is', 'steps 3, 6 are', 'no earlier step is'."""
+  if not kept:
+    return 'no earlier step is'
+  return f'step {kept[0]} is' if len(kept) == 1 else f'steps {", ".join(map(str, kept))} are'
 
 
 class _WriteFailureTracebacks(logging.Filter):
