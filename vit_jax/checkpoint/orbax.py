@@ -10,6 +10,7 @@ training loop beyond orbax's own directory structure.
 """
 
 import contextlib
+import json
 import logging
 import re
 import sys
@@ -138,19 +139,25 @@ def _tree_metadata(ocp, checkpointer, item: Path) -> Any:
   return tree
 
 
-def _damaged(ocp, checkpointer, item: Path, reason: str) -> str:
+def _readable_item(item: Path) -> bool:
+  """A step's item whose tree metadata (`_METADATA`, JSON) reads, in a finished step."""
+  try:
+    json.loads((item / '_METADATA').read_text())
+  except (OSError, ValueError):
+    return False
+  return rundir.checkpoint_step_problem(item.parent.parent, int(item.parent.name)) is None
+
+
+def _damaged(item: Path, reason: str) -> str:
   """The damaged step of `item`, and the newest earlier step whose same item reads."""
   step_dir = item.parent
   message = f'{step_dir}: the orbax checkpoint is damaged ({item.name}: {reason})'
-  earlier = [s for s in rundir.checkpoint_steps(step_dir.parent) if str(s) != step_dir.name]
-  for step in reversed(earlier):
-    older = step_dir.parent / str(step) / item.name
-    try:
-      _tree_metadata(ocp, checkpointer, older)
-    except Exception:
-      continue
-    if not step_dir.name.isdigit() or step < int(step_dir.name):
-      return f'{message}; the newest good step is {step}: convert {step_dir.parent / str(step)}'
+  if step_dir.name.isdigit():
+    earlier = [s for s in rundir.checkpoint_steps(step_dir.parent) if s < int(step_dir.name)]
+    for step in reversed(earlier):
+      if _readable_item(step_dir.parent / str(step) / item.name):
+        good = step_dir.parent / str(step)
+        return f'{message}; the newest good step is {step}: convert {good}'
   return f'{message}; no earlier step of it reads'
 
 
@@ -194,7 +201,7 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
           args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
         )
       except Exception as e:
-        raise CheckpointError(_damaged(ocp, checkpointer, item, _first_line(e))) from None
+        raise CheckpointError(_damaged(item, _first_line(e))) from None
       for key in where:
         restored = restored[key]
       params = jax.tree.map(np.asarray, dict(restored))
@@ -202,7 +209,7 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
       inside = '/'.join(where) or 'the whole item'
       return params, f'orbax (step {step}, item {item.name!r}, {inside})'
   if damaged is not None:
-    raise CheckpointError(_damaged(ocp, checkpointer, *damaged))
+    raise CheckpointError(_damaged(*damaged))
   names = ', '.join(c.name for c in items)
   if params_entry != 'params':
     raise CheckpointError(
