@@ -382,3 +382,41 @@ def test_save_npz_refuses_non_float_leaves(tmp_path):
   with pytest.raises(checkpoint.CheckpointError, match="'step' has dtype int64"):
     checkpoint.save_npz({'cls': np.zeros((1, 1, 4)), 'step': np.int64(3)}, tmp_path / 'x.npz')
   assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize('dtype', ['bfloat16', 'float16'])
+@pytest.mark.parametrize('layout', ['released', 'big_vision_scan', 'big_vision_two_towers'])
+def test_narrow_float_npz_as_big_vision_writes_it_gives_the_logits_of_its_float32_cast(
+  tmp_path, random_params, layout, dtype
+):
+  """big_vision saves bfloat16 weights with np.savez, which stores them as void |V2 (numpy has
+  no bfloat16): read back as bfloat16, exactly, and the logits are those of the file cast to
+  float32; save_npz(dtype=) writes that dtype back, the default float32."""
+  import ml_dtypes
+
+  model, params = _model_and_params(
+    random_params, 'testing', 32, num_classes=5, hidden_size=32, patches={'size': (8, 8)},
+    transformer={'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
+  )  # fmt: skip
+  narrow = ml_dtypes.bfloat16 if dtype == 'bfloat16' else np.float16
+  params = jax.tree.map(lambda x: np.asarray(x).astype(narrow), params)
+  prefix = 'params/img/' if layout == 'big_vision_two_towers' else 'params/'
+  src = released_layout(params) if layout == 'released' else big_vision_layout(params, prefix)
+  np.savez(tmp_path / 'bv.npz', **src)
+  with np.load(tmp_path / 'bv.npz') as stored:
+    kinds = {stored[k].dtype.str for k in stored.files}
+  assert kinds == ({'|V2'} if dtype == 'bfloat16' else {'<f2'})  # as big_vision's files hold
+  loaded = checkpoint.load(tmp_path / 'bv.npz')
+  leaves = jax.tree.leaves(loaded)
+  assert {x.dtype for x in leaves} == {np.dtype(narrow)}
+  np.savez(tmp_path / 'f32.npz', **{k: v.astype(np.float32) for k, v in src.items()})
+  widened = checkpoint.load(tmp_path / 'f32.npz')  # the file's float32 cast
+  np.testing.assert_array_equal(
+    _logits(model, jax.tree.map(lambda x: np.asarray(x, np.float32), loaded), 32),
+    _logits(model, widened, 32),
+  )
+  checkpoint.save_npz(loaded, tmp_path / 'again.npz', dtype=dtype)
+  with np.load(tmp_path / 'again.npz') as again:
+    assert {again[k].dtype.str for k in again.files} == kinds
+  checkpoint.save_npz(loaded, tmp_path / 'wide.npz')  # the default: float32, exactly
+  _assert_trees_equal(checkpoint.load(tmp_path / 'wide.npz'), widened)

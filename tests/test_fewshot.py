@@ -173,3 +173,35 @@ def test_fewshot_config_errors_are_one_line():
     with pytest.raises(ValueError, match=match) as info:
       spec.from_config(spec.with_overrides(digits_config.get_config(), overrides))
     assert '\n' not in str(info.value)
+
+
+def test_unreadable_shots_are_left_out_and_counted_and_the_evaluation_goes_on(tmp_path):
+  """A few-shot folder whose train split holds 3 unreadable files among 13 images: every
+  draw that picks one fits without it (as `accuracies(..., unreadable=)` computes it from
+  the readable features), and `bad_images` counts them (the old code stopped with 'asked
+  for an example whose features were not computed')."""
+  from conftest import unreadable_files, write_image_folder
+
+  root = write_image_folder(tmp_path / 'shots', {'train': 13, 'test': 5}, unreadable_files())
+  run = _tiny_spec(fewshot_every=1, fewshot__datasets=(root,), fewshot__shots=(2, 5))
+  prepared = setup.prepare(run, str(tmp_path / 'run'))
+  params = prepared.model.init(jax.random.key(0), np.zeros((1, 8, 8, 3)), train=False)['params']
+  shardings = parallel.tree_shardings(params, prepared.mesh)
+  got = common.evaluate(prepared.evaluators['fewshot'], {'': jax.device_put(params, shardings)})
+  assert got['fewshot/shots/bad_images'] == 3
+  assert sorted(got) == ['fewshot/shots/2shot', 'fewshot/shots/5shot', 'fewshot/shots/bad_images']
+  assert all(0 <= got[f'fewshot/shots/{n}shot'] <= 1 for n in (2, 5))
+
+
+def test_accuracies_leave_the_unreadable_positions_out_of_each_draw():
+  x, y = _problem(60, 8, 3)
+  x_test, y_test = _problem(30, 8, 3, seed=1)
+  unreadable = fewshot.draw(y, 3, 5, 0)[::3]  # some of seed 0's draw
+  got = fewshot.accuracies((x, y), (x_test, y_test), 3, (5,), (1.0,), 2, unreadable)
+  scores = []
+  for seed in range(2):
+    chosen = [i for i in fewshot.draw(y, 3, 5, seed) if i not in set(unreadable)]
+    ridge = fewshot.fit(x[chosen], y[chosen], 3)
+    scores.append(np.mean(ridge.predict(x_test, 1.0) == y_test))
+  assert got[(5, 1.0)] == pytest.approx(np.mean(scores), abs=1e-12)
+  assert got != fewshot.accuracies((x, y), (x_test, y_test), 3, (5,), (1.0,), 2)

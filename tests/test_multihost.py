@@ -549,7 +549,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   meta = json.loads(
     (tmp_path / 'run' / 'checkpoints' / str(stopped) / 'meta' / 'metadata').read_text()
   )
-  assert meta['step'] == stopped and meta['data_position'] == stopped * OVERRIDES['batch']
+  assert meta['step'] == stopped and meta['global_batch'] == OVERRIDES['batch']
 
   started = processes(workdir, tmp_path, flags, tag='kill')
 
@@ -603,3 +603,54 @@ def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, process
     ), line
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3']
   assert digest(good) == before
+
+
+def _du(path: str) -> int:
+  """Bytes of the files under `path`, as a filesystem counts them (whole 4 KiB blocks)."""
+  return sum(
+    -(-os.path.getsize(os.path.join(r, f)) // 4096) * 4096 for r, _, fs in os.walk(path) for f in fs
+  )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='mounting a tmpfs needs root (CI runs as root)')
+def test_a_full_disk_at_a_save_stops_both_processes_with_one_line(
+  tmp_path, processes, two_processes
+):
+  """The step-3 run on a tmpfs with room for half a step more: the step-6 save fails, both
+  processes exit 1 with the same one line (the vote on the write), step 3 is kept byte for
+  byte; grown, the same command resumes and ends as the uninterrupted 2-process run."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  source = _truncate_to_step_3(two_processes[0], str(tmp_path / 'copy'))
+  step = _du(os.path.join(source, 'checkpoints', '3'))
+  size = (_du(source) + step // 2) // 1024
+  if subprocess.run(
+    ['mount', '-t', 'tmpfs', '-o', f'size={size}k', 'tmpfs', str(mount)]
+  ).returncode:
+    pytest.skip('this machine does not allow mounting a tmpfs')
+  try:
+    workdir = shutil.copytree(source, str(mount / 'run'))
+    good = digest(os.path.join(workdir, 'checkpoints', '3'))
+    started = processes(workdir, tmp_path, tag='full')
+    codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+    outputs = [out() for _, out in started]
+    assert codes == [1, 1], outputs
+    lines = [_error_lines(o) for o in outputs]
+    assert lines[0] == lines[1] and len(lines[0]) == 1, outputs
+    checkpoints = rundir.checkpoint_dir(workdir)
+    assert re.fullmatch(
+      rf'Error: process [01]: Cannot write checkpoint {re.escape(checkpoints)}/6 \(no space left'
+      r' on the device\): free space or grow the filesystem, then rerun the same command to '
+      r'resume \(step 3 is kept; the partial write is removed at the next start\)\.',
+      lines[0][0],
+    ), lines[0][0]
+    assert 'Traceback' not in outputs[0] + outputs[1]
+    assert rundir.checkpoint_steps(checkpoints) == [3]
+    assert digest(os.path.join(checkpoints, '3')) == good
+    subprocess.run(['mount', '-o', f'remount,size={4 * size}k', str(mount)], check=True)
+    started = processes(workdir, tmp_path, tag='grown')
+    assert [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started] == [0, 0]
+    assert sorted(os.listdir(checkpoints)) == ['3', '6']
+    assert_trained_params_close(_final_params(workdir), _final_params(two_processes[0]), atol=1e-6)
+  finally:
+    subprocess.run(['umount', '-l', str(mount)])

@@ -148,11 +148,28 @@ def test_1000_class_heads_get_the_imagenet_names(tmp_path, random_params):
   bias[281], bias[207] = 30.0, 29.0  # tabby cat first, golden retriever second
   params['head'] = {'kernel': np.zeros((10, 1000), np.float32), 'bias': bias}
   loaded = predict.load(_save(params, tmp_path / 'in1k.npz'))
-  assert 'tensorflow_datasets' in loaded.class_names_source
+  assert loaded.class_names_source == 'ImageNet-1k (vit_jax package data)'
   assert loaded.class_names[0] == 'tench, Tinca tinca'
   (pred,), _ = predict.predict_files(loaded, _images(tmp_path, 1), k=2)
   assert pred.names == ['tabby, tabby cat', 'golden retriever']
   np.testing.assert_allclose(pred.probabilities[0], 1 / (1 + np.exp(-1) + 998 * np.exp(-30)))
+
+
+def test_the_imagenet_classes_are_package_data_as_tfds_source_text_gives_them():
+  """The shipped file equals what the generating script reads off tfds' source text (ids
+  from imagenet2012/labels.txt, names from the siscore literal); tabby cat is class 281."""
+  import importlib.util
+  from pathlib import Path
+
+  from vit_jax.data import imagenet_classes
+
+  wnids, names = imagenet_classes.read()
+  root = Path(
+    next(iter(importlib.util.find_spec('tensorflow_datasets').submodule_search_locations))
+  )
+  assert (wnids, names) == imagenet_classes._from_tfds(root)
+  assert (wnids[281], names[281]) == ('n02123045', 'tabby, tabby cat')
+  assert len(set(wnids)) == 1000
 
 
 def test_a_run_directory_names_its_own_classes(tmp_path, random_params):

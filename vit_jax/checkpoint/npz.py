@@ -38,6 +38,7 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from absl import logging
 from etils.epath import Path
@@ -86,11 +87,20 @@ def detect(path: Path) -> bool:
       return False
 
 
+def recover_dtype(array: np.ndarray) -> np.ndarray:
+  """A bfloat16 array as `np.savez` writes it (void `|V2`: numpy has no bfloat16) viewed as
+  ml_dtypes.bfloat16 again, as big_vision's `utils.recover_dtype` does; others unchanged."""
+  if array.dtype.kind == 'V' and array.dtype.itemsize == 2 and array.dtype.names is None:
+    return array.view(ml_dtypes.bfloat16)
+  return array
+
+
 def read_flat(path: str | Path) -> dict[str, np.ndarray]:
-  """Every array of the archive, read eagerly, never unpickling anything."""
+  """Every array of the archive, read eagerly, never unpickling anything (bfloat16 leaves
+  written by np.savez recovered, `recover_dtype`)."""
   try:
     with files.path(path).open('rb') as f, np.load(f, allow_pickle=False) as archive:
-      return {key: archive[key] for key in archive.files}
+      return {key: recover_dtype(archive[key]) for key in archive.files}
   except (zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError) as e:
     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
     if 'allow_pickle' in reason:
@@ -280,15 +290,32 @@ def to_pre_linen(tree: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
-def to_flat(params: Mapping[str, Any], groupnorm_4d: bool = True) -> dict[str, np.ndarray]:
-  """Our tree -> the released flat layout (pre-Linen names, (1,1,1,C) GroupNorm, float32)."""
+NPZ_DTYPES = ('float32', 'bfloat16', 'float16')
+
+
+def cast_for_npz(value: Any, dtype: str | None = None) -> np.ndarray:
+  """A leaf as it is written: `dtype` (one of NPZ_DTYPES) if given, else float32 for a
+  narrower float (exact). np.savez writes bfloat16 as void `|V2`, as big_vision's files are."""
+  array = np.asarray(value)
+  if dtype is not None:
+    if dtype not in NPZ_DTYPES:
+      raise ValueError(f'dtype={dtype!r}: an .npz is written as one of {NPZ_DTYPES}')
+    return array.astype(ml_dtypes.bfloat16 if dtype == 'bfloat16' else np.dtype(dtype))
+  if array.dtype.name == 'bfloat16' or (
+    np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize < 4
+  ):
+    return array.astype(np.float32)
+  return array
+
+
+def to_flat(
+  params: Mapping[str, Any], groupnorm_4d: bool = True, dtype: str | None = None
+) -> dict[str, np.ndarray]:
+  """Our tree -> the released flat layout (pre-Linen names, (1,1,1,C) GroupNorm, float32
+  or `dtype`)."""
   flat = {}
   for key, value in flatten(to_pre_linen(params)).items():
-    array = np.asarray(value)
-    if array.dtype.name == 'bfloat16' or (
-      np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize < 4
-    ):
-      array = array.astype(np.float32)  # exact; .npz readers expect standard dtypes
+    array = cast_for_npz(value, dtype)
     parts = key.split('/')
     if (
       groupnorm_4d
@@ -303,12 +330,15 @@ def to_flat(params: Mapping[str, Any], groupnorm_4d: bool = True) -> dict[str, n
   return flat
 
 
-def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True) -> None:
+def save_npz(
+  params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True, dtype: str | None = None
+) -> None:
   """Writes `params` in the released .npz layout, atomically (a temp file renamed into place).
 
   Keys are flat `/`-joined pre-Linen names; hybrids' GroupNorm parameters are written as
   (1, 1, 1, C) like the released files unless `groupnorm_4d=False`. bfloat16/float16 leaves
-  are widened to float32 (exactly).
+  are widened to float32 (exactly), unless `dtype` ('float32', 'bfloat16', 'float16') asks
+  for every leaf in that dtype (bfloat16 stored as big_vision stores it, void `|V2`).
   """
-  flat = to_flat(params, groupnorm_4d)
+  flat = to_flat(params, groupnorm_4d, dtype)
   files.atomic_write(path, lambda f: np.savez(f, **flat))

@@ -10,6 +10,7 @@ training loop beyond orbax's own directory structure.
 """
 
 import contextlib
+import json
 import logging
 import re
 import sys
@@ -124,6 +125,42 @@ def drop_abandoned_read_tracebacks() -> None:
   logging.getLogger('asyncio').addFilter(_AbandonedTasks())
 
 
+def _first_line(e: BaseException) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def _tree_metadata(ocp, checkpointer, item: Path) -> Any:
+  metadata = checkpointer.metadata(item)
+  tree = getattr(getattr(metadata, 'item_metadata', metadata), 'tree', None)
+  if tree is None:  # an item of a Composite save (our training runs) has no step metadata
+    tree = getattr(ocp.PyTreeCheckpointHandler().metadata(item.resolve()), 'tree', None)
+  if tree is None:
+    raise CheckpointError(f'{item}: no PyTree metadata')
+  return tree
+
+
+def _readable_item(item: Path) -> bool:
+  """A step's item whose tree metadata (`_METADATA`, JSON) reads, in a finished step."""
+  try:
+    json.loads((item / '_METADATA').read_text())
+  except (OSError, ValueError):
+    return False
+  return rundir.checkpoint_step_problem(item.parent.parent, int(item.parent.name)) is None
+
+
+def _damaged(item: Path, reason: str) -> str:
+  """The damaged step of `item`, and the newest earlier step whose same item reads."""
+  step_dir = item.parent
+  message = f'{step_dir}: the orbax checkpoint is damaged ({item.name}: {reason})'
+  if step_dir.name.isdigit():
+    earlier = [s for s in rundir.checkpoint_steps(step_dir.parent) if s < int(step_dir.name)]
+    for step in reversed(earlier):
+      if _readable_item(step_dir.parent / str(step) / item.name):
+        good = step_dir.parent / str(step)
+        return f'{message}; the newest good step is {step}: convert {good}'
+  return f'{message}; no earlier step of it reads'
+
+
 def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tuple[dict, str]:
   """Restores the parameters of an orbax checkpoint; returns (tree, description).
 
@@ -140,14 +177,14 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
   items.sort(key=lambda c: rank.get(c.name, len(rank)))  # stable: the rest by name
   checkpointer = ocp.PyTreeCheckpointer()
   drop_abandoned_read_tracebacks()
+  damaged = None  # (item, reason): a parameter item whose metadata cannot be read
   with _quiet_absl():
     for item in items:
       try:
-        metadata = checkpointer.metadata(item)
-        tree = getattr(getattr(metadata, 'item_metadata', metadata), 'tree', None)
-        if tree is None:  # an item of a Composite save (our training runs) has no step metadata
-          tree = getattr(ocp.PyTreeCheckpointHandler().metadata(item.resolve()), 'tree', None)
-      except Exception:  # not a PyTree item (e.g. JSON metadata)
+        tree = _tree_metadata(ocp, checkpointer, item)
+      except Exception as e:  # not a PyTree item (e.g. JSON metadata), or a damaged one
+        if item.name in PREFERRED_ITEMS and damaged is None:
+          damaged = (item, _first_line(e))
         continue
       where = _find_params(item.name, tree, params_entry)
       if where is None:
@@ -164,16 +201,15 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
           args=ocp.args.PyTreeRestore(item=target, restore_args=restore_args, partial_restore=True),
         )
       except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-          f'{item}: the orbax checkpoint cannot be restored ({reason})'
-        ) from None
+        raise CheckpointError(_damaged(item, _first_line(e))) from None
       for key in where:
         restored = restored[key]
       params = jax.tree.map(np.asarray, dict(restored))
       check_arrays(flatten(params), str(item))
       inside = '/'.join(where) or 'the whole item'
       return params, f'orbax (step {step}, item {item.name!r}, {inside})'
+  if damaged is not None:
+    raise CheckpointError(_damaged(*damaged))
   names = ', '.join(c.name for c in items)
   if params_entry != 'params':
     raise CheckpointError(

@@ -173,8 +173,9 @@ def image_tower(params: Mapping[str, Any], description: str) -> tuple[dict, str]
   return dict(params['img']), f'{description}; its image tower taken'
 
 
-def to_flat(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-  """An image-text tree -> the LiT layout (module docstring), float32 (bfloat16 widened)."""
+def to_flat(params: Mapping[str, Any], dtype: str | None = None) -> dict[str, np.ndarray]:
+  """An image-text tree -> the LiT layout (module docstring), float32 (bfloat16 widened)
+  or `dtype` (`npz.cast_for_npz`)."""
   flat = {}
   for tower in TOWERS:
     flat.update({f'{tower}/{k}': v for k, v in flatten(params[tower]).items()})
@@ -184,23 +185,20 @@ def to_flat(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     raise CheckpointError(f'an image-text tree has no place for {unknown} in the LiT layout')
   out = {}
   for key, value in flat.items():
-    array = np.asarray(value)
-    if array.dtype.name == 'bfloat16' or (
-      np.issubdtype(array.dtype, np.floating) and array.dtype.itemsize < 4
-    ):
-      array = array.astype(np.float32)  # exact; .npz readers expect standard dtypes
-    out[key] = array
+    out[key] = npz.cast_for_npz(value, dtype)
   npz.check_arrays(out, 'params')
   return out
 
 
-def save_npz(params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True) -> None:
+def save_npz(
+  params: Mapping[str, Any], path: str | Path, groupnorm_4d: bool = True, dtype: str | None = None
+) -> None:
   """Writes `params` as an .npz, atomically: an image-text tree in the LiT layout, any other
-  tree in the released ViT layout (`npz.save_npz`)."""
+  tree in the released ViT layout (`npz.save_npz`); `dtype` as there."""
   if not is_tree(params):
-    npz.save_npz(params, path, groupnorm_4d)
+    npz.save_npz(params, path, groupnorm_4d, dtype)
     return
-  flat = to_flat(params)
+  flat = to_flat(params, dtype)
   files.atomic_write(path, lambda f: np.savez(f, **flat))
 
 

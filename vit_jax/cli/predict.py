@@ -11,7 +11,8 @@ The model is inferred from the parameter shapes unless `--model` is given.
 
 Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or
 the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
-the ImageNet-1k names that tensorflow_datasets ships for 1000-class heads; indices otherwise.
+the ImageNet-1k names (package data, vit_jax/data/imagenet_classes.py) for 1000-class heads;
+indices otherwise.
 
 A distilled model (DeiT) predicts with the mean of its two heads, as DeiT does; its features
 are the class and distillation tokens side by side (2 x hidden), of which that mean is one
@@ -23,17 +24,14 @@ Unreadable images are named in a one-line error, the others are still predicted,
 exit status is non-zero.
 """
 
-import ast
 import contextlib
 import dataclasses
 import functools
-import importlib.util
 import io
 import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import flax.linen as nn
@@ -137,42 +135,11 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
 # Class names.
 
 
-def _tfds_dir() -> Path | None:
-  spec = importlib.util.find_spec('tensorflow_datasets')  # locates it without importing it
-  if spec is None or not spec.submodule_search_locations:
-    return None
-  return Path(next(iter(spec.submodule_search_locations)))
+def imagenet_class_names() -> tuple[list[str], str]:
+  """The 1000 ImageNet-1k class names in label order (package data: data/imagenet_classes.py)."""
+  from vit_jax.data import imagenet_classes
 
-
-def imagenet_class_names() -> tuple[list[str], str] | None:
-  """The 1000 ImageNet-1k class names in label order, from files tensorflow_datasets ships.
-
-  Human-readable names come from the `IMAGENET_LABELS_LIST` literal in tfds'
-  `datasets/siscore/labels.py` (read with `ast.literal_eval`, never imported or executed);
-  the WordNet ids of `datasets/imagenet2012/labels.txt` are the fallback. Returns
-  (names, source) or None when neither file is there.
-  """
-  root = _tfds_dir()
-  if root is None:
-    return None
-  readable = root / 'datasets' / 'siscore' / 'labels.py'
-  if readable.is_file():
-    tree = ast.parse(readable.read_text())
-    for node in tree.body:
-      if (
-        isinstance(node, ast.Assign)
-        and len(node.targets) == 1
-        and getattr(node.targets[0], 'id', None) == 'IMAGENET_LABELS_LIST'
-      ):
-        names = ast.literal_eval(node.value)
-        if len(names) == IMAGENET_NUM_CLASSES:
-          return [str(n) for n in names], 'ImageNet-1k (tensorflow_datasets)'
-  wnids = root / 'datasets' / 'imagenet2012' / 'labels.txt'
-  if wnids.is_file():
-    names = wnids.read_text().split()
-    if len(names) == IMAGENET_NUM_CLASSES:
-      return names, 'ImageNet-1k WordNet ids (tensorflow_datasets)'
-  return None
+  return imagenet_classes.read()[1], 'ImageNet-1k (vit_jax package data)'
 
 
 def _names_from_config_json(path: epath.Path, num_classes: int) -> list[str] | None:
@@ -236,9 +203,7 @@ def class_names_for(
       if names is not None:
         return names, str(config)
   if num_classes == IMAGENET_NUM_CLASSES:
-    found = imagenet_class_names()
-    if found is not None:
-      return found
+    return imagenet_class_names()
   return None, 'indices'
 
 

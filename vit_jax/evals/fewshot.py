@@ -101,15 +101,19 @@ def accuracies(
   shots: Sequence[int],
   l2_regs: Sequence[float],
   seeds: int,
+  unreadable: np.ndarray | None = None,
 ) -> dict[tuple[int, float], float]:
   """{(shots, l2): test accuracy averaged over seeds 0 .. seeds-1}; `train` and `test` are
   (features, labels), `train` the whole pool the draws come from (its features may be any
-  array-like indexed by positions, holding only the rows that are drawn)."""
+  array-like indexed by positions, holding only the rows that are drawn). Drawn positions in
+  `unreadable` (images that could not be read) are left out of the draw they are in."""
   (x_train, y_train), (x_test, y_test) = train, test
   results: dict[tuple[int, float], list[float]] = {}
   for seed in range(seeds):
     for n in shots:
       chosen = draw(y_train, num_classes, n, seed)
+      if unreadable is not None and len(unreadable):
+        chosen = chosen[~np.isin(chosen, unreadable)]
       ridge = fit(x_train[chosen], y_train[chosen], num_classes)
       for l2 in l2_regs:
         hits = ridge.predict(x_test, l2) == y_test
@@ -213,7 +217,9 @@ class Evaluator(common.Evaluator):
       draws.append((task, labels, data_lib.Subset(task.source, task.train_split, chosen)))
     return draws
 
-  def _features(self, params, source, split) -> dict[str, np.ndarray]:
+  def _features(self, params, source, split) -> tuple[dict[str, np.ndarray], int]:
+    """The features of the readable examples, and how many could not be read (counted as
+    training counts them, and left out)."""
     ds = data_lib.eval_dataset(
       source,
       split,
@@ -223,18 +229,23 @@ class Evaluator(common.Evaluator):
       process_count=jax.process_count(),
     )
     parts, bad = [], data_lib.BadExamples('few-shot')  # unreadable images: masked out
+    unreadable = 0
     for local in data_lib.host_batches(ds):
       batch = parallel.global_batch(bad.take(local), self._sharding)
       out = jax.device_get(self._features_fn(params, batch))
+      unreadable += int(np.sum(out['bad'] > 0))  # over every process's examples
       parts.append({k: v[out['mask'] > 0] for k, v in out.items()})
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, unreadable
 
   def run(self, params: Any) -> dict[str, float]:
     fewshot, results = self._fewshot, {}
     for task, labels, subset in self._draws:
-      drawn = self._features(params, subset, task.train_split)
+      drawn, bad_shots = self._features(params, subset, task.train_split)
+      unreadable = np.setdiff1d(subset.indices, drawn['index'])
       pool = _Drawn(drawn['index'], drawn['features'])
-      test = self._features(params, task.source, task.test_split)
+      test, bad_test = self._features(params, task.source, task.test_split)
+      if bad_shots or bad_test:
+        results[f'{task.name}/bad_images'] = bad_shots + bad_test
       scores = accuracies(
         (pool, labels),
         (test['features'], test['label']),
@@ -242,6 +253,7 @@ class Evaluator(common.Evaluator):
         fewshot.shots,
         fewshot.l2_reg,
         fewshot.seeds,
+        unreadable,
       )
       for (shots, l2), accuracy in scores.items():
         name = f'{task.name}/{shots}shot'
@@ -253,7 +265,11 @@ class Evaluator(common.Evaluator):
 
   def describe(self, metrics: Mapping[str, float]) -> str:
     """The headline numbers (the first l2's) in one line."""
-    return ', '.join(f'{k} {v:.4f}' for k, v in metrics.items() if '/l2_' not in k)
+    return ', '.join(
+      f'{k} {v:.4f}' if not k.endswith('/bad_images') else f'{k} {v:g}'
+      for k, v in metrics.items()
+      if '/l2_' not in k
+    )
 
 
 def build(context: common.Context) -> Evaluator | None:

@@ -272,7 +272,8 @@ class Evaluations:
 
 
 class Saver:
-  """Saves the state, with its data position, once every earlier step has proved finite."""
+  """Saves the state, with its meta (step, batch, data shards), once every earlier step has
+  proved finite."""
 
   def __init__(self, checkpoints: state_lib.Checkpoints, guard, progress, batch, data_shards):
     self._checkpoints, self._guard, self._progress = checkpoints, guard, progress

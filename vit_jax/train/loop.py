@@ -79,7 +79,7 @@ def _start_state(setup: Setup, tx, lay, checkpoints) -> tuple[dict, dict]:
   state = state_lib.initial_state(setup, tx, lay, init_rng, dropout_rng)
   if setup.pretrained_path:
     _say(f'Fine-tuning from {setup.pretrained_path}.')
-  return state, {'step': 0, 'data_position': 0}
+  return state, {'step': 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +205,7 @@ def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dic
     _say(f'Already trained for {setup.total_steps} steps.')
   try:
     state, step, status = _loop(parts, state, start, stop_after, preemption)
+    checkpoints.settle()  # the last write finished on every process, or one line on each
   finally:
     if parts.profile is not None:
       parts.profile.close()

@@ -1,14 +1,16 @@
 """The train state: its shapes and shardings, a fresh start (scratch or pretrained), and the
 orbax checkpoints it is saved to and restored from.
 
-State: `{'params', 'opt_state', 'step': int32, 'rng': uint32[2] (the dropout key's data)}`,
+State: `{'params', 'opt_state', 'step': int32, 'rng': the dropout key's data (uint32[2] under
+threefry2x32, uint32[4] under rbg and unsafe_rbg: `jax.random.key_data`)}`,
 and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/polyak.py), shaped
 and sharded like the parameters.
-A checkpoint holds two items: `state`, and `meta` (JSON: the step, the data position, the
-global batch, the number of data shards the training stream was read as, and the unreadable
-training images replaced so far).
+A checkpoint holds two items: `state`, and `meta` (JSON: the step, the global batch, the
+number of data shards the training stream was read as, and the unreadable training images
+replaced so far, and `prng_impl`: the PRNG implementation the key data belongs to).
 """
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -19,6 +21,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, rundir
 from vit_jax.checkpoint.orbax import drop_abandoned_read_tracebacks
+from vit_jax.train import checkpoint_faults
 from vit_jax.train.setup import Setup
 
 
@@ -40,7 +43,7 @@ def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
     'params': params,
     'opt_state': jax.eval_shape(tx.init, params),
     'step': jax.ShapeDtypeStruct((), jnp.int32),
-    'rng': jax.ShapeDtypeStruct((2,), jnp.uint32),
+    'rng': jax.eval_shape(jax.random.key_data, init_rng),
   }
   rules = setup.spec.step.sharding
   shardings = {
@@ -119,13 +122,51 @@ class Checkpoints:
       self.directory, options=options, item_names=('state', 'meta')
     )
     self.last_saved: int | None = self.manager.latest_step()
+    self._writing: int | None = None  # the step being written
     self._closed = False
+    checkpoint_faults.drop_write_failure_tracebacks()
 
   def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Starts writing `step` once the previous write has finished on every process."""
+    self.settle()
     args = self._ocp.args
     items = args.Composite(state=args.StandardSave(state), meta=args.JsonSave(meta))
-    self.manager.save(step, args=items, force=True)
+    self._writing = step
+    with self._write_errors():
+      self.manager.save(step, args=items, force=True)
     self.last_saved = step
+
+  def settle(self) -> None:
+    """Waits for the write in flight; the processes vote on its outcome, so a write that
+    failed on any of them ends every process with the same one-line CheckpointWriteError."""
+    own = None
+    try:
+      self.wait()
+    except checkpoint_faults.CheckpointWriteError as e:
+      own = e
+    problems = distributed.Vote('checkpoint_write')(None if own is None else str(own))
+    if problems:
+      process, message = min(problems.items())
+      where = f'process {process}: ' if jax.process_count() > 1 else ''
+      error = checkpoint_faults.CheckpointWriteError(where + message)
+      error.errno = own.errno if own is not None else None
+      raise error
+
+  @contextlib.contextmanager
+  def _write_errors(self):
+    """orbax's and TensorStore's errors of a failed write as one CheckpointWriteError."""
+    try:
+      yield
+    except checkpoint_faults.CheckpointWriteError:
+      raise
+    except Exception as e:
+      step, self._writing = self._writing, None
+      self.last_saved = self._good_steps()[-1] if self._good_steps() else None
+      path = f'{self.directory}/{step}'
+      raise checkpoint_faults.write_failure(path, e, self._good_steps()) from None
+
+  def _good_steps(self) -> list[int]:
+    return rundir.checkpoint_steps(self.directory)
 
   def restore(self, step: int, lay: Layout) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, meta) of `step`; raises what orbax raises on a damaged or unfitting step."""
@@ -147,6 +188,7 @@ class Checkpoints:
     for step in sorted(self.manager.all_steps(), reverse=True):
       problem, restored = rundir.checkpoint_step_problem(self.directory, step), None
       if problem is None:
+        self._check_prng(step)
         try:
           restored = self.restore(step, lay)
         except Exception as e:  # orbax and tensorstore raise many kinds on damaged files
@@ -165,6 +207,23 @@ class Checkpoints:
       )
     return None
 
+  def _check_prng(self, step: int) -> None:
+    """A ValueError when `step`'s RNG key was made by another PRNG implementation than
+    this run's (its key data has another shape: a restore would fail as if damaged)."""
+    try:
+      meta = self.manager.restore(
+        step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore())
+      )
+      saved = meta['meta'].get('prng_impl', DEFAULT_PRNG_IMPL)
+    except Exception:  # a damaged meta item: the full restore below names the damage
+      return
+    if saved != prng_impl():
+      raise ValueError(
+        f'{self.directory}/{step} was written under the PRNG implementation {saved!r}, this run '
+        f'uses {prng_impl()!r}: set JAX_DEFAULT_PRNG_IMPL={saved} to '
+        'resume, or start afresh with a new --workdir.'
+      )
+
   def _set_aside(self, failed: list[tuple[int, str]], good: int) -> None:
     """Damaged steps newer than `good` renamed on process 0; orbax's list read again."""
     if not failed:
@@ -182,19 +241,35 @@ class Checkpoints:
     self.last_saved = self.manager.latest_step()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the write in flight (this process); CheckpointWriteError if it failed."""
+    with self._write_errors():
+      self.manager.wait_until_finished()
+    self._writing = None
 
   def close(self) -> None:
-    if not self._closed:
-      self._closed = True
-      self.manager.wait_until_finished()
-      self.manager.close()
+    """Waits for the write in flight and closes; a failed write raises once."""
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      self.wait()
+    finally:
+      with contextlib.suppress(Exception):  # its error was raised (or is being raised) above
+        self.manager.close()
 
 
-def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict[str, int]:
+DEFAULT_PRNG_IMPL = 'threefry2x32'  # JAX's default, and that of checkpoints without prng_impl
+
+
+def prng_impl() -> str:
+  """The name of the PRNG implementation new keys are made by (jax_default_prng_impl)."""
+  return str(jax.config.jax_default_prng_impl)
+
+
+def checkpoint_meta(step: int, batch: int, data_shards: int, bad_images: int = 0) -> dict:
   return {
     'step': step,
-    'data_position': step * batch,
+    'prng_impl': prng_impl(),
     'global_batch': batch,
     'data_shards': data_shards,
     'bad_images': bad_images,

@@ -1,0 +1,228 @@
+"""Checkpoint faults from outside: a write that fails (full disk, quota, permission, read-only)
+at the periodic, preemption and final save, and the PRNG implementations (rbg, unsafe_rbg)."""
+
+import contextlib
+import errno
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from conftest import TINY, digest
+from etils.epath import gpath
+
+from configs import digits as digits_config
+from vit_jax import rundir, train
+from vit_jax.train import checkpoint_faults
+from vit_jax.train.spec import with_overrides
+
+pytestmark = pytest.mark.usefixtures('module_compilation_cache')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(**overrides):
+  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  return with_overrides(digits_config.get_config(), dotted)
+
+
+def _same_params(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+  """The 6-step tiny run, checkpoints every 2 steps (saving changes no number)."""
+  workdir = str(tmp_path_factory.mktemp('uninterrupted'))
+  result = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+  result['workdir'] = workdir
+  return result
+
+
+@contextlib.contextmanager
+def _full_disk_at(step: int):
+  """Every file orbax opens for writing into `<step>.orbax-checkpoint-tmp` raises ENOSPC, as
+  a full disk does (at etils.epath, the layer orbax writes its Python-side files through)."""
+  original = gpath._GPath.open
+
+  def open_(self, mode='r', **kwargs):
+    if f'/{step}.orbax-checkpoint-tmp' in os.fspath(self) and set(mode) & set('wax'):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(self))
+    return original(self, mode, **kwargs)
+
+  gpath._GPath.open = open_
+  try:
+    yield
+  finally:
+    gpath._GPath.open = original
+
+
+def _wait_for_abandoned_writes(path: str, quiet_s: float = 0.5, limit_s: float = 20) -> None:
+  """Until nothing in `path` changed for `quiet_s`: the failed write's other TensorStore
+  writes go on in this process's threads (a process that exits on the error leaves none)."""
+
+  def sizes():
+    return sorted(
+      (r, len(fs), sum(os.path.getsize(os.path.join(r, f)) for f in fs))
+      for r, _, fs in os.walk(path)
+    )
+
+  deadline, last = time.monotonic() + limit_s, None
+  while time.monotonic() < deadline and (now := sizes()) != last:
+    last = now
+    time.sleep(quiet_s)
+
+
+# (the save that fails, config overrides, stop_after, the steps kept)
+SAVES = {
+  'periodic': (4, {'checkpoint_every': 2}, None, [2]),
+  'preemption': (4, {'checkpoint_every': 100}, 4, []),
+  'final': (6, {'checkpoint_every': 2}, None, [2, 4]),
+}
+
+
+@pytest.mark.parametrize('save', SAVES)
+def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
+  tmp_path, uninterrupted, save
+):
+  step, overrides, stop_after, kept = SAVES[save]
+  workdir = str(tmp_path / 'run')
+  checkpoints = rundir.checkpoint_dir(workdir)
+  with _full_disk_at(step), pytest.raises(checkpoint_faults.CheckpointWriteError) as failed:
+    train.train_and_evaluate(_config(**overrides), workdir, stop_after=stop_after)
+  message = str(failed.value)
+  assert failed.value.errno == errno.ENOSPC and '\n' not in message
+  steps = checkpoint_faults.kept_steps(kept)
+  assert message == (
+    f'Cannot write checkpoint {checkpoints}/{step} (no space left on the device): free space '
+    f'or grow the filesystem, then rerun the same command to resume ({steps} kept; the '
+    'partial write is removed at the next start).'
+  )
+  assert rundir.checkpoint_steps(checkpoints) == kept
+  _wait_for_abandoned_writes(os.path.join(checkpoints, f'{step}.orbax-checkpoint-tmp'))
+  good = {s: digest(os.path.join(checkpoints, str(s))) for s in kept}
+  result = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+  assert result['status'] == 'done'
+  assert sorted(os.listdir(checkpoints)) == ['2', '4', '6']  # no tmp directory left
+  assert {s: digest(os.path.join(checkpoints, str(s))) for s in kept} == good
+  _same_params(uninterrupted['params'], result['params'])
+
+
+@pytest.mark.parametrize(
+  'text, number',
+  [
+    ('RESOURCE_EXHAUSTED: Error writing local file "x": No space left on device', errno.ENOSPC),
+    ("Failed to write 3759 bytes to file 6 [os_error_code='122']", errno.EDQUOT),
+    ('PERMISSION_DENIED: Error opening "gs://b/c"', errno.EACCES),
+    ("[Errno 30] Read-only file system: '/mnt/x'", errno.EROFS),
+    ('NOT_FOUND: no such bucket', None),
+  ],
+)
+def test_the_cause_of_a_write_failure_is_read_off_tensorstore_text(text, number):
+  assert checkpoint_faults.storage_errno(ValueError(text)) == number
+
+
+def _tiny_flags(**overrides):
+  return [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='mounting a tmpfs needs root (CI runs as root)')
+def test_a_full_tmpfs_at_a_save_is_one_line_and_the_run_resumes_once_it_grows(
+  tmp_path, uninterrupted
+):
+  """The workdir on a 2100 KiB tmpfs: a step takes 680 KiB on 8 devices (more while written),
+  so the save at step 4 or 6 fills it. The run ends with exit 1 and one line naming that step
+  and the steps before it; grown to 8 MiB, the same run resumes, removes the partial write,
+  and ends exactly as an uninterrupted run."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2100k', 'tmpfs', str(mount)]).returncode:
+    pytest.skip('this machine does not allow mounting a tmpfs')
+  try:
+    workdir = str(mount / 'run')
+    flags = _tiny_flags(checkpoint_every=2)
+    command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/digits.py', '--workdir']
+    run = subprocess.run(
+      [*command, workdir, *flags], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 1, run.stderr
+    checkpoints = rundir.checkpoint_dir(workdir)
+    kept = rundir.checkpoint_steps(checkpoints)
+    assert kept in ([2], [2, 4]), run.stderr
+    failed = kept[-1] + 2
+    assert run.stderr == (
+      f'Error: Cannot write checkpoint {checkpoints}/{failed} (no space left on the device): '
+      'free space or grow the filesystem, then rerun the same command to resume '
+      f'({checkpoint_faults.kept_steps(kept)} kept; the partial write is removed at the next '
+      'start).\n'
+    )
+    assert f'{failed}.orbax-checkpoint-tmp' in os.listdir(checkpoints)
+    good = {s: digest(os.path.join(checkpoints, str(s))) for s in kept}
+    subprocess.run(['mount', '-o', 'remount,size=8m', str(mount)], check=True)
+    resumed = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+    assert sorted(os.listdir(checkpoints)) == ['2', '4', '6']  # no tmp directory left
+    _same_params(uninterrupted['params'], resumed['params'])
+    assert {s: digest(os.path.join(checkpoints, str(s))) for s in good} == good
+  finally:
+    subprocess.run(['umount', '-l', str(mount)])
+
+
+@contextlib.contextmanager
+def _prng(impl: str):
+  previous = jax.config.jax_default_prng_impl
+  jax.config.update('jax_default_prng_impl', impl)
+  try:
+    yield
+  finally:
+    jax.config.update('jax_default_prng_impl', previous)
+
+
+@pytest.mark.parametrize('impl', ['rbg', 'unsafe_rbg'])
+def test_rbg_stop_and_resume_is_exact_and_another_prng_is_one_line(tmp_path, impl):
+  """Dropout on, so the key matters: 4 steps in one go == 2, stopped, resumed for 2; the
+  run resumed under threefry2x32 is refused in one line."""
+  config = _config(
+    total_steps=4, checkpoint_every=2, eval_every=2, model__transformer__dropout_rate=0.1
+  )
+  workdir = str(tmp_path / 'run')
+  with _prng(impl):
+    full = train.train_and_evaluate(config, str(tmp_path / 'full'))
+    assert train.train_and_evaluate(config, workdir, stop_after=2)['status'] == 'preempted'
+    resumed = train.train_and_evaluate(config, workdir)
+  _same_params(full['params'], resumed['params'])
+  with _prng('threefry2x32'), pytest.raises(ValueError) as refused:
+    train.train_and_evaluate(with_overrides(config, {'total_steps': 6}), workdir)
+  assert str(refused.value) == (
+    f"{rundir.checkpoint_dir(workdir)}/4 was written under the PRNG implementation '{impl}', "
+    f"this run uses 'threefry2x32': set JAX_DEFAULT_PRNG_IMPL={impl} to resume, or "
+    'start afresh with a new --workdir.'
+  )
+
+
+@pytest.mark.parametrize('damage', ['corrupt', 'truncated'])
+def test_converting_a_run_whose_newest_step_is_damaged_names_it_and_the_newest_good_one(
+  tmp_path, uninterrupted, damage
+):
+  from vit_jax import checkpoint
+
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(uninterrupted['workdir'], workdir)
+  step_dir = os.path.join(rundir.checkpoint_dir(workdir), '6')
+  if damage == 'corrupt':
+    with open(os.path.join(step_dir, 'state', '_METADATA'), 'wb') as f:
+      f.write(b'\x00garbage\xff' * 7)
+  else:
+    for path in glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True):
+      os.truncate(path, os.path.getsize(path) // 2)
+  with pytest.raises(checkpoint.CheckpointError) as failed:
+    checkpoint.load(workdir)
+  message = str(failed.value)
+  assert message.startswith(f'{step_dir}: the orbax checkpoint is damaged (state: '), message
+  assert message.endswith(
+    f'; the newest good step is 4: convert {rundir.checkpoint_dir(workdir)}/4'
+  ), message

@@ -1,0 +1,105 @@
+"""A checkpoint write that fails (a full disk, a quota, a permission, a read-only mount):
+its cause read off the exception orbax or TensorStore raised, as one line with the fix.
+
+orbax writes a step asynchronously into `<step>.orbax-checkpoint-tmp` and renames it to
+`<step>` once every file is written; a failed write leaves only the tmp directory, which
+orbax removes when the next run opens the checkpoints (`cleanup_tmp_directories`). Each of
+the failed write's threads and tasks also logs its own traceback (orbax's
+`_SignalingThread.run() raised an exception`, asyncio's `... exception was never
+retrieved`): `drop_write_failure_tracebacks()` drops those, and only those, since the one
+line says it all.
+"""
+
+import errno
+import logging
+import re
+
+# (cause, fix) by errno, and the same errno as TensorStore writes it in its messages.
+_CAUSES = {
+  errno.ENOSPC: ('no space left on the device', 'free space or grow the filesystem'),
+  errno.EDQUOT: ('the disk quota is exceeded', 'raise the quota or free space'),
+  errno.EACCES: ('permission denied', 'make the directory writable for this user'),
+  errno.EPERM: ('operation not permitted', 'make the directory writable for this user'),
+  errno.EROFS: ('a read-only filesystem', 'remount it read-write'),
+}  # fmt: skip
+_TEXT = {  # what each cause reads like where the errno is only in the text
+  errno.ENOSPC: ('No space left on device', 'RESOURCE_EXHAUSTED'),
+  errno.EDQUOT: ('Disk quota exceeded', 'quota'),
+  errno.EACCES: ('Permission denied', 'PERMISSION_DENIED', 'AccessDenied'),
+  errno.EROFS: ('Read-only file system',),
+}
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+class CheckpointWriteError(OSError):
+  """A checkpoint could not be written; the message names the path, the cause and the fix."""
+
+
+def _chain(e: BaseException | None):
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    yield e
+    e = e.__cause__ or e.__context__
+
+
+def storage_errno(e: BaseException | None) -> int | None:
+  """The errno of a failed write (ENOSPC, EDQUOT, EACCES, EPERM, EROFS) in `e` or its causes,
+  from an OSError's errno or a TensorStore message's text; None for any other error."""
+  for link in _chain(e):
+    if isinstance(link, OSError) and link.errno in _CAUSES:
+      return link.errno
+    text = str(link)
+    code = _OS_ERROR_CODE.search(text)
+    if code and int(code.group(1)) in _CAUSES:
+      return int(code.group(1))
+    for number, words in _TEXT.items():
+      if any(w in text for w in words):
+        return number
+  return None
+
+
+def _first_line(e: BaseException) -> str:
+  return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def write_failure(path: str, e: BaseException, kept: list[int]) -> CheckpointWriteError:
+  """The one-line error of a failed write of the step directory `path`."""
+  number = storage_errno(e)
+  cause, fix = _CAUSES.get(number, (_first_line(e), 'check the filesystem of --workdir'))
+  steps = kept_steps(kept)
+  error = CheckpointWriteError(
+    f'Cannot write checkpoint {path} ({cause}): {fix}, then rerun the same command to resume '
+    f'({steps} kept; the partial write is removed at the next start).'
+  )
+  error.errno = number
+  return error
+
+
+def kept_steps(kept: list[int]) -> str:
+  """'step 3 is', 'steps 3, 6 are', 'no earlier step is'."""
+  if not kept:
+    return 'no earlier step is'
+  return f'step {kept[0]} is' if len(kept) == 1 else f'steps {", ".join(map(str, kept))} are'
+
+
+class _WriteFailureTracebacks(logging.Filter):
+  """Drops a record whose exception is a failed storage write (the one line follows)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is None or not (record.name == 'asyncio' or 'orbax' in record.pathname):
+      return True
+    return storage_errno(error) is None
+
+
+_FILTER = _WriteFailureTracebacks()
+
+
+def drop_write_failure_tracebacks() -> None:
+  """From now on, orbax's and asyncio's tracebacks of failed writes are not logged
+  (installing it twice is a no-op)."""
+  for name in ('absl', 'asyncio'):
+    logger = logging.getLogger(name)
+    if _FILTER not in logger.filters:
+      logger.addFilter(_FILTER)
