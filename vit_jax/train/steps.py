@@ -206,6 +206,10 @@ def make_contrastive_shard_map_train_step(
     params = jax.lax.pcast(state['params'], axis, to='varying')
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
     grads = jax.lax.psum(grads, axis)
+    # The metrics of the parameters alone (the temperature, the bias) are the same on every
+    # device but typed device-varying: their mean is the value, typed replicated (the mean
+    # of the others, already replicated, is themselves).
+    metrics = jax.lax.pmean(metrics, axis)
     state, out = _apply(tx, schedule, state, loss, grads, step.polyak_decay)
     return state, {**metrics, **out}
 
