@@ -52,7 +52,8 @@ def _scripts() -> dict[str, str]:
 def test_the_console_scripts_are_the_entry_points_and_python_m_finds_each():
   declared = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['scripts']
   assert declared == _scripts()
-  assert len(declared) == 7  # train, convert, predict, visualize, benchmark, reproduce, models
+  assert len(declared) == 8  # train, convert, predict, visualize, benchmark, reproduce, models,
+  # zeroshot
   for entry in cli.ENTRY_POINTS:
     assert importlib.util.find_spec(entry.module) is not None, entry
     assert cli.entry_point(entry.module, [entry.mode]) == entry

@@ -9,6 +9,7 @@
                    vit_jax.benchmark --pipeline benchmark_pipeline  the input pipeline's
   vit-reproduce    vit_jax.reproduce            reproduce   the paper's tables
   vit-models       vit_jax.models               models      the model zoo (Table 1)
+  vit-zeroshot     vit_jax.zeroshot             zeroshot    image-text zero-shot classes
 
 Each module defines its flags in `define_flags(flag_values)`, which its `run_cli()` (the
 console script, pyproject.toml) calls at program start; importing a module defines none. So
@@ -46,6 +47,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_pipeline', '--pipeline'),
   EntryPoint('vit_jax.reproduce', 'vit-reproduce', 'vit_jax.cli.reproduce'),
   EntryPoint('vit_jax.models', 'vit-models', 'vit_jax.cli.models'),
+  EntryPoint('vit_jax.zeroshot', 'vit-zeroshot', 'vit_jax.cli.zeroshot'),
 )
 
 

@@ -8,12 +8,13 @@ does not ask for it. A new evaluator is a module with a `common.Evaluator` subcl
 
 from collections.abc import Callable
 
-from vit_jax.evals import classification, common, fewshot, real
+from vit_jax.evals import classification, common, fewshot, real, zeroshot
 
 REGISTRY: dict[str, Callable[[common.Context], common.Evaluator | None]] = {
   'test': classification.build,
   'real': real.build,
   'fewshot': fewshot.build,
+  'zeroshot': zeroshot.build,
 }
 
 

@@ -24,6 +24,26 @@ class Fewshot:
 
 
 @dataclasses.dataclass(frozen=True)
+class Zeroshot:
+  """`config.zeroshot`: zero-shot top-1 of an image-text model (evals/zeroshot.py)."""
+
+  # Datasets: a name as `config.dataset` takes ('digits', a tfds name, an image folder) with
+  # its 'test' split, or a pair (name, split). Class names: the dataset's (ImageNet: CLIP's).
+  datasets: tuple = ()
+  # Prompt templates: set names of vit_jax/evals/prompts.json ('clip', 'clip_best', ...) or
+  # templates with '{}' for the class name.
+  templates: tuple = ('clip_best',)
+  # Class names and templates canonicalised as big_vision does (lower case, no punctuation).
+  canonicalize: bool = True
+  # The tokenizer's vocabulary file; the tokenizer and max_len default to the model's `pp`.
+  vocab: str = ''
+  tokenizer: str = ''
+  max_len: int = 0
+  # Prompts per text-tower batch.
+  batch_texts: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
 class Evals:
   """The evaluations: the test split's, and those beside it."""
 
@@ -32,6 +52,9 @@ class Evals:
   # Few-shot linear accuracy every so many steps (and at the end); 0 = never.
   fewshot_every: int = 0
   fewshot: Fewshot = Fewshot()
+  # Zero-shot accuracy of an image-text model every so many steps (and at the end); 0 = never.
+  zeroshot_every: int = 0
+  zeroshot: Zeroshot = Zeroshot()
   # A split of tfds `imagenet2012_real` (e.g. 'validation'): ImageNet ReaL accuracy at every
   # evaluation ('' = none).
   real_split: str = ''
@@ -51,6 +74,7 @@ def check(evals: Evals) -> None:
         f'config.fewshot.datasets entry {entry!r}: expected a dataset name or a triple '
         '(name, train split, test split).'
       )
+  _check_zeroshot(evals)
   checks = {
     'shots': all(isinstance(n, int) and n > 0 for n in fewshot.shots) and fewshot.shots,
     'l2_reg': all(isinstance(v, int | float) and v > 0 for v in fewshot.l2_reg) and fewshot.l2_reg,
@@ -60,3 +84,20 @@ def check(evals: Evals) -> None:
     if not ok:
       value = getattr(fewshot, key)
       raise ValueError(f'config.fewshot.{key}={value!r}; expected positive numbers.')
+
+
+def _check_zeroshot(evals: Evals) -> None:
+  zeroshot = evals.zeroshot
+  if evals.zeroshot_every < 0:
+    raise ValueError(f'config.zeroshot_every={evals.zeroshot_every}; expected >= 0 (0 = never).')
+  if evals.zeroshot_every and not zeroshot.datasets:
+    raise ValueError('config.zeroshot_every is set but config.zeroshot.datasets is empty.')
+  for entry in zeroshot.datasets:
+    pair = isinstance(entry, tuple | list) and len(entry) == 2 and all(entry)
+    if not (isinstance(entry, str) and entry) and not pair:
+      raise ValueError(
+        f'config.zeroshot.datasets entry {entry!r}: expected a dataset name or a pair '
+        '(name, split).'
+      )
+  if zeroshot.batch_texts < 1 or zeroshot.max_len < 0:
+    raise ValueError('config.zeroshot.batch_texts must be positive, max_len >= 0.')

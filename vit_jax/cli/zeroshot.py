@@ -1,0 +1,302 @@
+"""Zero-shot classification with an image-text model (LiT, SigLIP): classes named in words.
+
+  python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --classes=cat,dog,boat [--top_k 3] \
+      [--templates=clip_best] [--json] IMAGE...
+  python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --dataset=cifar100 [--split=test] \
+      [--limit=N] [--json]
+
+The first prints each image's top-k classes with probabilities: LiT's softmax over the classes
+of exp(t) times the cosine similarities, SigLIP's sigmoid(exp(t) * similarity + b) of each
+class alone (they need not sum to 1). The second prints the top-1 accuracy over a split of a
+tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'.
+
+The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
+for a BERT tower, `NAME.model` for a sentencepiece one), or from `--vocab` (a SigLIP file's
+is not beside it). Class names come from `--classes` (a comma-separated list, or a file with
+one name a line), else from `--dataset` (ImageNet: CLIP's curated names); templates from
+`--templates` (set names of vit_jax/evals/prompts.py, or templates with '{}', separated by
+';'). Names and templates are canonicalised as big_vision does unless `--nocanonicalize`.
+Each class embedding is the mean of its prompts' normalised embeddings, renormalised
+(`vit_jax.evals.zeroshot`); the class embeddings are cached in `--cache_dir` by checkpoint
+(path, size, time), vocabulary, names and templates, since 1,000 classes and 80 templates are
+80,000 text passes.
+
+Images are preprocessed as the original LiT code does: resized to the model's size without a
+crop (bilinear), cast to uint8, then to [-1, 1]. A file that is not an image-text model, a
+missing vocabulary, a vocabulary of the wrong kind or size for the text tower, an unknown
+dataset and an unreadable image are errors of one line; the other images are still classified.
+"""
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from absl import flags, logging
+
+from vit_jax import checkpoint as ckpt
+from vit_jax import cli, files
+from vit_jax.models import is_two_tower
+
+VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model'}
+
+
+@dataclasses.dataclass
+class Loaded:
+  """An image-text checkpoint ready to embed: model, parameters, tokenizer, t and b."""
+
+  model: Any
+  params: Any
+  tokenizer: Any
+  name: str
+  size: int
+  vocab: str
+  t: float  # exp of the checkpoint's t
+  b: float | None  # SigLIP's logit bias
+
+  @functools.cached_property
+  def apply(self):
+    """The model's apply, compiled (images alone: the normalised image embeddings)."""
+    return jax.jit(self.model.apply)
+
+
+def vocab_beside(checkpoint: str, tokenizer_name: str) -> str:
+  """The released vocabulary of a checkpoint: `NAME.txt` (BERT) or `NAME.model`."""
+  stem = str(checkpoint).removesuffix('.npz')
+  return stem + VOCAB_SUFFIX[tokenizer_name]
+
+
+def load(checkpoint: str, vocab: str | None = None) -> Loaded:
+  """The image-text model of `checkpoint` and its tokenizer; one-line ValueErrors."""
+  from vit_jax.evals import zeroshot  # the evaluators import TensorFlow
+
+  fitted = ckpt.fit(checkpoint)
+  config = fitted.config
+  if not is_two_tower(config):
+    raise ValueError(
+      'not an image-text (LiT, SigLIP) checkpoint: it holds no text tower; classify with '
+      'python -m vit_jax.predict'
+    )
+  pp = dict(config.get('pp') or {})
+  name = pp.get('tokenizer_name', 'bert')
+  path = vocab or vocab_beside(checkpoint, name)
+  if not vocab and not files.path(path).exists():
+    raise ValueError(
+      f'no tokenizer vocabulary beside the checkpoint: expected {path} (a {name} vocabulary); '
+      'give it with --vocab'
+    )
+  tokenizer = zeroshot.model_tokenizer(pp, path)
+  rows = dict(config.text)['vocab_size']
+  if tokenizer.vocab_size > rows:
+    raise ValueError(
+      f'{path}: {tokenizer.vocab_size} pieces, but the text tower embeds {rows}: not this '
+      "checkpoint's vocabulary"
+    )
+  params = fitted.params
+  t = float(np.exp(np.asarray(params['t']).reshape(())))
+  b = float(np.asarray(params['b']).reshape(())) if 'b' in params else None
+  label = fitted.name or ckpt.two_towers.describe(config)
+  return Loaded(fitted.model(), params, tokenizer, label, int(pp.get('size', 224)), path, t, b)
+
+
+def read_classes(classes: str) -> list[str]:
+  """A comma-separated list, or a file of one name a line."""
+  if files.path(classes).is_file():
+    lines = files.path(classes).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip()]
+  return [name.strip() for name in classes.split(',') if name.strip()]
+
+
+def _cache_key(loaded: Loaded, checkpoint: str, names, templates) -> str:
+  stat = os.stat(checkpoint) if files.is_local(checkpoint) else None
+  where = [os.path.abspath(checkpoint), stat and stat.st_size, stat and stat.st_mtime_ns]
+  text = json.dumps([where, os.path.abspath(loaded.vocab), names, templates])
+  return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def class_embeddings(loaded: Loaded, checkpoint: str, names, templates, cache_dir: str):
+  """(C, D) class embeddings, read from or written to `cache_dir` ('' = no cache)."""
+  from vit_jax.evals import zeroshot
+
+  path = os.path.join(cache_dir, _cache_key(loaded, checkpoint, names, templates) + '.npy')
+  if cache_dir and os.path.exists(path):
+    return np.load(path, allow_pickle=False), True
+  args = (loaded.model, loaded.params, loaded.tokenizer, names, templates)
+  zcls = zeroshot.class_embeddings(*args)
+  if cache_dir:
+    os.makedirs(cache_dir, exist_ok=True)
+    np.save(path + '.tmp.npy', zcls)
+    os.replace(path + '.tmp.npy', path)
+  return zcls, False
+
+
+def lit_preprocess(image, size: int):
+  """The original's `PreprocessImages` (crop=False): bilinear resize, uint8, [-1, 1]."""
+  import tensorflow as tf
+
+  image = tf.cast(tf.image.resize(image, [size, size], method='bilinear'), tf.uint8)
+  return -1 + tf.cast(image, tf.float32) / 255 * 2
+
+
+def _embed_images(loaded: Loaded, images: np.ndarray) -> np.ndarray:
+  return np.asarray(loaded.apply({'params': loaded.params}, images=images)[0])
+
+
+def classify_files(loaded: Loaded, zcls, paths, batch_size: int):
+  """(names of the readable images, their probabilities (n, C)), and one error per other."""
+  from vit_jax.cli import predict
+  from vit_jax.evals import zeroshot
+
+  good, pixels, errors = [], [], []
+  for path in paths:
+    try:
+      pixels.append(lit_preprocess(predict.read_image(path), loaded.size).numpy())
+      good.append(path)
+    except predict.ImageError as e:
+      errors.append(str(e))
+  probs = []
+  for start in range(0, len(pixels), batch_size):
+    zimg = _embed_images(loaded, np.stack(pixels[start : start + batch_size]))
+    probs.append(np.asarray(zeroshot.probabilities(zimg, zcls, loaded.t, loaded.b)))
+  return good, (np.concatenate(probs) if probs else np.zeros((0, len(zcls)))), errors
+
+
+def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, limit: int):
+  """Top-1 accuracy over `split` (its first `limit` examples if set): (accuracy, count)."""
+  import tensorflow as tf
+
+  from vit_jax import data as data_lib
+  from vit_jax.evals import zeroshot
+
+  @tf.autograph.experimental.do_not_convert
+  def prepare(raw):
+    example = source.example(raw)
+    image = lit_preprocess(source.decode(example['image']), loaded.size)
+    return image, example['label']
+
+  records = source.records(split)
+  if limit:
+    records = records.take(limit)
+  zimg, labels = [], []
+  for images, label in data_lib.host_batches(records.map(prepare).batch(batch_size)):
+    zimg.append(_embed_images(loaded, images))
+    labels.append(label)
+  if not zimg:
+    raise ValueError(f'split {split!r} is empty')
+  zimg, labels = np.concatenate(zimg), np.concatenate(labels)
+  return zeroshot.accuracy(zimg, labels, zcls), len(labels)
+
+
+def _print_predictions(good, probs, names, k, loaded, as_json, errors) -> None:
+  k = min(k, len(names))
+  top = np.argsort(-probs, axis=1, kind='stable')[:, :k]
+  rows = [
+    {'image': path, 'top_k': [{'class': names[c], 'probability': float(p[c])} for c in order]}
+    for path, p, order in zip(good, probs, top, strict=True)
+  ]
+  if as_json:
+    kind = 'sigmoid' if loaded.b is not None else 'softmax'
+    info = {'model': loaded.name, 'classes': len(names), 'probabilities': kind}
+    print(json.dumps({**info, 'predictions': rows, 'errors': errors}, indent=1))
+    return
+  for row in rows:
+    shown = ', '.join(f'{c["class"]} {c["probability"]:.4f}' for c in row['top_k'])
+    print(f'{row["image"]}: {shown}')
+
+
+def run(
+  checkpoint: str,
+  images: Sequence[str],
+  classes: str = '',
+  templates: str = 'clip_best',
+  dataset: str = '',
+  options: dict[str, Any] | None = None,
+) -> int:
+  """The command line's work; returns the exit status. `options`: vocab, split, limit,
+  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir."""
+  from vit_jax import data as data_lib
+  from vit_jax.evals import prompts
+
+  o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
+  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None} | (options or {})
+  try:
+    if bool(images) == bool(dataset):
+      raise ValueError('give image files (with --classes) or --dataset, not both nor neither')
+    loaded = load(checkpoint, o['vocab'])
+    source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
+    names = read_classes(classes) if classes else source.class_names() if source else []
+    if not names:
+      raise ValueError('no class names: give --classes=a,b,c (or a file), or --dataset')
+    if source and len(names) != source.num_classes:
+      raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
+    names = prompts.class_names(dataset, names, o['canonicalize']) if not classes else names
+    filled = prompts.templates(templates.split(';'), o['canonicalize'])
+    zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
+    if source:
+      accuracy, count = dataset_accuracy(
+        loaded, zcls, source, o['split'], o['batch_size'], o['limit']
+      )
+  except (OSError, ValueError, KeyError) as e:
+    print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
+    return 2
+  if not o['json']:
+    print(
+      f'{loaded.name}: {len(names)} classes x {len(filled)} templates'
+      f'{" (class embeddings from the cache)" if cached else ""}'
+    )
+  if source:
+    result = {'model': loaded.name, 'dataset': dataset, 'split': o['split'], 'count': count}
+    result['accuracy'] = accuracy
+    print(json.dumps(result) if o['json'] else f'zero-shot top-1 {accuracy:.4f} on {count} images')
+    return 0
+  good, probs, errors = classify_files(loaded, zcls, images, o['batch_size'])
+  _print_predictions(good, probs, names, o['top_k'], loaded, o['json'], errors)
+  for error in errors:
+    print(f'error: {error}', file=sys.stderr)
+  return 1 if errors else 0
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command line's flags, on `flag_values` (defined at program start)."""
+  fv = flag_values
+  flags.DEFINE_string('checkpoint', None, 'A LiT or SigLIP .npz.', required=True, flag_values=fv)
+  flags.DEFINE_string('vocab', None, 'Tokenizer vocabulary; default: beside it.', flag_values=fv)
+  flags.DEFINE_string('classes', '', 'Class names: a,b,c or a file of one a line.', flag_values=fv)
+  flags.DEFINE_string(
+    'templates', 'clip_best', "Template sets or templates with '{}', ';'-separated.", flag_values=fv
+  )
+  flags.DEFINE_string('dataset', '', 'A tfds name, an image folder or digits.', flag_values=fv)
+  flags.DEFINE_string('split', 'test', 'The split of --dataset.', flag_values=fv)
+  flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
+  flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
+  flags.DEFINE_integer('top_k', 5, 'How many classes to show per image.', flag_values=fv)
+  flags.DEFINE_bool('json', False, 'Print JSON instead of text.', flag_values=fv)
+  flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.', flag_values=fv)
+  flags.DEFINE_bool('canonicalize', True, 'Canonicalise names and templates.', flag_values=fv)
+  default_cache = os.path.join(os.path.expanduser('~'), '.cache', 'vit_jax', 'zeroshot')
+  flags.DEFINE_string(
+    'cache_dir', default_cache, "Class embeddings cache ('': none).", flag_values=fv
+  )
+
+
+def main(argv: Sequence[str]) -> None:
+  f = flags.FLAGS
+  if not f['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)
+  from vit_jax import data
+
+  data.hide_accelerators_from_tensorflow()
+  keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'canonicalize', 'cache_dir')
+  options = {k: f[k].value for k in (*keys, 'tfds_data_dir')}
+  sys.exit(run(f.checkpoint, argv[1:], f.classes, f.templates, f.dataset, options))
+
+
+def run_cli() -> None:
+  """The `vit-zeroshot` console script (and `python -m vit_jax.zeroshot`)."""
+  cli.start(define_flags, main)

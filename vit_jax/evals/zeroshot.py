@@ -1,0 +1,223 @@
+"""Zero-shot classification with an image-text model (LiT, SigLIP): classes as texts.
+
+The API (big_vision's `discriminative_classifier`, the original LiT colab):
+
+  zcls = class_embeddings(model, params, tokenizer, class_names, templates, batch_size)
+  logits(zimg, zcls, t, b)            # exp(t)-scaled cosine similarities (+ SigLIP's bias b)
+  probabilities(zimg, zcls, t, b)     # LiT: softmax over the classes; SigLIP (b given): sigmoid
+  accuracy(zimg, labels, zcls)        # top-1: the class of the most similar embedding
+
+`class_embeddings` fills each template ('a photo of a {}.') with each class name, tokenizes
+the texts, embeds them with the text tower in batches of `batch_size` (the last one padded,
+so one compilation serves all), and returns (C, D): per class the mean of its prompts'
+L2-normalised embeddings, normalised again (divided by norm + 1e-8, as big_vision). `zimg` are
+the model's normalised image embeddings (B, D). The `Evaluator` ('zeroshot' in the registry,
+`config.zeroshot_every`, `config.zeroshot`) measures `zeroshot/<dataset>` top-1 on any dataset
+the trainer reads (tfds, an image folder, 'digits'), with class names from the dataset (for
+ImageNet CLIP's curated ones, vit_jax/evals/prompts.py) and the templates it names; the class
+embeddings are recomputed at each run (the text tower may be training), the prompts' tokens
+once.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import data as data_lib
+from vit_jax import files, parallel
+from vit_jax.evals import common, prompts
+
+NORM_EPSILON = 1e-8  # the original's: z / (|z| + 1e-8)
+
+
+def text_embedder(model, mesh: jax.sharding.Mesh | None = None) -> Callable:
+  """(params, tokens (N, L)) -> the normalised text embeddings (N, D), compiled once; with a
+  mesh the tokens are split over its devices (every process passes the same tokens)."""
+  fn = jax.jit(lambda params, tokens: model.apply({'params': params}, tokens=tokens)[1])
+  if mesh is None:
+    return fn
+  sharding = parallel.batch_sharding(mesh)
+  return lambda params, tokens: fn(params, parallel.place(tokens, sharding))
+
+
+def prompt_texts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
+  """Each template filled with each class name, class-major: C * T texts."""
+  return [template.format(name) for name in class_names for template in templates]
+
+
+def embed_tokens(embed: Callable, params: Any, tokens: np.ndarray, batch_size: int) -> np.ndarray:
+  """`embed(params, batch)` over `tokens` in batches of `batch_size` (the last padded with
+  copies of the first row, which are dropped): (N, D) float32 on the host."""
+  n = len(tokens)
+  parts = []
+  for start in range(0, n, batch_size):
+    batch = tokens[start : start + batch_size]
+    pad = batch_size - len(batch)
+    if pad:
+      batch = np.concatenate([batch, np.repeat(tokens[:1], pad, axis=0)])
+    parts.append(np.asarray(jax.device_get(embed(params, batch)), np.float32)[: len(batch) - pad])
+  return np.concatenate(parts)
+
+
+def average(embeddings: np.ndarray, num_classes: int) -> np.ndarray:
+  """(C * T, D) class-major prompt embeddings -> (C, D): the mean per class, renormalised."""
+  z = embeddings.reshape(num_classes, -1, embeddings.shape[-1]).mean(axis=1)
+  return z / (np.linalg.norm(z, axis=1, keepdims=True) + NORM_EPSILON)
+
+
+def class_embeddings(
+  model,
+  params: Any,
+  tokenizer: Callable[[list[str]], np.ndarray],
+  class_names: Sequence[str],
+  templates: Sequence[str],
+  batch_size: int = 256,
+  embed: Callable | None = None,
+) -> np.ndarray:
+  """(C, D): each class's prompts embedded by the text tower, averaged, renormalised;
+  `embed` a `text_embedder(model)` to reuse (its compilation), else one is made."""
+  if not class_names:
+    raise ValueError('zero-shot needs at least one class name.')
+  tokens = np.asarray(tokenizer(prompt_texts(class_names, templates)), np.int32)
+  embed = embed or text_embedder(model)
+  return average(embed_tokens(embed, params, tokens, batch_size), len(class_names))
+
+
+def logits(zimg, zcls, t=1.0, b=None) -> jnp.ndarray:
+  """exp(t) * zimg . zcls (+ b): `t` the model's `out['t']` (already exp'd), `b` SigLIP's."""
+  scores = jnp.asarray(t).reshape(()) * (jnp.asarray(zimg) @ jnp.asarray(zcls).T)
+  return scores if b is None else scores + jnp.asarray(b).reshape(())
+
+
+def probabilities(zimg, zcls, t=1.0, b=None) -> jnp.ndarray:
+  """LiT (no `b`): a softmax over the classes; SigLIP: each class's sigmoid."""
+  scores = logits(zimg, zcls, t, b)
+  return jax.nn.softmax(scores, axis=-1) if b is None else jax.nn.sigmoid(scores)
+
+
+def accuracy(zimg, labels, zcls) -> float:
+  """Top-1 accuracy: the most similar class embedding (neither t nor b changes the order)."""
+  predicted = np.argmax(np.asarray(zimg) @ np.asarray(zcls).T, axis=-1)
+  return float(np.mean(predicted == np.asarray(labels)))
+
+
+# ----------------------------------------------------------------------------------------
+# The evaluator of a training run.
+# ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One zero-shot dataset: its metric name, source, split, and the prompts' tokens."""
+
+  name: str
+  source: data_lib.Source
+  split: str
+  tokens: np.ndarray  # (C * T, L), class-major
+  num_classes: int
+
+
+def open_tasks(zeroshot, data_dir: str | None, tokenizer: Callable) -> tuple[Task, ...]:
+  """The `config.zeroshot.datasets` entries opened, their prompts tokenized; one-line errors."""
+  templates = prompts.templates(zeroshot.templates, zeroshot.canonicalize)
+  tasks = []
+  for entry in zeroshot.datasets:
+    dataset, split = (entry, 'test') if isinstance(entry, str) else tuple(entry)
+    source = data_lib.get_source(dataset, data_dir)
+    if source.num_examples(split) == 0:
+      raise ValueError(f'config.zeroshot.datasets: split {split!r} of {dataset!r} is empty.')
+    names = prompts.class_names(dataset, source.class_names(), zeroshot.canonicalize)
+    tokens = np.asarray(tokenizer(prompt_texts(names, templates)), np.int32)
+    name = files.path(dataset).name if files.path(dataset).is_dir() else dataset
+    tasks.append(Task(name, source, split, tokens, len(names)))
+  return tuple(tasks)
+
+
+def compile_images(model, mesh: jax.sharding.Mesh) -> Callable:
+  """(params, batch) -> {'z': normalised image embeddings, 'label', 'mask'}, replicated, so
+  every process holds the whole global batch (the parameters keep their shardings)."""
+
+  def images(params, batch):
+    z = model.apply({'params': params}, images=batch['image'])[0]
+    return {'z': z, 'label': batch['label'], 'mask': batch['mask']}
+
+  return jax.jit(images, out_shardings=parallel.replicated(mesh))
+
+
+class Evaluator(common.Evaluator):
+  """`run(params)` -> {'<dataset>': top-1}, named `zeroshot/...`, every `zeroshot_every`."""
+
+  prefix = 'zeroshot/'
+
+  def __init__(self, context: common.Context, tasks: Sequence[Task]):
+    super().__init__(context.evals.zeroshot_every)
+    self._data, self._tasks = context.data, tuple(tasks)
+    self._batch_texts = context.evals.zeroshot.batch_texts
+    self._embed_texts = text_embedder(context.model, context.mesh)
+    self._embed_images = compile_images(context.model, context.mesh)
+    self._sharding = parallel.batch_sharding(context.mesh)
+
+  def _images(self, params, task: Task) -> tuple[np.ndarray, np.ndarray]:
+    """The image embeddings and labels of the task's split (padding, unreadable images out)."""
+    ds = data_lib.eval_dataset(
+      task.source,
+      task.split,
+      self._data,
+      local_batch=parallel.local_batch_size(self._data.batch_eval),
+      process_index=jax.process_index(),
+      process_count=jax.process_count(),
+    )
+    parts, bad = [], data_lib.BadExamples('zero-shot')
+    for local in data_lib.host_batches(ds):
+      batch = parallel.global_batch(bad.take(local), self._sharding)
+      out = jax.device_get(self._embed_images(params, batch))
+      parts.append((out['z'][out['mask'] > 0], out['label'][out['mask'] > 0]))
+    return np.concatenate([z for z, _ in parts]), np.concatenate([y for _, y in parts])
+
+  def run(self, params: Any) -> dict[str, float]:
+    results = {}
+    for task in self._tasks:
+      embedded = embed_tokens(self._embed_texts, params, task.tokens, self._batch_texts)
+      zimg, labels = self._images(params, task)
+      results[task.name] = accuracy(zimg, labels, average(embedded, task.num_classes))
+    return results
+
+
+def model_tokenizer(
+  pp: Mapping[str, Any] | None, vocab: str, name: str = '', max_len: int = 0
+) -> Callable:
+  """The tokenizer of a two-tower model's `pp` (`tokenizer_name`, `max_len`; SigLIP's
+  `lower_case` with big_vision's sticky `</s>` and padding 1) on `vocab`; `name` and
+  `max_len` override the model's."""
+  from vit_jax import text  # sentencepiece only when texts are tokenized
+
+  pp = dict(pp or {})
+  name, max_len = name or pp.get('tokenizer_name', ''), max_len or pp.get('max_len', 0)
+  if not name or not max_len:
+    raise ValueError(
+      "the model names no tokenizer: give the tokenizer ('bert' or 'sentencepiece') and max_len."
+    )
+  options = {'eos': 'sticky', 'pad_value': 1, 'lower': True} if pp.get('lower_case') else {}
+  return text.get_tokenizer(name, vocab, int(max_len), **options)
+
+
+def build(context: common.Context) -> Evaluator | None:
+  """The evaluator of `config.zeroshot`, its datasets opened and prompts tokenized; None when
+  `zeroshot_every` is 0."""
+  evals = context.evals
+  if not evals.zeroshot_every:
+    return None
+  zeroshot = evals.zeroshot
+  if not zeroshot.vocab:
+    raise ValueError('config.zeroshot_every is set but config.zeroshot.vocab is empty.')
+  try:
+    tokenizer = model_tokenizer(
+      getattr(context.model, 'pp', None), zeroshot.vocab, zeroshot.tokenizer, zeroshot.max_len
+    )
+  except (ValueError, FileNotFoundError) as e:
+    raise ValueError(f'config.zeroshot: {e}') from None
+  return Evaluator(context, open_tasks(zeroshot, context.data.tfds_data_dir or None, tokenizer))
