@@ -82,4 +82,11 @@ def get_config(variant: str = 'softmax') -> ml_collections.ConfigDict:
   config.accum_steps = 1
   config.progress_every = 50
   config.checkpoint_every = 500
+  # Zero-shot top-1 on the 360 test digits with the held-out templates, at the end.
+  config.zeroshot_every = config.total_steps
+  config.zeroshot.datasets = ('digits',)
+  config.zeroshot.templates = digits_text.HELD_OUT_TEMPLATES
+  config.zeroshot.canonicalize = False  # the templates as training's captions are written
+  config.zeroshot.vocab = str(digits_text.VOCAB)
+  config.batch_eval = 360
   return config

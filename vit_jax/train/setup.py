@@ -206,7 +206,8 @@ def prepare(
   )
   context = evals_common.Context(spec.evals, spec.data, model, mesh, source)
   # The classification evaluators measure class logits: a contrastive run has none.
-  evaluators = {} if spec.step.task == 'contrastive' else evals_registry.build(context)
+  names = ('zeroshot',) if spec.step.task == 'contrastive' else None
+  evaluators = evals_registry.build(context, names)
   _check_locked(spec, pretrained_path, resuming)
   teacher, teacher_params = None, None
   if spec.step.distill.enabled:
