@@ -4,6 +4,8 @@
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,24 +19,42 @@ from scipy.special import log_expit, logsumexp
 
 from configs import lit_coco, lit_digits, siglip_lit_coco
 from vit_jax import data as data_lib
-from vit_jax import optim, parallel, rundir, train
+from vit_jax import distributed, optim, parallel, rundir, train
+from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.checkpoint import save_npz
 from vit_jax.data import captions, digits_text
 from vit_jax.models import model_from_config, stats
 from vit_jax.train import image_text, setup, steps
 from vit_jax.train import loop as loop_lib
 from vit_jax.train import state as state_lib
+from vit_jax.train.spec import with_overrides
 
-# A tiny image tower (a digits ViT, pooled by GAP) and text tower.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny image tower (a digits ViT of one block, pooled by GAP: 64 features) and text tower
+# (width 16, its head 64), as dotted config overrides (also `--config.KEY=VALUE` flags).
 IMAGE = {
   'patches': {'size': (2, 2)},
-  'hidden_size': 16,
+  'hidden_size': 64,
   'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2, 'dropout_rate': 0.0},
   'classifier': 'gap',
   'representation_size': None,
   'resnet': None,
 }
-TEXT = {'hidden_size': 16, 'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2}
+TINY = {
+  'model.image.transformer.num_layers': 1,
+  'model.image.transformer.mlp_dim': 32,
+  'model.image.transformer.num_heads': 2,
+  'model.text.hidden_size': 16,
+  'model.text.num_layers': 1,
+  'model.text.mlp_dim': 32,
+  'total_steps': 6,
+  'batch': 16,
+  'progress_every': 1,
+  'warmup_steps': 1,
+  'checkpoint_every': 3,
+  'data_shards': 2,  # the same global batches on 1 process and on 2
+}
 
 
 def image_tower(crop: int = 8) -> dict:
@@ -44,13 +64,9 @@ def image_tower(crop: int = 8) -> dict:
 
 
 def tiny(config: ml_collections.ConfigDict, image_file: str, **overrides):
-  config.model.image = IMAGE
-  config.model.text.update(TEXT)
-  config.model.out_dim = (None, 16)
+  config = with_overrides(config, TINY)
   config.pretrained_path = image_file
-  values = {'total_steps': 6, 'batch': 16, 'progress_every': 1, 'warmup_steps': 1}
-  values.update({'checkpoint_every': 100, **overrides})
-  for key, value in values.items():
+  for key, value in overrides.items():
     config[key] = value
   return config
 
@@ -141,6 +157,31 @@ def test_one_device_equals_eight(reference_run, image_file, tmp_path):
   np.testing.assert_allclose(
     [m['loss'] for m in _lines(workdir)], [m['loss'] for m in _lines(ref_dir)], atol=1e-5
   )
+
+
+def test_two_processes_of_four_devices_equal_one_of_eight(reference_run, image_file, tmp_path):
+  """launch/local.sh: 2 processes x 4 CPU devices (jax.distributed) train as 1 x 8: the same
+  losses, zero-shot accuracy and final parameters (1e-5)."""
+  ref_dir, ref = reference_run
+  workdir = str(tmp_path / 'two')
+  env = {k: v for k, v in os.environ.items() if not k.startswith('VIT_JAX_')}
+  env.update(
+    XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+    TF_CPP_MIN_LOG_LEVEL='3', PYTHON=sys.executable, DEVICES_PER_PROCESS='4', TIMEOUT='200',
+  )  # fmt: skip
+  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    env.pop(key, None)
+  flags = [f'--config.{k}={v}' for k, v in TINY.items()]
+  command = ['bash', 'launch/local.sh', '2', '--config=configs/lit_digits.py', *flags]
+  command += [f'--workdir={workdir}', f'--config.pretrained_path={image_file}']
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  got, want = _lines(workdir), _lines(ref_dir)
+  assert [sorted(m) for m in got] == [sorted(m) for m in want]
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], atol=1e-5)
+  params, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
+  assert_trees_close(_flat(params), _flat(ref['params']), atol=1e-5)
 
 
 def _numpy_loss(name: str, zimg, ztxt, t: float, b: float) -> float:
@@ -243,6 +284,7 @@ def test_configs_run_on_mock_data(module, tmp_path, image_file):
   """The COCO configs, tiny towers, two steps on coco_captions (tfds' mock data); the digits
   config is the reference run's."""
   config = tiny(module.get_config(), image_file, total_steps=2, checkpoint_every=2)
+  config.model.image, config.model.out_dim = IMAGE, (None, 64)
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join([*digits_text.SPECIAL, 'the', 'picture', 'number', *'0123456789']))
   config.pp.vocab, config.pp.crop, config.pp.max_len = str(vocab), 8, 8
