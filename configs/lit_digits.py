@@ -14,10 +14,10 @@ as a function of the seed and the example's position in the stream (exact resume
 softmax loss (`:sigmoid`: SigLIP's, t init log 10, b init -10). Adam, lr 1e-3, cosine,
 1,000 steps of 64 pairs. `:unlocked` trains both towers (the image tower from the same file).
 
-Expected result (docs/image-text.md; `python -m vit_jax.reproduce.lit_digits` runs the three
-seeds): zero-shot top-1 on the 360 test digits with three templates training never saw
-98.33% for each of seeds 0-2 (`zeroshot/digits` in metrics.jsonl), image-to-text R@1 98.33%,
-text-to-image R@1 100%, against 98.06% for the locked ViT's own classifier.
+Expected result (docs/image-text.md; `python -m vit_jax.reproduce lit_digits --seeds=0,1,2`
+runs the three seeds): zero-shot top-1 on the 360 test digits with three templates training
+never saw 98.33% for each of seeds 0-2 (`zeroshot/digits` in metrics.jsonl), image-to-text
+R@1 98.33%, text-to-image R@1 100%, against 98.06% for the locked ViT's own classifier.
 """
 
 import ml_collections

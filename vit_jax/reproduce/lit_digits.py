@@ -1,7 +1,8 @@
 r"""The digits LiT demonstration: zero-shot and retrieval over seeds, against the locked ViT.
 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
-  python -m vit_jax.reproduce.lit_digits --image_run=runs/digits --workdir=runs/lit_digits
+  python -m vit_jax.reproduce lit_digits --image_run=runs/digits --workdir=runs/lit_digits \
+      --seeds=0,1,2
 
 Trains configs/lit_digits.py (the digits ViT of `--image_run` locked, a small BERT text tower
 from scratch) once per seed in `WORKDIR/seed_<s>` (a finished run is read, not retrained),
@@ -14,9 +15,10 @@ then on the 360 test digits reports, per seed and as mean +- std:
 and the locked ViT's own classifier (`accuracy_test` of `--image_run`), for comparison.
 """
 
+from collections.abc import Sequence
+
 import jax
 import numpy as np
-from absl import app, flags
 
 from configs import lit_digits
 from vit_jax import data as data_lib
@@ -24,12 +26,6 @@ from vit_jax import files, rundir, text, train
 from vit_jax.data import digits_text
 from vit_jax.evals import retrieval, zeroshot
 from vit_jax.train import setup as setup_lib
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string('image_run', 'runs/digits', 'The digits ViT run (configs/digits.py).')
-flags.DEFINE_string('workdir', 'runs/lit_digits', 'Where the runs go: WORKDIR/seed_<s>.')
-flags.DEFINE_list('seeds', ['0', '1', '2'], 'The seeds.')
-flags.DEFINE_string('variant', 'softmax', 'configs/lit_digits.py:VARIANT.')
 
 
 def _test_images(config) -> tuple[np.ndarray, np.ndarray]:
@@ -56,32 +52,32 @@ def retrieval_of(model, params, images, labels, max_len: int) -> dict[str, float
   return {'i2t r@1': r['img2txt/r@1'], 't2i r@1': r['txt2img/r@1']}
 
 
-def run_seed(seed: int) -> dict[str, float]:
-  config = lit_digits.get_config(FLAGS.variant)
-  config.pretrained_path = FLAGS.image_run
+def run_seed(image_run: str, workdir: str, seed: int) -> dict[str, float]:
+  """Trains (or reads) the seed's run; its zero-shot and retrieval metrics."""
+  config = lit_digits.get_config()
+  config.pretrained_path = image_run
   config.seed = seed
-  result = train.train_and_evaluate(config, files.join(FLAGS.workdir, f'seed_{seed}'))
-  s = setup_lib.prepare(config, files.join(FLAGS.workdir, f'seed_{seed}'))
-  params = jax.device_get(result['params'])
+  run = files.join(workdir, f'seed_{seed}')
+  result = train.train_and_evaluate(config, run)
+  model = setup_lib.prepare(config, run).model
   images, labels = _test_images(config)
   out = {'zeroshot': result['zeroshot/digits']}
-  out.update(retrieval_of(s.model, params, images, labels, config.pp.max_len))
+  params = jax.device_get(result['params'])
+  out.update(retrieval_of(model, params, images, labels, config.pp.max_len))
   return out
 
 
-def main(argv):
-  del argv
-  rows = {int(s): run_seed(int(s)) for s in FLAGS.seeds}
-  locked = (rundir.last_evaluation(FLAGS.image_run) or {}).get('accuracy_test')
+def report(image_run: str, workdir: str, seeds: Sequence[int]) -> str:
+  """The per-seed lines, the mean +- std of each metric, and the locked classifier's."""
+  rows = {seed: run_seed(image_run, workdir, seed) for seed in seeds}
   keys = list(next(iter(rows.values())))
-  for seed, row in rows.items():
-    print(f'seed {seed}: ' + ', '.join(f'{k} {100 * row[k]:.2f}%' for k in keys))
+  lines = [
+    f'seed {s}: ' + ', '.join(f'{k} {100 * r[k]:.2f}%' for k in keys) for s, r in rows.items()
+  ]
   for k in keys:
     values = 100 * np.array([row[k] for row in rows.values()])
-    print(f'{k}: {values.mean():.2f} +- {values.std():.2f}% over {len(values)} seeds')
+    lines.append(f'{k}: {values.mean():.2f} +- {values.std():.2f}% over {len(values)} seeds')
+  locked = (rundir.last_evaluation(image_run) or {}).get('accuracy_test')
   if locked is not None:
-    print(f'locked ViT classifier (accuracy_test of {FLAGS.image_run}): {100 * locked:.2f}%')
-
-
-if __name__ == '__main__':
-  app.run(main)
+    lines.append(f'locked ViT classifier (accuracy_test of {image_run}): {100 * locked:.2f}%')
+  return '\n'.join(lines)
