@@ -1,5 +1,6 @@
 """Image-text training (task='contrastive'): LiT's locked tower, exact resume after SIGTERM,
-1 == 8 devices, jit == shard_map == a numpy loss, captions data, the configs on mock data."""
+2 processes x 4 devices == 1 x 8, jit == shard_map == a numpy loss on 8 devices, captions
+data, the configs on mock data."""
 
 import dataclasses
 import os
@@ -48,12 +49,15 @@ TINY = {
   'model.text.hidden_size': 16,
   'model.text.num_layers': 1,
   'model.text.mlp_dim': 32,
+  'model.text.num_heads': 2,
   'total_steps': 6,
   'batch': 16,
   'progress_every': 1,
   'warmup_steps': 1,
   'checkpoint_every': 3,
   'data_shards': 2,  # the same global batches on 1 process and on 2
+  'model.temperature_init': 10.0,  # logits that spread: gradients well above rounding
+  'zeroshot_every': 0,  # zero-shot is tested in tests/test_zeroshot.py; the demo runs it
 }
 
 
@@ -94,6 +98,11 @@ def _flat(tree):
   }
 
 
+@pytest.fixture(scope='module', autouse=True)
+def _compilation_cache(module_compilation_cache):
+  """Every test here shares one persistent XLA cache: the runs compile the same programs."""
+
+
 @pytest.fixture(scope='module')
 def image_file(tmp_path_factory):
   path = tmp_path_factory.mktemp('tower') / 'img.npz'
@@ -102,7 +111,7 @@ def image_file(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def reference_run(tmp_path_factory, image_file, module_compilation_cache):
+def reference_run(tmp_path_factory, image_file):
   """6 uninterrupted steps of the tiny digits LiT on 8 devices (jit)."""
   workdir = str(tmp_path_factory.mktemp('lit') / 'ref')
   return workdir, train.train_and_evaluate(tiny_digits(image_file), workdir)
@@ -149,16 +158,6 @@ def test_sigterm_mid_run_then_resume_is_exact(reference_run, image_file, tmp_pat
   assert _lines(workdir) == _lines(ref_dir)
 
 
-def test_one_device_equals_eight(reference_run, image_file, tmp_path):
-  ref_dir, ref = reference_run
-  workdir = str(tmp_path / 'one')
-  one = train.train_and_evaluate(tiny_digits(image_file), workdir, devices=jax.devices()[:1])
-  assert_trees_close(_flat(ref['params']), _flat(one['params']), atol=1e-5)
-  np.testing.assert_allclose(
-    [m['loss'] for m in _lines(workdir)], [m['loss'] for m in _lines(ref_dir)], atol=1e-5
-  )
-
-
 def test_two_processes_of_four_devices_equal_one_of_eight(reference_run, image_file, tmp_path):
   """launch/local.sh: 2 processes x 4 CPU devices (jax.distributed) train as 1 x 8: the same
   losses, zero-shot accuracy and final parameters (1e-5)."""
@@ -179,7 +178,9 @@ def test_two_processes_of_four_devices_equal_one_of_eight(reference_run, image_f
   got, want = _lines(workdir), _lines(ref_dir)
   assert [sorted(m) for m in got] == [sorted(m) for m in want]
   for a, b in zip(got, want, strict=True):
-    np.testing.assert_allclose([a[k] for k in sorted(a)], [b[k] for k in sorted(b)], atol=1e-5)
+    np.testing.assert_allclose(
+      [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-5, err_msg=str(a)
+    )
   params, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
   assert_trees_close(_flat(params), _flat(ref['params']), atol=1e-5)
 
