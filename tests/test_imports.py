@@ -20,7 +20,7 @@ PACKAGES = ('vit_jax', 'configs')
 # module imports from its own floor or the ones below; a new top-level module takes a floor here.
 FLOORS = {
   # 4: the entry points, and the shims that keep `python -m vit_jax.<tool>` working.
-  **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark'], 4),
+  **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot'], 4),
   # 3: what runs an experiment, and the experiment configs.
   **dict.fromkeys(['train', 'evals', 'reproduce', 'fewshot', 'configs'], 3),
   # 2: models, checkpoints, data, text.
