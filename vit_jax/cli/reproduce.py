@@ -12,6 +12,10 @@ r"""Reproduces the paper's tables: `python -m vit_jax.reproduce COMMAND [flags]`
                 --config.pretrained_dir=checkpoints [--tasks=natural] [--print_commands]
   report    Accuracies of any run directories beside Tables 2 and 5 and the original README.
             python -m vit_jax.reproduce report runs/ [--out=reports/ours] [--csv]
+  lit_digits  The digits LiT (configs/lit_digits.py) over seeds: zero-shot and retrieval on the
+            test digits, beside the locked ViT's classifier (docs/image-text.md).
+            python -m vit_jax.reproduce lit_digits --image_run=runs/digits \
+                --workdir=runs/lit_digits --seeds=0,1,2
 
 Errors (an unknown dataset or task, unfinished dev runs, no runs found) end with one line
 on stderr and exit status 1.
@@ -25,7 +29,7 @@ from ml_collections import config_flags
 import configs
 from vit_jax import cli, hugepages
 
-COMMANDS = ('compute', 'sweep', 'vtab', 'report')
+COMMANDS = ('compute', 'sweep', 'vtab', 'report', 'lit_digits')
 FLAGS = flags.FLAGS
 
 
@@ -77,6 +81,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
     'out', '', 'report, compute: also write OUT.md, OUT.csv (report: OUT.png).', flag_values=fv
   )
   flags.DEFINE_bool('csv', False, 'report, compute: print CSV instead of markdown.', flag_values=fv)
+  flags.DEFINE_string(
+    'image_run', 'runs/digits', 'lit_digits: the digits ViT run it locks.', flag_values=fv
+  )
 
 
 def _config():
@@ -178,6 +185,13 @@ def _report(paths: list[str]) -> None:
     print(f'\nWrote {FLAGS.out}.md, {FLAGS.out}.csv and {FLAGS.out}.png', file=sys.stderr)
 
 
+def _lit_digits() -> None:
+  from vit_jax.reproduce import lit_digits
+
+  workdir = FLAGS.workdir or 'runs/lit_digits'
+  print(lit_digits.report(FLAGS.image_run, workdir, [int(s) for s in FLAGS.seeds]))
+
+
 def main(argv: list[str]) -> int:
   if len(argv) < 2 or argv[1] not in COMMANDS:
     print(f'Usage: python -m vit_jax.reproduce {{{",".join(COMMANDS)}}} [flags]', file=sys.stderr)
@@ -195,6 +209,8 @@ def main(argv: list[str]) -> int:
       _sweep()
     elif command == 'vtab':
       _vtab()
+    elif command == 'lit_digits':
+      _lit_digits()
     else:
       _report(rest)
   except (ValueError, FloatingPointError, FileNotFoundError) as e:

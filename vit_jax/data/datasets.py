@@ -1,6 +1,7 @@
 """The dataset a run names (`config.dataset`), opened as its `Source`.
 
-'digits' is the bundled digits, an existing folder is an image folder, 'vtab/<task>' a
+'digits' is the bundled digits, an existing folder is an image folder (or, with
+`<split>/captions.tsv`, images with captions), 'vtab/<task>' a
 VTAB-1k task, anything else a tfds name, checked against tfds's builders (a misspelling
 names the closest ones).
 """
@@ -10,7 +11,7 @@ import difflib
 import tensorflow_datasets as tfds
 
 from vit_jax import files
-from vit_jax.data import sources, vtab
+from vit_jax.data import captions, sources, vtab
 
 
 def get_source(dataset: str, data_dir: str | None = None) -> sources.Source:
@@ -23,6 +24,8 @@ def get_source(dataset: str, data_dir: str | None = None) -> sources.Source:
   if dataset.startswith('vtab/'):  # the VTAB-1k tasks: labels and splits of their own
     return vtab.VtabSource(dataset.removeprefix('vtab/'), data_dir)
   if files.path(dataset).is_dir():
+    if captions.has_captions(dataset):
+      return captions.FolderCaptions(dataset)
     return sources.FolderSource(dataset)
   if '/' in dataset or dataset.startswith('.'):
     raise ValueError(
@@ -38,6 +41,8 @@ def get_source(dataset: str, data_dir: str | None = None) -> sources.Source:
       f'Unknown dataset {dataset!r}: not "digits", an existing image folder, or a tfds name.{hint}'
     )
   try:
+    if captions.is_tfds_captions(tfds.builder(dataset, data_dir=data_dir)):
+      return captions.TfdsCaptions(dataset, data_dir)
     return sources.TfdsSource(dataset, data_dir)
   except Exception as e:  # tfds raises many kinds here
     raise ValueError(f'Cannot open tfds dataset {dataset!r}: {str(e).splitlines()[0]}') from e

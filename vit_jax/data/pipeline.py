@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.data import preprocess
+from vit_jax.data import captions, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
 
@@ -124,7 +124,7 @@ def _replace_unreadable(good: Records, names: tf.Tensor, size: int) -> Records:
     readable, row = _slots(good, size)
   missing = tf.cumsum(tf.cast(tf.logical_not(readable), tf.int64)) - 1
   rows = tf.where(readable, row, missing % tf.maximum(count, 1))
-  keys = ('image', 'label')
+  keys = [k for k in good if k != 'slot']  # 'image', 'label' (and 'text')
   out = tf.cond(
     count == size,
     lambda: {k: good[k] for k in keys},
@@ -170,8 +170,10 @@ def _batches(groups, to_batch: Callable, rows: int, size: int, threads: int, the
 
 
 def _train_example(source: Source, pp: Pp, host_seed: tf.Tensor) -> Callable:
-  """(position, raw record) -> {'image', 'label'}, augmented with the position's seed."""
+  """(position, raw record) -> {'image', 'label'} (and 'text', the tokens of a caption
+  drawn from its captions, for image-text data), augmented with the position's seed."""
   whole = source.holds_pixels or pp.subpixel or not pp.decode_window
+  tokenizer = None
 
   def process(position, raw):
     example = source.example(raw)
@@ -182,8 +184,13 @@ def _train_example(source: Source, pp: Pp, host_seed: tf.Tensor) -> Callable:
       image = preprocess.train_image_from_bytes(
         source.encoded(example['image']), seed, pp, source.adjust
       )
-    return {'image': image, 'label': tf.cast(example['label'], tf.int32)}
+    out = {'image': image, 'label': tf.cast(example['label'], tf.int32)}
+    if 'texts' in example:
+      out['text'] = tokenizer.preprocess_tf(captions.draw(example['texts'], seed))
+    return out
 
+  if isinstance(source, captions.CAPTIONED):
+    tokenizer = captions.tokenizer_of(pp)
   return process
 
 

@@ -29,6 +29,11 @@ class Pp:
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
+  # Image-text data (vit_jax/data/captions.py): the tokenizer ('bert' or 'sentencepiece'),
+  # its vocabulary file, and the ids per text.
+  tokenizer: str = ''
+  vocab: str = ''
+  max_len: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,9 @@ class Data:
   # process). The batches depend on it, not on the process count: fix it to the largest
   # process count a run will use to make it reproducible (and resumable) on any of them.
   data_shards: int = 0
+  # Image-text pairs from a labelled dataset: each example's captions are these templates
+  # with its class name ('a photo of the digit {}.'); () = the dataset's own captions.
+  caption_templates: tuple = ()
 
 
 def check(data: Data) -> None:

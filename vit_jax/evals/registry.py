@@ -18,7 +18,11 @@ REGISTRY: dict[str, Callable[[common.Context], common.Evaluator | None]] = {
 }
 
 
-def build(context: common.Context) -> dict[str, common.Evaluator]:
-  """The evaluators the run spec asks for, by name, in the registry's order."""
-  built = {name: make(context) for name, make in REGISTRY.items()}
+def build(
+  context: common.Context, names: tuple[str, ...] | None = None
+) -> dict[str, common.Evaluator]:
+  """The evaluators the run spec asks for, by name, in the registry's order; `names`: only
+  those (an image-text run has no class logits for the classification evaluators)."""
+  makers = {n: make for n, make in REGISTRY.items() if names is None or n in names}
+  built = {name: make(context) for name, make in makers.items()}
   return {name: evaluator for name, evaluator in built.items() if evaluator is not None}

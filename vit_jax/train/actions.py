@@ -188,6 +188,9 @@ class Progress(periodic_actions.ReportProgress):
       'learning_rate': float(last['learning_rate']),
       'grad_norm': float(last['grad_norm']),
     }
+    # The task's own metrics (the contrastive loss's temperature, accuracies, ...).
+    extra = set(last) - {*scalars, 'params_finite', 'bad_images'}
+    scalars.update({k: float(last[k]) for k in sorted(extra)})
     if img_per_sec is not None:
       scalars['img_per_sec'] = img_per_sec
     if self._guard.bad_images:

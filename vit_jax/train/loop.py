@@ -22,7 +22,7 @@ import ml_collections
 
 from vit_jax import data as data_lib
 from vit_jax import distributed, files, optim, parallel, rundir
-from vit_jax.train import actions, distill, steps
+from vit_jax.train import actions, distill, image_text, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
 from vit_jax.train.setup import Setup, prepare
@@ -192,6 +192,7 @@ def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
 def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
   """Restores or initialises the state, then trains with the actions; the result."""
   tx, schedule = optim.for_training(setup.spec.optim, setup.total_steps)
+  tx = image_text.lock(tx, setup.spec.step)  # LiT: no update, no state for a locked tower
   lay = state_lib.layout(setup, tx, jax.random.key(setup.spec.init.seed))
   state, meta = _start_state(setup, tx, lay, checkpoints)
   start, data = int(meta['step']), setup.spec.data

@@ -24,7 +24,7 @@ from vit_jax import data as data_lib
 from vit_jax import files, parallel, rundir
 from vit_jax.evals import common as evals_common
 from vit_jax.evals import registry as evals_registry
-from vit_jax.models import VisionTransformer, model_from_config
+from vit_jax.models import VisionTransformer, is_two_tower, model_from_config
 from vit_jax.train import distill
 from vit_jax.train import spec as spec_lib
 
@@ -112,6 +112,10 @@ def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
 def _source(data: data_lib.Data) -> tuple[data_lib.Source, int]:
   """The dataset and the number of classes; its splits checked for examples."""
   source = data_lib.get_source(data.dataset, data.tfds_data_dir or None)
+  if data.caption_templates:  # image-text pairs from the class names
+    from vit_jax.data import captions  # here: the run spec's users need no TensorFlow
+
+    source = captions.ClassCaptions(source, data.caption_templates)
   num_classes = data.num_classes or source.num_classes
   if num_classes < source.num_classes:
     raise ValueError(
@@ -142,6 +146,10 @@ def _total_steps(spec: spec_lib.RunSpec, source: data_lib.Source) -> int:
 def build_model(model: spec_lib.Model, num_classes: int) -> VisionTransformer:
   """The module of the spec's model fields; a misspelt field names the closest one."""
   fields = model.constructor_fields()
+  if is_two_tower(fields):  # its heads are its out_dim; each tower computes in the dtype
+    fields = ml_collections.ConfigDict(fields).to_dict()
+    dtype = {'dtype': jnp.dtype(model.dtype)}
+    return model_from_config(fields, image=dtype, text=dtype)
   try:
     return model_from_config(fields, num_classes=num_classes, dtype=jnp.dtype(model.dtype))
   except (TypeError, KeyError) as e:
@@ -163,6 +171,16 @@ def _check_batches(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh) -> None:
   if data.data_shards:
     data_lib.check_data_shards(data.data_shards, data.batch, jax.process_count())
   parallel.check_batch(data.batch_eval, mesh, 1, 'batch_eval')
+
+
+def _check_locked(spec: spec_lib.RunSpec, pretrained_path: str | None, resuming: bool) -> None:
+  c = spec.step.contrastive
+  if spec.step.task == 'contrastive' and c.lock_image and not pretrained_path and not resuming:
+    raise ValueError(
+      'config.contrastive.lock_image=True locks the image tower, but no pretrained file is '
+      'given: set --config.pretrained_path=FILE (any format; PATH:img for an image-text '
+      'file), or --config.contrastive.lock_image=False to train both towers.'
+    )
 
 
 def prepare(
@@ -187,7 +205,10 @@ def prepare(
     loop=dataclasses.replace(spec.loop, total_steps=total_steps),
   )
   context = evals_common.Context(spec.evals, spec.data, model, mesh, source)
-  evaluators = evals_registry.build(context)
+  # The classification evaluators measure class logits: a contrastive run has none.
+  names = ('zeroshot',) if spec.step.task == 'contrastive' else None
+  evaluators = evals_registry.build(context, names)
+  _check_locked(spec, pretrained_path, resuming)
   teacher, teacher_params = None, None
   if spec.step.distill.enabled:
     teacher, teacher_params = distill.load(

@@ -37,6 +37,7 @@ DTYPES = ('float32', 'bfloat16')
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 STEPS = ('jit', 'shard_map')
 DISTILL_KINDS = ('hard', 'soft')
+TASKS = ('classification', 'contrastive')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +110,25 @@ class Distill:
 
 
 @dataclasses.dataclass(frozen=True)
+class Contrastive:
+  """`config.contrastive`: image-text training of a two-tower model (`task='contrastive'`).
+
+  LiT (Zhai et al., arXiv:2111.07991) locks the image tower: it is read from the pretrained
+  file (any format vit_jax.checkpoint reads; `pretrained_path`), gets no gradient and has no
+  optimizer state; only the text tower (and `t`, `b`) train. The losses are
+  vit_jax/train/contrastive.py's, over every device's embeddings.
+  """
+
+  # 'softmax' (CLIP, LiT: symmetric cross-entropy) or 'sigmoid' (SigLIP; the model's
+  # bias_init sets the learned bias b).
+  loss: str = 'softmax'
+  # Lock the image tower (LiT); False trains both towers.
+  lock_image: bool = True
+  # With the image tower locked, train its head (out_dim[0] set) all the same.
+  train_image_head: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class Step:
   """The compiled training step: loss, micro-batches, parallelism."""
 
@@ -131,6 +151,10 @@ class Step:
   # Polyak averaging: an exponential moving average of the parameters with this decay, kept
   # in the state beside them and evaluated as `polyak/...` (0 = off; the paper's 0.9999).
   polyak_decay: float = 0.0
+  # 'classification' (images and labels), or 'contrastive' (image-text pairs, a two-tower
+  # model: `contrastive`).
+  task: str = 'classification'
+  contrastive: Contrastive = Contrastive()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,7 +318,36 @@ def check(spec: RunSpec) -> None:
   if not 0.0 <= spec.step.polyak_decay < 1.0:
     raise ValueError(f'config.polyak_decay={spec.step.polyak_decay}; expected 0 <= decay < 1.')
   _check_distill(spec.step)
+  _check_contrastive(spec)
   evals_spec.check(spec.evals)
+
+
+def _check_contrastive(spec: RunSpec) -> None:
+  step = spec.step
+  _one_of('task', step.task, TASKS)
+  if step.task != 'contrastive':
+    return
+  _one_of('contrastive.loss', step.contrastive.loss, ('softmax', 'sigmoid'))
+  if 'image' not in spec.model.fields or 'text' not in spec.model.fields:
+    raise ValueError(
+      "config.task='contrastive' trains an image-text model: set config.model to a two-tower "
+      "model's fields (image, text, ...; vit_jax.models.get_config('LiT-B16B_2'))."
+    )
+  if step.accum_steps != 1:
+    raise ValueError(
+      f'config.accum_steps={step.accum_steps}: a contrastive batch does not split into '
+      'micro-batches (each would be its own set of negatives); use --config.accum_steps=1.'
+    )
+  if step.mixup or step.cutmix or step.label_smoothing or step.distill.enabled:
+    raise ValueError(
+      "config.task='contrastive' has no labels to mix, smooth or distill: set mixup, cutmix "
+      'and label_smoothing to 0 and no distill.teacher_checkpoint.'
+    )
+  if not spec.data.pp.tokenizer or not spec.data.pp.vocab:
+    raise ValueError(
+      "config.task='contrastive' tokenizes captions: set --config.pp.tokenizer=bert|"
+      'sentencepiece and --config.pp.vocab=FILE.'
+    )
 
 
 def _check_distill(step: Step) -> None:

@@ -21,7 +21,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, rundir
 from vit_jax.checkpoint.orbax import drop_abandoned_read_tracebacks
-from vit_jax.train import checkpoint_faults
+from vit_jax.train import checkpoint_faults, image_text
 from vit_jax.train.setup import Setup
 
 
@@ -35,10 +35,8 @@ class Layout:
 
 def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
   """Shapes of the state under `jax.eval_shape`, placed by the spec's sharding rules."""
-  crop, mesh = setup.spec.data.pp.crop, setup.mesh
-  params = jax.eval_shape(
-    lambda r: setup.model.init(r, jnp.zeros((1, crop, crop, 3)), train=False)['params'], init_rng
-  )
+  mesh = setup.mesh
+  params = jax.eval_shape(image_text.init_fn(setup.spec, setup.model), init_rng)
   abstract = {
     'params': params,
     'opt_state': jax.eval_shape(tx.init, params),
@@ -66,7 +64,10 @@ def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
 
   host_params = jax.device_get(jax.jit(init)(init_rng))
   model_config = setup.spec.model.fields
-  loaded = load_pretrained(setup.pretrained_path, host_params, model_config, keep_head=False)
+  if image_text.is_contrastive(setup.spec):  # the file is the image tower's
+    loaded = image_text.pretrained_params(setup.pretrained_path, host_params, model_config)
+  else:
+    loaded = load_pretrained(setup.pretrained_path, host_params, model_config, keep_head=False)
   abstract = lay.abstract['params']
   loaded = jax.tree.map(lambda x, a: np.asarray(x, dtype=a.dtype), loaded, abstract)
   return parallel.place(loaded, lay.shardings['params'])
@@ -74,12 +75,8 @@ def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
 
 def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[str, Any]:
   """A fresh state on the mesh: initialised from scratch, or a pretrained file merged in."""
-  crop = setup.spec.data.pp.crop
-  dummy = jnp.zeros((1, crop, crop, 3), jnp.float32)
   shardings = lay.shardings
-
-  def init(rng):
-    return setup.model.init(rng, dummy, train=False)['params']
+  init = image_text.init_fn(setup.spec, setup.model)
 
   if setup.pretrained_path is None:
 

@@ -15,6 +15,9 @@ update: the mean loss over the global batch (mixed first with `mixup`/`cutmix`, 
              the loss and gradient of its own rows, an explicit `lax.pmean` averages the
              gradients, and every device applies the same update to its replica.
 
+The contrastive task (`task='contrastive'`, vit_jax/train/image_text.py) has its two steps
+here too: a batch `{'image', 'text'}` of pairs, the loss over every device's embeddings.
+
 Nothing here imports TensorFlow: `vit_jax.benchmark` times this step on machines without it.
 """
 
@@ -28,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from vit_jax import optim, parallel
-from vit_jax.train import distill, mixing, polyak
+from vit_jax.train import distill, image_text, mixing, polyak
 from vit_jax.train import spec as spec_lib
 
 State = dict[str, Any]
@@ -174,12 +177,53 @@ def make_shard_map_train_step(
   return jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=(P(), P()))
 
 
+def make_contrastive_train_step(model, tx, schedule, step: spec_lib.Step) -> StepFn:
+  """The contrastive task's step on one global batch `{'image', 'text'}` of pairs, for
+  `jax.jit`: the loss over the global batch (vit_jax/train/image_text.py), its gradient,
+  the update; the loss's metrics beside the step's."""
+  loss_fn = image_text.loss_fn(model, step.contrastive)
+
+  def train_step(state, batch):
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    (loss, metrics), grads = grad_fn(state['params'], batch)
+    state, out = _apply(tx, schedule, state, loss, grads, step.polyak_decay)
+    return state, {**metrics, **out}
+
+  return train_step
+
+
+def make_contrastive_shard_map_train_step(
+  model, tx, schedule, step: spec_lib.Step, mesh: Mesh
+) -> StepFn:
+  """The same step per device: each device embeds its rows, the loss all-gathers the
+  embeddings (every device's are negatives) and returns the global loss on every device.
+  The parameters are cast to device-varying, so each device's gradient is its own terms'
+  derivative; their `lax.psum` is the global gradient (vit_jax/train/contrastive.py)."""
+  axis = parallel.DATA_AXIS
+  loss_fn = image_text.loss_fn(model, step.contrastive, axis)
+
+  def per_device(state, batch):
+    params = jax.lax.pcast(state['params'], axis, to='varying')
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+    grads = jax.lax.psum(grads, axis)
+    # The metrics of the parameters alone (the temperature, the bias) are the same on every
+    # device but typed device-varying: their mean is the value, typed replicated (the mean
+    # of the others, already replicated, is themselves).
+    metrics = jax.lax.pmean(metrics, axis)
+    state, out = _apply(tx, schedule, state, loss, grads, step.polyak_decay)
+    return state, {**metrics, **out}
+
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(axis)), out_specs=(P(), P()))
+
+
 def counting_bad_examples(fn: StepFn) -> StepFn:
-  """`fn` on the batch's images and labels, with the metric `bad_images`: how many of its
-  rows replace an unreadable example (the input pipeline's `bad` flags), if it has them."""
+  """`fn` on the batch's images and labels (and texts), with the metric `bad_images`: how
+  many of its rows replace an unreadable example (the input pipeline's `bad` flags), if it
+  has them."""
 
   def train_step(state, batch, *teacher_params):
-    state, metrics = fn(state, {'image': batch['image'], 'label': batch['label']}, *teacher_params)
+    inputs = {k: v for k, v in batch.items() if k in ('image', 'label', 'text')}
+    state, metrics = fn(state, inputs, *teacher_params)
     if 'bad' in batch:
       metrics = {**metrics, 'bad_images': jnp.sum(batch['bad'])}
     return state, metrics
@@ -210,7 +254,12 @@ def train_step_for(
   """The compiled training step that `spec.step.step` selects ('jit' or 'shard_map'), as
   `step(state, batch)`: a teacher's parameters (on the mesh) are bound as its third input."""
   args = (model, tx, schedule, spec.step, num_classes, spec.data.batch)
-  if spec.step.step == 'shard_map':
+  if spec.step.task == 'contrastive':
+    if spec.step.step == 'shard_map':
+      fn = make_contrastive_shard_map_train_step(*args[:4], mesh)
+    else:
+      fn = make_contrastive_train_step(*args[:4])
+  elif spec.step.step == 'shard_map':
     fn = make_shard_map_train_step(*args, mesh, teacher=teacher)
   else:
     fn = make_train_step(*args, teacher=teacher)

@@ -1,0 +1,295 @@
+"""Image-text training (task='contrastive'): LiT's locked tower, exact resume after SIGTERM,
+2 processes x 4 devices == 1 x 8, jit == shard_map == a numpy loss on 8 devices, captions
+data, the configs on mock data."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from conftest import jpeg_bytes, randomize
+from scipy.special import log_expit, logsumexp
+
+from configs import lit_coco, lit_digits, siglip_lit_coco
+from vit_jax import data as data_lib
+from vit_jax import distributed, optim, parallel, rundir, train
+from vit_jax.checkpoint import save_npz
+from vit_jax.data import captions, digits_text
+from vit_jax.models import model_from_config, stats
+from vit_jax.train import image_text, setup, steps
+from vit_jax.train import loop as loop_lib
+from vit_jax.train import state as state_lib
+from vit_jax.train.spec import with_overrides
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A tiny image tower (a digits ViT of one block, pooled by GAP: 64 features) and text tower
+# (width 16, its head 64), as dotted config overrides (also `--config.KEY=VALUE` flags).
+IMAGE = {
+  'patches': {'size': (2, 2)},
+  'hidden_size': 64,
+  'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2, 'dropout_rate': 0.0},
+  'classifier': 'gap',
+  'representation_size': None,
+  'resnet': None,
+}
+TINY = {
+  'model.image.transformer.num_layers': 1,
+  'model.image.transformer.mlp_dim': 32,
+  'model.image.transformer.num_heads': 2,
+  'model.text.hidden_size': 16,
+  'model.text.num_layers': 1,
+  'model.text.mlp_dim': 32,
+  'model.text.num_heads': 2,
+  'total_steps': 6,
+  'batch': 16,
+  'progress_every': 1,
+  'warmup_steps': 1,
+  'checkpoint_every': 3,
+  'data_shards': 2,  # the same global batches on 1 process and on 2
+  'model.temperature_init': 10.0,  # logits that spread: gradients well above rounding
+  'zeroshot_every': 0,  # zero-shot is tested in tests/test_zeroshot.py; the demo runs it
+}
+
+
+def image_tower(crop: int = 8) -> dict:
+  """IMAGE's parameters, random, with a 10-class head (which LiT drops)."""
+  shapes = stats.param_shapes(model_from_config(IMAGE, num_classes=10), crop)
+  return randomize(shapes, seed=1, scale=0.3)
+
+
+def tiny(config: ml_collections.ConfigDict, image_file: str, **overrides):
+  config = with_overrides(config, TINY)
+  config.pretrained_path = image_file
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+def tiny_digits(image_file: str, variant: str = 'softmax', **overrides):
+  return tiny(lit_digits.get_config(variant), image_file, **overrides)
+
+
+def assert_trees_close(a: dict, b: dict, atol: float) -> None:
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=0, err_msg=k)
+
+
+def _lines(workdir):
+  return [{k: v for k, v in m.items() if k != 'img_per_sec'} for m in rundir.read_metrics(workdir)]
+
+
+def _flat(tree):
+  return {
+    '/'.join(
+      str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path
+    ): np.asarray(x)
+    for path, x in jax.tree_util.tree_leaves_with_path(jax.device_get(tree))
+  }
+
+
+@pytest.fixture(scope='module', autouse=True)
+def _compilation_cache(module_compilation_cache):
+  """Every test here shares one persistent XLA cache: the runs compile the same programs."""
+
+
+@pytest.fixture(scope='module')
+def image_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp('tower') / 'img.npz'
+  save_npz(image_tower(), path)
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory, image_file):
+  """6 uninterrupted steps of the tiny digits LiT on 8 devices (jit)."""
+  workdir = str(tmp_path_factory.mktemp('lit') / 'ref')
+  return workdir, train.train_and_evaluate(tiny_digits(image_file), workdir)
+
+
+def test_locked_tower_is_bit_identical_and_has_no_optimizer_state(reference_run, image_file):
+  _, result = reference_run
+  saved = _flat(image_tower())  # what the file holds
+  img = _flat(result['params']['img'])
+  assert set(img) == set(saved) - {'head/kernel', 'head/bias'}
+  for key, value in img.items():
+    np.testing.assert_array_equal(value, saved[key], err_msg=key)
+  opt_leaves = _flat(result['opt_state'])
+  assert not [k for k in opt_leaves if '/img/' in f'/{k}/'], 'optimizer state for img/'
+  # Adam's two moments of every trainable leaf, and two counts: nothing else.
+  trainable = {k for k in _flat(result['params']) if not k.startswith('img/')}
+  for moment in ('mu', 'nu'):
+    assert {k.split(f'/{moment}/')[1] for k in opt_leaves if f'/{moment}/' in k} == trainable
+  assert len(opt_leaves) == 2 * len(trainable) + 2  # and the two step counts
+  lines = _lines(reference_run[0])
+  assert [m['step'] for m in lines] == list(range(1, 7))
+  assert lines[-1]['loss'] < lines[0]['loss']
+
+
+def test_sigterm_mid_run_then_resume_is_exact(reference_run, image_file, tmp_path, monkeypatch):
+  """A real SIGTERM at step 3 saves and stops; the rerun continues as the uninterrupted run."""
+  ref_dir, ref = reference_run
+  batches = loop_lib._train_batches
+
+  def signalled(*args, **kwargs):
+    for i, batch in enumerate(batches(*args, **kwargs)):
+      if i == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield batch
+
+  workdir = str(tmp_path / 'run')
+  with monkeypatch.context() as m:
+    m.setattr(loop_lib, '_train_batches', signalled)
+    first = train.train_and_evaluate(tiny_digits(image_file), workdir)
+  assert first['status'] == 'preempted' and first['step'] == 3
+  second = train.train_and_evaluate(tiny_digits(image_file), workdir)
+  assert second['status'] == 'done' and second['step'] == 6
+  assert_trees_close(_flat(ref['params']), _flat(second['params']), atol=0)
+  assert _lines(workdir) == _lines(ref_dir)
+
+
+def test_two_processes_of_four_devices_equal_one_of_eight(reference_run, image_file, tmp_path):
+  """launch/local.sh: 2 processes x 4 CPU devices (jax.distributed) train as 1 x 8: every
+  step's loss, gradient norm, temperature, in-batch accuracies and logits (1e-5)."""
+  ref_dir, _ = reference_run
+  workdir = str(tmp_path / 'two')
+  env = {k: v for k, v in os.environ.items() if not k.startswith('VIT_JAX_')}
+  env.update(
+    XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+    TF_CPP_MIN_LOG_LEVEL='3', PYTHON=sys.executable, DEVICES_PER_PROCESS='4', TIMEOUT='200',
+  )  # fmt: skip
+  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    env.pop(key, None)
+  flags = [f'--config.{k}={v}' for k, v in TINY.items()]
+  command = ['bash', 'launch/local.sh', '2', '--config=configs/lit_digits.py', *flags]
+  command += [f'--workdir={workdir}', f'--config.pretrained_path={image_file}']
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  got, want = _lines(workdir), _lines(ref_dir)
+  assert [sorted(m) for m in got] == [sorted(m) for m in want]
+  for a, b in zip(got, want, strict=True):
+    np.testing.assert_allclose(
+      [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-5, err_msg=str(a)
+    )
+
+
+def _numpy_loss(name: str, zimg, ztxt, t: float, b: float) -> float:
+  """The softmax (CLIP) or sigmoid (SigLIP) loss of the global batch, in numpy float64."""
+  logits = np.exp(t) * zimg.astype(np.float64) @ ztxt.astype(np.float64).T
+  n = len(logits)
+  if name == 'softmax':
+    i2t = np.mean(logsumexp(logits, axis=1) - np.diag(logits))
+    t2i = np.mean(logsumexp(logits, axis=0) - np.diag(logits))
+    return 0.5 * (i2t + t2i)
+  labels = 2 * np.eye(n) - 1
+  return -np.sum(log_expit(labels * (logits + b))) / n
+
+
+def _first_step(config, devices):
+  """(state, batch, setup) of step 0 on `devices`: the fresh state and the first batch."""
+  s = setup.prepare(config, '/nonexistent', devices)
+  tx, _ = optim.for_training(s.spec.optim, s.total_steps)
+  tx = image_text.lock(tx, s.spec.step)
+  lay = state_lib.layout(s, tx, jax.random.key(0))
+  init_rng, dropout_rng = jax.random.split(jax.random.key(0))
+  state = state_lib.initial_state(s, tx, lay, init_rng, dropout_rng)
+  stream = data_lib.host_train_dataset(s.source, s.spec.data, data_shards=1, seed=0)
+  local = data_lib.BadExamples('training').take(next(data_lib.host_batches(stream)))
+  return state, parallel.global_batch(local, parallel.batch_sharding(s.mesh)), s, tx, lay
+
+
+@pytest.mark.parametrize('variant', ['softmax', 'sigmoid'])
+def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_file):
+  """The step's loss is the numpy loss of embeddings computed here (every device's pairs
+  the negatives), under jit and shard_map alike (1e-6), and so are their updates."""
+  config = tiny_digits(image_file, variant)
+  state, batch, s, tx, lay = _first_step(config, jax.devices())
+  params = jax.device_get(state['params'])
+  zimg, ztxt, _ = s.model.apply(
+    {'params': params}, images=np.asarray(batch['image']), tokens=np.asarray(batch['text'])
+  )
+  b = float(params['b'][0]) if 'b' in params else 0.0
+  expected = _numpy_loss(variant, np.asarray(zimg), np.asarray(ztxt), float(params['t'][0]), b)
+  results = {}
+  for kind in ('jit', 'shard_map'):
+    spec = dataclasses.replace(s.spec, step=dataclasses.replace(s.spec.step, step=kind))
+    _, schedule = optim.for_training(spec.optim, s.total_steps)
+    fn = steps.train_step_for(spec, s.model, tx, schedule, 0, s.mesh, lay.shardings)
+    fresh = jax.tree.map(jnp.copy, state)
+    new_state, metrics = fn(fresh, batch)
+    results[kind] = (float(metrics['loss']), _flat(new_state['params']))
+  np.testing.assert_allclose(results['jit'][0], expected, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(results['shard_map'][0], expected, rtol=1e-6, atol=1e-6)
+  assert_trees_close(results['jit'][1], results['shard_map'][1], atol=1e-6)
+
+
+def _stream_tokens(source, config, position: int, rows: int = 4) -> np.ndarray:
+  s = setup.prepare(config, '/nonexistent', jax.devices()[:1])
+  data = dataclasses.replace(s.spec.data, batch=rows, input_threads=1)
+  ds = data_lib.train_dataset(source, 'train', data, local_batch=rows, seed=0, position=position)
+  return next(iter(ds))['text'].numpy()
+
+
+def test_captions_folder_draws_one_caption_per_position(tmp_path, image_file):
+  """A folder with train/captions.tsv: one of an image's captions per example, the same at
+  the same position (resume), others in other epochs; each caption tokenized."""
+  rng = np.random.default_rng(0)
+  train_dir = tmp_path / 'pairs' / 'train'
+  train_dir.mkdir(parents=True)
+  lines = []
+  for i in range(4):
+    (train_dir / f'{i}.jpg').write_bytes(jpeg_bytes(rng, 12, 10))
+    lines += [f'{i}.jpg\tthe number {d}.' for d in range(3 * i, 3 * i + 3)]
+  (train_dir / captions.CAPTIONS_FILE).write_text('\n'.join(reversed(lines)) + '\n')
+  source = data_lib.get_source(str(tmp_path / 'pairs'))
+  assert isinstance(source, captions.FolderCaptions) and source.num_examples('train') == 4
+  config = tiny_digits(image_file, dataset=str(tmp_path / 'pairs'), caption_templates=())
+  config.pp.test = 'train'
+  tokenizer = captions.tokenizer_of(setup.spec_lib.from_config(config).data.pp)
+  choices = {i: set(map(tuple, tokenizer([f'the number {d}.' for d in range(3 * i, 3 * i + 3)])))
+             for i in range(4)}  # fmt: skip
+  drawn = [set() for _ in range(4)]
+  for epoch in range(6):
+    tokens = _stream_tokens(source, config, 4 * epoch)
+    np.testing.assert_array_equal(tokens, _stream_tokens(source, config, 4 * epoch))
+    for row in map(tuple, tokens):
+      image = next(i for i, c in choices.items() if row in c)  # every row one of its captions
+      drawn[image].add(row)
+  assert all(len(d) >= 2 for d in drawn), drawn  # several captions drawn over the epochs
+  assert sum(map(len, drawn)) > 4
+
+
+def _mock_coco(self, *args, **kwargs):
+  """coco_captions' train split: 16 JPEGs with five captions each (tfds' own mock draws the
+  captions' `id` and `text` at different lengths)."""
+  rng = np.random.default_rng(0)
+  images = [jpeg_bytes(rng, 40, 48) for _ in range(16)]
+  texts = [[f'the {i} picture number {j}' for j in range(5)] for i in range(16)]
+  return tf.data.Dataset.from_tensor_slices({'image': images, 'captions': {'text': texts}})
+
+
+@pytest.mark.parametrize('module', [lit_coco, siglip_lit_coco])
+def test_configs_run_on_mock_data(module, tmp_path, image_file):
+  """The COCO configs, tiny towers, two steps on coco_captions (tfds' mock data); the digits
+  config is the reference run's."""
+  config = tiny(module.get_config(), image_file, total_steps=2, checkpoint_every=2)
+  config.model.image, config.model.out_dim = IMAGE, (None, 64)
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join([*digits_text.SPECIAL, 'the', 'picture', 'number', *'0123456789']))
+  config.pp.vocab, config.pp.crop, config.pp.max_len = str(vocab), 8, 8
+  config.model.text.vocab_size = 18
+  with tfds.testing.mock_data(as_dataset_fn=_mock_coco):
+    result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert result['status'] == 'done'
+  lines = _lines(str(tmp_path / 'run'))
+  assert len(lines) == 2 and all(np.isfinite(m['loss']) for m in lines)
+  assert ('bias' in lines[0]) == (module is siglip_lit_coco)
