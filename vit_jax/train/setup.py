@@ -143,7 +143,12 @@ def build_model(model: spec_lib.Model, num_classes: int) -> VisionTransformer:
   """The module of the spec's model fields; a misspelt field names the closest one."""
   fields = model.constructor_fields()
   try:
-    return model_from_config(fields, num_classes=num_classes, dtype=jnp.dtype(model.dtype))
+    return model_from_config(
+      fields,
+      num_classes=num_classes,
+      dtype=jnp.dtype(model.dtype),
+      precision_policy=model.precision,
+    )
   except (TypeError, KeyError) as e:
     raise ValueError(f'Bad model config: {e}{_field_hint(fields)}') from e
 
