@@ -147,3 +147,23 @@ def test_padded_attention_equals_xla_attention_outputs_and_gradients(tokens):
   # The kernel sees whole blocks of 64 tokens.
   shapes = {v.aval.shape for eqn in jax.make_jaxpr(padded)(q, k, v).eqns for v in eqn.outvars}
   assert (2, -(-tokens // 64) * 64, 2, 16) in shapes
+
+
+def _residual_bytes(model, params) -> int:
+  """Bytes per image of what the backward pass keeps: the residuals of the training loss's
+  VJP that have a batch axis (not the parameters)."""
+  rngs = {'dropout': jax.random.key(0)}
+  loss = lambda p: model.apply({'params': p}, IMAGES, train=True, rngs=rngs).sum()
+  kept = jax.eval_shape(lambda p: jax.vjp(loss, p)[1], params)
+  batched = [x for x in jax.tree.leaves(kept) if x.ndim and x.shape[0] == IMAGES.shape[0]]
+  return sum(x.size * x.dtype.itemsize for x in batched) // IMAGES.shape[0]
+
+
+def test_bfloat16_activations_keep_fewer_bytes_for_the_backward_pass():
+  """The residuals in bfloat16 instead of float32 (GELU, LayerNorm inputs, the residual
+  stream): at most 80% of the 'matmul' policy's bytes per image on this ViT."""
+  matmul = _model('ViT', dtype=jnp.bfloat16)
+  params = _params(matmul)
+  activations = _model('ViT', dtype=jnp.bfloat16, precision_policy='activations')
+  ratio = _residual_bytes(activations, params) / _residual_bytes(matmul, params)
+  assert 0.3 < ratio < 0.8, ratio
