@@ -1,31 +1,58 @@
 #!/usr/bin/env bash
-# ViT-B/16 at 224 px in bfloat16 on one NVIDIA GPU (sized for an H200: 3 minutes there):
-#   1. training (the trainer's step: clipping, SGD momentum) with fused attention at the
-#      largest batch whose step fits in memory: images/s, MFU against the bf16 dense peak, memory;
-#   2. training at batch 256, XLA attention against `fused` (cuDNN where it applies);
-#   3. inference at batch 1024, both attention paths.
-# Every phase also measures the best square bf16 matmul (the chip's practical ceiling).
-# A phase that fails is reported and the next one runs; the exit status says whether all ran.
+# ViT training and inference at 224 px in bfloat16 on one NVIDIA GPU: one prepared call of at
+# most ~7 minutes on an H200 (TOTAL_BUDGET), in phases of priority order, so that a run cut
+# short still answers the first questions:
+#   1. policies   ViT-B/16 training, the two precision policies (matmul, activations) with the
+#                 fused attention call (cuDNN, padded to 64-token blocks) at batch $BATCH
+#   2. attention  the same with XLA's attention under the activations policy
+#   3. profile    20 steps of the activations/fused training step under jax.profiler, summarised
+#                 on the machine (vit_jax.profiling: top ops, matmul/attention/other shares)
+#   4. lhs        XLA flag --xla_gpu_enable_latency_hiding_scheduler=true, one round
+#   5. triton     XLA flag --xla_gpu_enable_triton_gemm=true, one round
+#   6. inference  ViT-B/16 inference at batch 1024, both policies, fused attention
+#   7. vit_l      ViT-L/16 training at batch 256, activations, fused
+#   8. vit_h      ViT-H/14 training (nn.scan + full remat) at batch 64, activations, fused
+# Every phase prints bytes accessed and temporary memory per image, MFU against PEAK_TFLOPS
+# and against the best square bf16 matmul it measures, and whether cuDNN's kernel ran.
+# A phase that fails or times out is reported and the next one runs; a phase that would start
+# past TOTAL_BUDGET seconds is skipped; the exit status says whether all ran.
 #
 # Usage, from the repository root:
 #   bash launch/gpu_benchmark.sh [OUT_DIR]        # default OUT_DIR: gpu_benchmark/
-# Environment: PYTHON (default python3), PEAK_TFLOPS (default 989, the H200's bf16 dense
-# peak; H100 SXM: 989, A100: 312), ROUNDS, STEPS, PHASE_TIMEOUT (seconds a phase may run; 0:
-# no limit).
-# Needs jax with CUDA (pip install "jax[cuda13]"), flax, optax, ml-collections and absl-py.
+# Environment: PYTHON (default python3), PEAK_TFLOPS (default 989, the H200's bf16 dense peak;
+# H100 SXM: 989, A100: 312), BATCH (ViT-B/16 training batch, default 512), ROUNDS, STEPS,
+# PHASE_TIMEOUT (seconds per phase, default 100; 0: no limit), TOTAL_BUDGET (default 420),
+# WHEELS (a directory of wheels to `pip install --no-deps` first, for a machine without
+# network or without some packages: e.g. `pip download --no-deps ml-collections absl-py -d
+# wheels`, then WHEELS=wheels; *.whl files are git-ignored).
+# Needs jax with CUDA (pip install "jax[cuda13]"), flax, optax, ml-collections and absl-py; no
+# TensorFlow (no input-pipeline run here).
 set -uo pipefail
 
 OUT="${1:-gpu_benchmark}"
 PY="${PYTHON:-python3}"
 PEAK="${PEAK_TFLOPS:-989}"
+BATCH="${BATCH:-512}"
 ROUNDS="${ROUNDS:-3}"
 STEPS="${STEPS:-10}"
-PHASE_TIMEOUT="${PHASE_TIMEOUT:-0}"
+PHASE_TIMEOUT="${PHASE_TIMEOUT:-100}"
+TOTAL_BUDGET="${TOTAL_BUDGET:-420}"
 export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
 
-"$PY" - <<'EOF' 2>&1 | tee "$OUT/env.txt" || exit 1
+if [[ -n "${WHEELS:-}" ]]; then
+  shopt -s nullglob
+  wheels=("$WHEELS"/*.whl)
+  shopt -u nullglob
+  if ((${#wheels[@]})); then
+    "$PY" -m pip install --quiet --no-deps "${wheels[@]}" 2>&1 | tee "$OUT/wheels.txt"
+  else
+    echo "WHEELS=$WHEELS holds no *.whl file" | tee "$OUT/wheels.txt"
+  fi
+fi
+
+"$PY" - <<'PYEOF' 2>&1 | tee "$OUT/env.txt" || exit 1
 import importlib.metadata
 import importlib.util
 import sys
@@ -33,7 +60,7 @@ import sys
 needed = ('jax', 'flax', 'optax', 'ml_collections', 'absl')
 missing = [m for m in needed if importlib.util.find_spec(m) is None]
 if missing:
-  sys.exit(f'missing Python packages {missing}: pip install them (see requirements.txt)')
+  sys.exit(f'missing Python packages {missing}: pip install them, or carry their wheels (WHEELS=dir)')
 import jax
 
 if jax.default_backend() != 'gpu':
@@ -41,33 +68,57 @@ if jax.default_backend() != 'gpu':
 print('python', sys.version.split()[0], jax.devices())
 for name in ('jax', 'jaxlib', 'flax', 'optax', 'ml-collections', 'numpy'):
   print(name, importlib.metadata.version(name))
-EOF
+PYEOF
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit \
     --format=csv,noheader
   date -u +'%Y-%m-%dT%H:%M:%SZ'
 } 2>&1 | tee -a "$OUT/env.txt"
 
-common=(--model=ViT-B_16 --resolution=224 --dtype=bfloat16 "--peak_tflops=$PEAK"
-        "--rounds=$ROUNDS" "--steps=$STEPS")
+common=(--resolution=224 --dtype=bfloat16 "--peak_tflops=$PEAK" "--steps=$STEPS")
+b16=(--model=ViT-B_16 --train --noinference "--batch=$BATCH")
 failed=()
+skipped=()
+start=$SECONDS
 
-phase() {  # phase NAME ARGS...: one benchmark process, its table and JSON under OUT
+phase() {  # phase NAME [VAR=VALUE ...] -- ARGS...: one benchmark process, its table and JSON
   local name="$1"
   shift
-  echo "== $name: python -m vit_jax.benchmark ${common[*]} $*"
-  if ! timeout "$PHASE_TIMEOUT" "$PY" -m vit_jax.benchmark "${common[@]}" "$@" "--json=$OUT/$name.json" 2>&1 \
-      | tee "$OUT/$name.txt"; then
+  local env=()
+  while [[ "$1" != -- ]]; do
+    env+=("$1")
+    shift
+  done
+  shift
+  if ((SECONDS - start >= TOTAL_BUDGET)); then
+    echo "== $name: skipped (${TOTAL_BUDGET}s budget spent)"
+    skipped+=("$name")
+    return
+  fi
+  echo "== $name: ${env[*]} python -m vit_jax.benchmark ${common[*]} $*"
+  if ! env "${env[@]}" timeout "$PHASE_TIMEOUT" "$PY" -m vit_jax.benchmark "${common[@]}" "$@" \
+      "--json=$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"; then
     failed+=("$name")
   fi
 }
 
-phase train_max_batch --attention=fused --train --noinference --max_batch
-phase train_b256 --attention=xla,fused --train --noinference --batch=256
-phase inference_b1024 --attention=xla,fused --batch=1024
+act=(--precision=activations --attention=fused)
+phase policies -- "${b16[@]}" --precision=matmul,activations --attention=fused "--rounds=$ROUNDS"
+phase attention -- "${b16[@]}" --precision=activations --attention=xla "--rounds=$ROUNDS"
+phase profile -- "${b16[@]}" "${act[@]}" --rounds=1 --profile_steps=20 \
+  "--profile_dir=$OUT/profile"
+phase lhs "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" -- "${b16[@]}" "${act[@]}" \
+  --rounds=1
+phase triton "XLA_FLAGS=--xla_gpu_enable_triton_gemm=true" -- "${b16[@]}" "${act[@]}" --rounds=1
+phase inference -- --model=ViT-B_16 --batch=1024 --precision=matmul,activations --attention=fused \
+  "--rounds=$ROUNDS"
+phase vit_l -- --model=ViT-L_16 --train --noinference --batch=256 "${act[@]}" --rounds=2
+phase vit_h -- --model=ViT-H_14 --train --noinference --batch=64 "${act[@]}" --layers=scan \
+  --remat=full --rounds=2
 
-if ((${#failed[@]})); then
-  echo "failed phases: ${failed[*]} (see $OUT/<phase>.txt)"
+echo "$((SECONDS - start)) s for the phases"
+if ((${#failed[@]} + ${#skipped[@]})); then
+  echo "failed phases: ${failed[*]:-none}; skipped: ${skipped[*]:-none} (see $OUT/<phase>.txt)"
   exit 1
 fi
 echo "all phases ran; results in $OUT"

@@ -364,3 +364,66 @@ def test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches(tmp
   }
   assert resume['resumed_equals_uninterrupted'] is True
   assert '| folder | train | crop window | 16 | 1 |' in done.stdout
+
+
+def test_precision_policies_show_bytes_accessed_and_temporary_memory():
+  """The compiled training step's XLA memory traffic and temporaries per image, for both
+  precision policies of bfloat16 (compiled only; float32 once, the policies are 16-bit ones)."""
+  result = benchmark.run_benchmark(
+    'ViT-Ti_16',
+    batch=4,
+    resolution=32,
+    dtypes=('float32', 'bfloat16'),
+    precisions=('matmul', 'activations'),
+    inference=False,
+    train=True,
+    num_classes=10,
+    compile_only=True,
+    model_overrides={'transformer': {'num_layers': 1}},
+  )
+  rows = {r['program']: r for r in result['rows']}
+  assert list(rows) == [
+    'float32/xla/remat=none',
+    'bfloat16/xla/remat=none',
+    'bfloat16/xla/remat=none/activations',
+  ]
+  assert [r['precision'] for r in rows.values()] == ['matmul', 'matmul', 'activations']
+  for r in rows.values():
+    # At least the step's own arrays are read once: parameters, images.
+    assert r['bytes_accessed_per_image'] > 32 * 32 * 3 * 4
+    assert 0 < r['temp_bytes_per_image'] * 4 < r['xla_memory_bytes']
+  # (XLA:CPU computes bfloat16 elementwise ops in float32: the two policies' temporaries
+  # differ by a few percent here, either way; what the backward pass keeps is
+  # tests/test_precision.py.)
+  float32, bfloat16 = rows['float32/xla/remat=none'], rows['bfloat16/xla/remat=none']
+  assert bfloat16['bytes_accessed_per_image'] < float32['bytes_accessed_per_image']
+  table = benchmark.format_table(result)
+  assert '| MB acc/img | temp MB/img |' in table
+
+
+def test_profile_steps_trace_and_summarise_the_training_step(tmp_path):
+  result = benchmark.run_benchmark(
+    'ViT-Ti_16',
+    batch=2,
+    resolution=32,
+    inference=False,
+    train=True,
+    num_classes=10,
+    rounds=1,
+    steps=1,
+    probe_sizes=(128,),
+    model_overrides={'transformer': {'num_layers': 1}},
+    profile_steps=2,
+    profile_dir=str(tmp_path),
+  )
+  profile = result['profile']
+  assert (profile['program'], profile['mode'], profile['steps']) == (
+    'float32/xla/remat=none',
+    'train',
+    2,
+  )
+  assert profile['trace'].startswith(str(tmp_path)) and profile['trace'].endswith('.xplane.pb')
+  assert profile['total_ms'] > 0 and profile['top']
+  assert sum(profile['shares'].values()) == pytest.approx(1.0)
+  assert sum(r['ms'] for r in profile['top']) <= profile['total_ms'] + 1e-6
+  assert 'steps profiled:' in benchmark.format_table(result)

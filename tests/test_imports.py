@@ -27,7 +27,17 @@ FLOORS = {
   **dict.fromkeys(['models', 'checkpoint', 'data', 'text'], 2),
   # 1: the shared services.
   **dict.fromkeys(
-    ['files', 'rundir', 'parallel', 'distributed', 'optim', 'hugepages', 'torch_compat'], 1
+    [
+      'files',
+      'rundir',
+      'parallel',
+      'distributed',
+      'optim',
+      'hugepages',
+      'torch_compat',
+      'profiling',
+    ],
+    1,
   ),
   'vit_jax': 1,  # the package's own __init__
 }

@@ -172,7 +172,9 @@ def test_scanned_dropout_depends_on_the_key(random_params):
 
 def test_fused_attention_asks_cudnn_on_gpus_and_falls_back(monkeypatch):
   """The choice logic, with the GPU and cuDNN's refusal stood in (no GPU here): jax would pick
-  XLA unless asked for cuDNN by name, and cuDNN refuses unsupported shapes while tracing."""
+  XLA unless asked for cuDNN by name, and cuDNN refuses unsupported shapes while tracing.
+  Self-attention at a token count off cuDNN's 64-token blocks asks for it padded (to 64, with
+  the sequence lengths)."""
   q, k, v = (
     jax.random.normal(key, (2, 5, 3, 8), jnp.bfloat16)
     for key in jax.random.split(jax.random.key(0), 3)
@@ -180,20 +182,24 @@ def test_fused_attention_asks_cudnn_on_gpus_and_falls_back(monkeypatch):
   asked = []
   original = jax.nn.dot_product_attention
 
-  def refusing(q, k, v, implementation=None):
-    asked.append(implementation)
+  def refusing(q, k, v, implementation=None, **lengths):
+    asked.append((implementation, q.shape[1], sorted(lengths)))
     if implementation == 'cudnn':
       raise NotImplementedError('Unsupported sequence length Q 5, KV 5.')
-    return original(q, k, v, implementation=implementation)
+    return original(q, k, v, implementation=implementation, **lengths)
 
+  padded = ('cudnn', 64, ['key_value_seq_lengths', 'query_seq_lengths'])
   monkeypatch.setattr(jax.nn, 'dot_product_attention', refusing)
   monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
   out = attention.fused_attention(q, k, v)
-  assert asked == ['cudnn', None]
+  assert asked == [padded, (None, 5, [])]
   np.testing.assert_array_equal(out, original(q, k, v))
   asked.clear()
+  attention.fused_attention(q[:, :1], k, v)  # cross-attention (the MAP head's probe): unpadded
+  assert asked == [('cudnn', 1, []), (None, 1, [])]
+  asked.clear()
   attention.fused_attention(*(t.astype(jnp.float32) for t in (q, k, v)))  # cuDNN's takes 16-bit
-  assert asked == [None]
+  assert asked == [(None, 5, [])]
   monkeypatch.setattr(jax, 'default_backend', lambda: 'cpu')
   attention.fused_attention(q, k, v)
-  assert asked == [None, None]
+  assert asked == [(None, 5, [])] * 2

@@ -715,3 +715,23 @@ def test_command_line_errors_are_one_line(tmp_path, flags, message):
   errors = [line for line in run.stderr.splitlines() if line.startswith('Error:')]
   assert len(errors) == 1 and message in errors[0], run.stderr
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_bfloat16_activations_policy_is_recorded_and_resumes_exactly(tmp_path, compilation_cache):
+  """config.precision='activations' with the fused attention call: config.json records the
+  policy, and a run resumed from its step-2 checkpoint ends at step 4 exactly as it did (one
+  device: the policy against 8 is tests/test_steps.py)."""
+  config = tiny_config(
+    dtype='bfloat16', precision='activations', total_steps=4, eval_every=4, checkpoint_every=2
+  )
+  config.model.attention_impl = 'fused'
+  one = jax.devices()[:1]
+  whole = train.train_and_evaluate(config, str(tmp_path / 'whole'), devices=one)
+  saved = rundir.read_config(str(tmp_path / 'whole'))
+  assert (saved['precision'], saved['dtype']) == ('activations', 'bfloat16')
+  workdir = str(tmp_path / 'resumed')
+  shutil.copytree(tmp_path / 'whole', workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '4'))
+  resumed = train.train_and_evaluate(config, workdir, devices=one)
+  assert resumed['status'] == 'done' and resumed['step'] == 4
+  _assert_trees_close(whole['params'], resumed['params'], atol=0)

@@ -30,6 +30,11 @@ Per variant and mode:
                 probe is measured in any case (JSON `of_matmul_probe`)
   XLA mem       arguments + outputs - donated + temporaries of the compiled program
                 (`compiled.memory_analysis()`): the memory the program needs
+  MB acc/img    XLA's `bytes accessed` of the compiled program (after fusion; its cost
+                analysis), per image (JSON `bytes_accessed_per_image`): the memory traffic
+                that halving activation bytes halves, visible on a CPU too
+  temp MB/img   the compiled program's temporaries (`temp_size_in_bytes`: activations kept
+                for the backward pass, workspace), per image (JSON `temp_bytes_per_image`)
   peak mem      measured: the accelerator's `peak_bytes_in_use` (the process's peak so far),
                 or on CPU the process's peak resident set during the timed steps (VmHWM,
                 reset before them; it includes everything the process holds)
@@ -44,6 +49,12 @@ Per variant and mode:
 `--pipeline` measures the input pipeline instead (`vit_jax.cli.benchmark_pipeline`, TensorFlow):
 images/s and images/s per core of training and evaluation input, beside accelerators'
 training images/s.
+
+`--precision=matmul,activations` compares the precision policies of the 16-bit dtypes
+(`vit_jax.models.precision`); a variant's name ends in `/activations` under the second.
+`--profile_steps N` traces N more steps of the first training program (else the first
+program) with `jax.profiler` into `--profile_dir` and prints the top ops by time, with the
+matmul / attention / other shares (`vit_jax.profiling`).
 
 `--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
@@ -72,8 +83,8 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from vit_jax import cli, files, hugepages, optim, parallel, torch_compat
-from vit_jax.models import blocks, get_config, is_mixer, model_from_config, stats
+from vit_jax import cli, files, hugepages, optim, parallel, profiling, torch_compat
+from vit_jax.models import blocks, get_config, is_mixer, model_from_config, precision, stats
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -85,17 +96,20 @@ LAYERS = ('unrolled', 'scan')
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """One model variant: compute dtype, attention, rematerialisation, unrolled or scanned."""
+  """One model variant: compute dtype, attention, rematerialisation, unrolled or scanned,
+  precision policy."""
 
   dtype: str = 'float32'
   attention: str = 'xla'
   remat: str = 'none'
   layers: str = 'unrolled'
+  precision: str = 'matmul'
 
   @property
   def name(self) -> str:
     scan = '/scan' if self.layers == 'scan' else ''
-    return f'{self.dtype}/{self.attention}/remat={self.remat}{scan}'
+    policy = '' if self.precision == 'matmul' else f'/{self.precision}'
+    return f'{self.dtype}/{self.attention}/remat={self.remat}{scan}{policy}'
 
 
 @dataclasses.dataclass
@@ -121,19 +135,24 @@ def variants_from(
   attentions: Sequence[str],
   remats: Sequence[str],
   layers: Sequence[str] = ('unrolled',),
+  precisions: Sequence[str] = ('matmul',),
 ) -> list[Variant]:
-  """The cartesian product, checked; the first one is the reference for agreement."""
+  """The cartesian product, checked; the first one is the reference for agreement. The
+  precision policy applies to 16-bit dtypes only: float32 is measured once."""
   for flag, values, allowed in (
     ('--dtype', dtypes, DTYPES),
     ('--attention', attentions, ATTENTION),
     ('--remat', remats, REMAT),
     ('--layers', layers, LAYERS),
+    ('--precision', precisions, precision.POLICIES),
   ):
     bad = [v for v in values if v not in allowed]
     if bad or not values:
       raise ValueError(f'{flag}={",".join(values)}: expected a comma list of {", ".join(allowed)}')
-  product = itertools.product(dtypes, attentions, layers, remats)
-  return [Variant(d, a, r, n) for d, a, n, r in product]
+  product = itertools.product(dtypes, precisions, attentions, layers, remats)
+  variants = [Variant(d, a, r, n, p) for d, p, a, n, r in product]
+  policy = lambda v: v.precision if precision.is_mixed(DTYPES[v.dtype]) else precisions[0]
+  return [v for v in variants if v.precision == policy(v)]
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -203,11 +222,31 @@ def _xla_bytes(compiled: Any) -> int | None:
   )
 
 
+def _compiled_cost(compiled: Any) -> tuple[float | None, int | None]:
+  """(XLA's bytes accessed, temporary bytes) of the compiled program; None where the backend
+  does not say."""
+  try:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost  # a list in older jax
+    accessed = float(cost['bytes accessed']) if cost and 'bytes accessed' in cost else None
+  except Exception:  # not every backend implements it
+    accessed = None
+  try:
+    temp = int(compiled.memory_analysis().temp_size_in_bytes)
+  except Exception:
+    temp = None
+  return accessed, temp
+
+
 def _compiled_facts(compiled: Any) -> dict[str, Any]:
-  """XLA's memory for the program, and whether it calls cuDNN's fused attention kernel
-  (`jax.nn.dot_product_attention` falls back to XLA where cuDNN does not apply)."""
+  """XLA's memory and memory traffic for the program, and whether it calls cuDNN's fused
+  attention kernel (`jax.nn.dot_product_attention` falls back to XLA where cuDNN does not
+  apply)."""
+  accessed, temp = _compiled_cost(compiled)
   return {
     'xla_memory_bytes': _xla_bytes(compiled),
+    'bytes_accessed': accessed,
+    'temp_bytes': temp,
     'cudnn_attention': 'cudnn$fmha' in compiled.as_text(),
   }
 
@@ -245,6 +284,7 @@ def _model(config: ml_collections.ConfigDict, num_classes: int, variant: Variant
     'attention_impl': (variant.attention, 'xla'),
     'remat_policy': (variant.remat, 'none'),
     'scan_layers': (variant.layers == 'scan', False),
+    'precision_policy': (variant.precision, 'matmul'),
   }
   chosen = {k: value for k, (value, default) in fields.items() if value != default}
   return model_from_config(config, num_classes=num_classes, dtype=DTYPES[variant.dtype], **chosen)
@@ -563,9 +603,10 @@ class _Job:
     return (['inference'] if infer else []) + (['train'] if self.train else [])
 
 
-def _check(
-  model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only
-):
+def _check(model, config, batch, rounds, steps, accum_steps, modes, profile):
+  inference, train, compare, compile_only = modes
+  if profile[0] and (compile_only or not profile[1]):
+    raise ValueError('--profile_steps runs the programs: give a --profile_dir, no --compile_only')
   if compare:
     _check_comparable(model, config)
     if compile_only:
@@ -699,6 +740,10 @@ def _hf_logit_error(job: _Job, compiled_inference: dict, hf_logits) -> float | N
   return float(np.abs(np.asarray(compiled(params_v, job.images)) - hf_logits).max())
 
 
+def _per(value: float | None, batch: int) -> float | None:
+  return None if value is None else value / batch
+
+
 def _row(p: _Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bool) -> dict:
   timed = bool(p.wall)
   best = min(p.wall) if timed else None
@@ -728,6 +773,9 @@ def _row(p: _Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bo
     'mfu': achieved / peak if achieved is not None and peak else None,
     'of_matmul_probe': achieved / probe if achieved is not None and probe else None,
     'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
+    'bytes_accessed_per_image': _per(p.facts.get('bytes_accessed'), batch),
+    'temp_bytes_per_image': _per(p.facts.get('temp_bytes'), batch),
+    'precision': None if hf else p.variant.precision,
     'cudnn_attention': p.facts.get('cudnn_attention'),
     'peak_memory_bytes': p.peak_bytes,
     'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
@@ -757,9 +805,10 @@ def _add_ratios(rows: list[dict]) -> None:
       )
 
 
-def _compare(job: _Job, params: Any, resolution: int, programs: list[_Timed], tmp: str):
+def _compare(job: _Job, params: Any, resolution: int, programs: list[_Timed]):
   """Hugging Face's programs on the same weights (timed beside ours), and its logits."""
-  torch, hf = _hugging_face(params, job.config, resolution, tmp)
+  with tempfile.TemporaryDirectory(prefix='vit_benchmark_') as tmp:  # Hugging Face's files
+    torch, hf = _hugging_face(params, job.config, resolution, tmp)
   hf_programs = _hf_programs(
     hf, torch, job.variants, job.images, job.labels, job.train, job.inference
   )
@@ -781,6 +830,7 @@ def run_benchmark(
   remats: Sequence[str] = ('none',),
   layers: Sequence[str] = ('unrolled',),
   *,
+  precisions: Sequence[str] = ('matmul',),
   inference: bool = True,
   train: bool = False,
   compare: bool = False,
@@ -794,6 +844,8 @@ def run_benchmark(
   model_overrides: dict[str, Any] | None = None,
   compile_only: bool = False,
   accum_steps: int = 1,
+  profile_steps: int = 0,
+  profile_dir: str = '',
   log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
   """Measures every variant; returns a JSON-ready dict (see the module docstring).
@@ -801,52 +853,88 @@ def run_benchmark(
   `model_overrides` changes the registered config, e.g. `{'transformer': {'num_layers': 2}}`.
   `compile_only` compiles every program on abstract arrays (nothing is allocated or timed):
   compile time, FLOPs and XLA's memory of models that would not fit. `accum_steps` splits
-  the training step's batch into micro-batches, as `--config.accum_steps` does in training.
+  the batch into micro-batches (`--config.accum_steps`); `profile_steps`: see `_profile`.
   """
-  variants = variants_from(dtypes, attentions, remats, layers)
+  variants = variants_from(dtypes, attentions, remats, layers, precisions)
   config = model_config(model, model_overrides)
-  _check(model, config, batch, rounds, steps, accum_steps, inference, train, compare, compile_only)
+  modes = (inference, train, compare, compile_only)
+  _check(model, config, batch, rounds, steps, accum_steps, modes, (profile_steps, profile_dir))
   load_start = os.getloadavg()
   rng = np.random.default_rng(seed)
-  images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)
-  analytic = stats.forward_flops(config, resolution, num_classes)
-  job = _Job(
-    config, variants, num_classes, images, labels, inference, train, compile_only, accum_steps,
-    analytic, log,
-  )  # fmt: skip
+  job_modes = (inference, train, compile_only, accum_steps)
+  job = _make_job(config, variants, rng, batch, resolution, num_classes, job_modes, log)
   log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
   params = _initial_params(job, resolution, seed)
   programs, compiled_inference = _programs(job, params)
-  tmp = tempfile.TemporaryDirectory(prefix='vit_benchmark_')  # Hugging Face's files
-  hf_programs, hf_logits = (
-    _compare(job, params, resolution, programs, tmp.name) if compare else ([], None)
-  )
+  hf_programs, hf_logits = _compare(job, params, resolution, programs) if compare else ([], None)
+  programs += hf_programs
   if train and not (inference or compare or compile_only):
     params = None  # training programs hold their own (shared) state: free the initial copy
-  programs += hf_programs
-  # The probe is the MFU denominator unless a peak is given; on an accelerator, where it
-  # costs milliseconds, it is measured anyway: the ceiling this chip reaches beside its datasheet.
-  sizes = tuple(probe_sizes or _default_probe_sizes())
-  measure_probe = peak_tflops is None or jax.default_backend() != 'cpu'
-  rounds = 0 if compile_only else rounds
-  probe = _measure(job, programs, rounds, steps, sizes, measure_probe) if rounds else {}
-  checked = inference and len(variants) > 1 and not compile_only
-  draw = lambda: jnp.asarray(rng.uniform(-1, 1, images.shape), jnp.float32)
-  check = [draw() for _ in range(check_batches)] if checked else []
+  probe, sizes = _timing(job, programs, peak_tflops, rounds, steps, probe_sizes)
   facts = {
-    'agreement': _agreement(job, compiled_inference, check),
+    'agreement': _agreement(job, compiled_inference, _check_batches(job, rng, check_batches)),
     'hf_max_abs_logit_error': _hf_logit_error(job, compiled_inference, hf_logits),
-    'model': model,
     'model_overrides': model_overrides,
-    'resolution': resolution,
     'load_average_start': list(load_start),
+    'profile': _profile(programs, profile_steps, profile_dir, log) if profile_steps else None,
+  }
+  conditions = (model, resolution, 0 if compile_only else rounds, steps, peak_tflops, compare)
+  return _result(job, programs, probe, sizes, {**facts, **_conditions(*conditions)})
+
+
+def _make_job(config, variants, rng, batch, resolution, num_classes, modes, log) -> _Job:
+  """The job: random inputs (shapes only under compile_only) and the analytic FLOPs."""
+  inference, train, compile_only, accum_steps = modes
+  images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)
+  analytic = stats.forward_flops(config, resolution, num_classes)
+  return _Job(
+    config, variants, num_classes, images, labels, inference, train, compile_only, accum_steps,
+    analytic, log,
+  )  # fmt: skip
+
+
+def _conditions(model, resolution, rounds, steps, peak_tflops, compare) -> dict[str, Any]:
+  return {
+    'model': model,
+    'resolution': resolution,
     'rounds': rounds,
     'steps_per_round': steps,
     'peak_tflops_given': peak_tflops,
     'omp_wait_policy': os.environ.get('OMP_WAIT_POLICY') if compare else None,
   }
-  tmp.cleanup()
-  return _result(job, programs, probe, sizes, facts)
+
+
+def _timing(job: _Job, programs, peak_tflops, rounds: int, steps: int, probe_sizes) -> tuple:
+  """(the matmul probe by dtype, its sizes) after timing the programs (`_measure`)."""
+  # The probe is the MFU denominator unless a peak is given; on an accelerator, where it
+  # costs milliseconds, it is measured anyway: the ceiling this chip reaches beside its datasheet.
+  sizes = tuple(probe_sizes or _default_probe_sizes())
+  measure_probe = peak_tflops is None or jax.default_backend() != 'cpu'
+  if job.compile_only or not rounds:
+    return {}, sizes
+  return _measure(job, programs, rounds, steps, sizes, measure_probe), sizes
+
+
+def _check_batches(job: _Job, rng, count: int) -> list[jax.Array]:
+  """Random image batches for the agreement of the variants' logits (none when nothing to
+  compare)."""
+  if not (job.inference and len(job.variants) > 1 and not job.compile_only):
+    return []
+  return [jnp.asarray(rng.uniform(-1, 1, job.images.shape), jnp.float32) for _ in range(count)]
+
+
+def _profile(programs: list[_Timed], steps: int, directory: str, log) -> dict[str, Any]:
+  """`steps` steps of the first training program (else the first) under `jax.profiler`,
+  written to `directory`, and their top ops (`vit_jax.profiling.summarise`)."""
+  ours = [p for p in programs if p.variant is not None and not p.label.startswith('HF')]
+  chosen = next((p for p in ours if p.mode == 'train'), ours[0])
+  log(f'  profiling {steps} steps of {chosen.mode} {chosen.label} into {directory}')
+  jax.block_until_ready(chosen.run())
+  with jax.profiler.trace(directory):
+    for _ in range(steps):
+      jax.block_until_ready(chosen.run())
+  summary = profiling.summarise(directory)
+  return {'program': chosen.label, 'mode': chosen.mode, 'steps': steps, **summary}
 
 
 def _result(job: _Job, programs: list[_Timed], probe: dict, sizes, facts: dict) -> dict:
@@ -884,6 +972,7 @@ def _result(job: _Job, programs: list[_Timed], probe: dict, sizes, facts: dict) 
     'rows': rows,
     'agreement': facts['agreement'],
     'hf_max_abs_logit_error': facts['hf_max_abs_logit_error'],
+    'profile': facts['profile'],
   }
 
 
@@ -900,9 +989,9 @@ def format_table(result: dict[str, Any]) -> str:
   """A Markdown table of the rows, then the probe, agreement and load lines."""
   head = (
     '| program | mode | img/s | median | compile s | GFLOP/img | TFLOP/s | MFU | XLA mem GB'
-    ' | peak mem GB | cpu/wall | faults/step | vs HF |'
+    ' | MB acc/img | temp MB/img | peak mem GB | cpu/wall | faults/step | vs HF |'
   )
-  lines = [head, '|' + '---|' * 13]
+  lines = [head, '|' + '---|' * 15]
   for r in result['rows']:
     cells = [
       r['program'],
@@ -914,6 +1003,8 @@ def format_table(result: dict[str, Any]) -> str:
       _fmt(r['achieved_tflops'], '.3f'),
       _fmt(r['mfu'], '.0%'),
       _fmt(r['xla_memory_bytes'], '.2f', 1e9),
+      _fmt(r.get('bytes_accessed_per_image'), '.1f', 1e6),
+      _fmt(r.get('temp_bytes_per_image'), '.1f', 1e6),
       _fmt(r['peak_memory_bytes'], '.2f', 1e9),
       _fmt(r['cpu_per_wall'], '.2f'),
       _fmt(r.get('page_faults_per_step'), '.0f'),
@@ -948,6 +1039,10 @@ def format_table(result: dict[str, Any]) -> str:
         f'{r["program"]}: training step per image = {r["train_over_inference_time"]:.2f} x'
         ' inference per image'
       )
+  if result.get('profile'):
+    profile = result['profile']
+    out.append(f'{profile["program"]} {profile["mode"]}, {profile["steps"]} steps profiled:')
+    out.append(profiling.format_summary(profile))
   if result.get('huge_pages'):
     out.append(result['huge_pages'])
   out.append(
@@ -975,7 +1070,7 @@ def _main(argv: Sequence[str]) -> None:
   log = lambda s: print(s, file=sys.stderr, flush=True)
   batch = f.batch
   if f.max_batch:
-    variants = variants_from(f.dtype, f.attention, f.remat, f.layers)
+    variants = variants_from(f.dtype, f.attention, f.remat, f.layers, f.precision)
     config = model_config(f.model)
     limit = int(f.memory_fraction * memory_limit_bytes())
     batch, need = largest_batch(config, f.num_classes, variants[0], f.resolution, limit)
@@ -988,6 +1083,7 @@ def _main(argv: Sequence[str]) -> None:
     f.attention,
     f.remat,
     f.layers,
+    precisions=f.precision,
     inference=f.inference,
     train=f.train,
     compare=f.compare,
@@ -1000,6 +1096,8 @@ def _main(argv: Sequence[str]) -> None:
     seed=f.seed,
     compile_only=f.compile_only,
     accum_steps=f.accum_steps,
+    profile_steps=f.profile_steps,
+    profile_dir=f.profile_dir,
     log=log,
   )
   print(format_table(result))
@@ -1037,6 +1135,18 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   )
   flags.DEFINE_list(
     'layers', ['unrolled'], f'encoder blocks unrolled or as one nn.scan: {LAYERS}', flag_values=fv
+  )
+  flags.DEFINE_list(
+    'precision',
+    ['matmul'],
+    f'precision policies of the 16-bit dtypes, of {list(precision.POLICIES)}',
+    flag_values=fv,
+  )
+  flags.DEFINE_integer(
+    'profile_steps', 0, 'trace this many more steps with jax.profiler (0: none)', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'profile_dir', '/tmp/vit_benchmark_profile', 'where --profile_steps writes', flag_values=fv
   )
   flags.DEFINE_bool(
     'inference', True, 'time inference (--noinference: training only)', flag_values=fv

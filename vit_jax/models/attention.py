@@ -48,15 +48,48 @@ def _attend_jvp(dtype, primals, tangents):
   return y, dy.astype(y.dtype)
 
 
+# cuDNN's flash attention (fused forward and backward) takes sequence lengths that are
+# multiples of 64 in training; other lengths are padded to one inside the attention call.
+CUDNN_BLOCK = 64
+
+
+def padded_attention(
+  q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, multiple: int, implementation: str | None
+) -> jnp.ndarray:
+  """`jax.nn.dot_product_attention` with the tokens zero-padded to a multiple of `multiple`
+  and the padding masked by sequence lengths (cuDNN's padding mask, no bias tensor): the
+  padded keys get no weight, the padded queries are sliced off, so the output and the
+  gradients are those of the unpadded call."""
+  batch, tokens = q.shape[:2]
+  padded = -(-tokens // multiple) * multiple
+  widths = ((0, 0), (0, padded - tokens), (0, 0), (0, 0))
+  q, k, v = (jnp.pad(t, widths) for t in (q, k, v))
+  lengths = jnp.full((batch,), tokens, jnp.int32)
+  y = jax.nn.dot_product_attention(
+    q,
+    k,
+    v,
+    query_seq_lengths=lengths,
+    key_value_seq_lengths=lengths,
+    implementation=implementation,
+  )
+  return y[:, :tokens]
+
+
 def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
   """`jax.nn.dot_product_attention` on (batch, tokens, heads, head_dim) arrays: cuDNN's flash
-  attention on GPUs where it applies (16-bit inputs, a recent cuDNN), else XLA's.
+  attention on GPUs where it applies (16-bit inputs, a recent cuDNN), else XLA's. Token
+  counts that are not a multiple of `CUDNN_BLOCK` (197 = 14 * 14 + 1) are padded inside the
+  call (`padded_attention`), so that training too runs cuDNN's kernels; the MLPs stay at the
+  model's own token count.
 
   jax picks XLA unless asked for cuDNN by name, and cuDNN refuses what it cannot do while
   the call is traced, so asking first and falling back costs nothing at run time.
   """
   if jax.default_backend() == 'gpu' and precision.is_mixed(q.dtype):
     try:
+      if q.shape[1] == k.shape[1] and q.shape[1] % CUDNN_BLOCK:  # self-attention
+        return padded_attention(q, k, v, CUDNN_BLOCK, 'cudnn')
       return jax.nn.dot_product_attention(q, k, v, implementation='cudnn')
     except (ValueError, NotImplementedError, RuntimeError):
       pass
@@ -77,6 +110,7 @@ class MultiHeadDotProductAttention(nn.Module):
   attention_impl: str = 'xla'
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -87,9 +121,11 @@ class MultiHeadDotProductAttention(nn.Module):
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
     head_dim = width // self.num_heads
-    dense = functools.partial(
+    dense = precision.dense(
       nn.DenseGeneral,
-      **precision.matmul_kwargs(self.dtype, self.param_dtype),
+      self.dtype,
+      self.param_dtype,
+      self.precision_policy,
       kernel_init=nn.initializers.xavier_uniform(),
     )
     kv = x if kv is None else kv
@@ -116,7 +152,7 @@ class MultiHeadDotProductAttention(nn.Module):
         y = precision.einsum('bhqk,bhkd->bhqd', weights, v, self.dtype)
       else:
         y = attend(q, k, v, self.dtype)
-      y = jnp.swapaxes(y, 1, 2)
+      y = jnp.swapaxes(y, 1, 2).astype(q.dtype)
     else:
       raise ValueError(f'attention_impl={self.attention_impl!r}; expected one of {ATTENTION_IMPLS}')
     return dense(features=width, axis=(-2, -1), name='out')(y)

@@ -21,7 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models.precision import Dtype, elementwise_dtype, layer_norm, matmul_kwargs
+from vit_jax.models.precision import Dtype, dense, elementwise_dtype, layer_norm, matmul_kwargs
 
 
 def is_mixer(config: Mapping[str, Any]) -> bool:
@@ -35,12 +35,13 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    kwargs = matmul_kwargs(self.dtype, self.param_dtype)
-    y = nn.gelu(nn.Dense(self.mlp_dim, **kwargs, name='Dense_0')(x), approximate=True)
-    return nn.Dense(x.shape[-1], **kwargs, name='Dense_1')(y)
+    layer = dense(nn.Dense, self.dtype, self.param_dtype, self.precision_policy)
+    y = nn.gelu(layer(self.mlp_dim, name='Dense_0')(x), approximate=True)
+    return layer(x.shape[-1], name='Dense_1')(y)
 
 
 class MixerBlock(nn.Module):
@@ -50,11 +51,13 @@ class MixerBlock(nn.Module):
   channels_mlp_dim: int
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    norm = lambda name: layer_norm(name, self.dtype, self.param_dtype)
-    mlp = lambda dim, name: MlpBlock(dim, self.dtype, self.param_dtype, name=name)
+    policy = self.precision_policy
+    norm = lambda name: layer_norm(name, self.dtype, self.param_dtype, policy)
+    mlp = lambda dim, name: MlpBlock(dim, self.dtype, self.param_dtype, policy, name=name)
     y = jnp.swapaxes(norm('LayerNorm_0')(x), 1, 2)  # (batch, channels, patches)
     x = x + jnp.swapaxes(mlp(self.tokens_mlp_dim, 'token_mixing')(y), 1, 2)
     return x + mlp(self.channels_mlp_dim, 'channel_mixing')(norm('LayerNorm_1')(x))
@@ -70,6 +73,8 @@ class MlpMixer(nn.Module):
     head_bias_init: constant initial bias of the head.
     dtype: compute dtype; 16-bit dtypes take the mixed-precision path of `precision.py` (16-bit
       matmul operands, float32 sums, norms and residuals); parameters stay in `param_dtype`.
+    precision_policy: 'matmul' or 'activations' (activations and residuals in `dtype` too), as
+      `VisionTransformer`'s.
   """
 
   num_classes: int | None
@@ -81,6 +86,7 @@ class MlpMixer(nn.Module):
   head_bias_init: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, inputs: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -96,6 +102,7 @@ class MlpMixer(nn.Module):
       param_dtype=self.param_dtype,
       name='stem',
     )(inputs.astype(elementwise_dtype(self.dtype)))
+    x = x.astype(elementwise_dtype(self.dtype, self.precision_policy))
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     for i in range(self.num_blocks):
@@ -104,9 +111,10 @@ class MlpMixer(nn.Module):
         self.channels_mlp_dim,
         self.dtype,
         self.param_dtype,
+        self.precision_policy,
         name=f'MixerBlock_{i}',
       )(x)
-    x = layer_norm('pre_head_layer_norm', self.dtype, self.param_dtype)(x)
+    x = layer_norm('pre_head_layer_norm', self.dtype, self.param_dtype, self.precision_policy)(x)
     x = jnp.mean(x, axis=1)
     if self.num_classes:
       x = nn.Dense(

@@ -3,7 +3,20 @@
 `mixed_einsum` is a custom primitive with its own transpose, batching and JVP rules, so that
 every JAX transformation keeps the float32 accumulation (a plain cast-then-einsum would round
 the gradients to 16 bits). The helpers around it give each layer its dtypes: `matmul_kwargs`
-for Dense layers, `elementwise_dtype` for norms, residuals and activations, `layer_norm`.
+and `dense` for Dense layers, `elementwise_dtype` for norms, residuals and activations,
+`layer_norm`.
+
+With a 16-bit compute dtype, the precision policy says what else is 16-bit (POLICIES):
+
+  'matmul'       matmul operands only; activations, norms, GELU, softmax and the residual
+                 stream in float32 (the default).
+  'activations'  activations and the residual stream in the compute dtype too: each matmul
+                 (float32 sums, plus its bias in float32) rounds its output once; LayerNorm
+                 statistics (flax reduces in float32), the softmax and the loss stay float32
+                 inside their ops, and gradients of the float32 parameters are accumulated in
+                 float32. Half the bytes of every elementwise op and of the saved activations.
+
+Parameters stay in `param_dtype` under both; a float32 compute dtype ignores the policy.
 """
 
 import functools
@@ -18,6 +31,12 @@ from jax import lax
 from jax.interpreters import ad, batching, mlir
 
 Dtype = Any
+POLICIES = ('matmul', 'activations')
+
+
+def check_policy(policy: str) -> None:
+  if policy not in POLICIES:
+    raise ValueError(f'precision={policy!r}; expected one of {POLICIES}')
 
 
 def is_mixed(dtype: Dtype) -> bool:
@@ -179,13 +198,30 @@ def matmul_kwargs(dtype: Dtype, param_dtype: Dtype) -> dict[str, Any]:
   return {'dtype': jnp.float32, 'param_dtype': param_dtype, 'dot_general': dot_general}
 
 
-def elementwise_dtype(dtype: Dtype) -> Dtype:
-  """Norms, residuals and activations stay float32 on the mixed-precision path."""
-  return jnp.float32 if is_mixed(dtype) else dtype
+def elementwise_dtype(dtype: Dtype, policy: str = 'matmul') -> Dtype:
+  """The dtype of norms, residuals and activations: float32 on the mixed-precision path under
+  the 'matmul' policy, the compute dtype under 'activations' (and for non-16-bit dtypes)."""
+  check_policy(policy)
+  return jnp.float32 if is_mixed(dtype) and policy == 'matmul' else dtype
 
 
-def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype) -> nn.LayerNorm:
-  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained)."""
+def dense(cls: type[nn.Module], dtype: Dtype, param_dtype: Dtype, policy: str, **fixed: Any):
+  """A factory of `cls` (nn.Dense, nn.DenseGeneral) layers, called like `cls`, whose outputs
+  come in the policy's activation dtype: the matmul sums and the bias add run in float32
+  (`matmul_kwargs`), then one rounding; the bias gradient is summed in float32."""
+  out_dtype = elementwise_dtype(dtype, policy)
+  kwargs = {**matmul_kwargs(dtype, param_dtype), **fixed}
+
+  def make(*args: Any, **kw: Any):
+    layer = cls(*args, **kwargs, **kw)
+    return lambda x: layer(x).astype(out_dtype)
+
+  return make
+
+
+def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype, policy: str = 'matmul') -> nn.LayerNorm:
+  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained); its
+  statistics are reduced in float32 whatever its dtype (flax's force_float32_reductions)."""
   return nn.LayerNorm(
-    epsilon=1e-6, dtype=elementwise_dtype(dtype), param_dtype=param_dtype, name=name
+    epsilon=1e-6, dtype=elementwise_dtype(dtype, policy), param_dtype=param_dtype, name=name
   )

@@ -56,12 +56,15 @@ class MlpBlock(nn.Module):
   gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
-    dense = functools.partial(
+    dense = precision.dense(
       nn.Dense,
-      **precision.matmul_kwargs(self.dtype, self.param_dtype),
+      self.dtype,
+      self.param_dtype,
+      self.precision_policy,
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
     )
@@ -111,6 +114,7 @@ class Encoder1DBlock(nn.Module):
   gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -121,7 +125,7 @@ class Encoder1DBlock(nn.Module):
     norm = functools.partial(
       nn.LayerNorm,
       epsilon=1e-6,
-      dtype=precision.elementwise_dtype(self.dtype),
+      dtype=precision.elementwise_dtype(self.dtype, self.precision_policy),
       param_dtype=self.param_dtype,
     )
     y = norm(name='LayerNorm_0')(x)
@@ -131,6 +135,7 @@ class Encoder1DBlock(nn.Module):
       attention_impl=self.attention_impl,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      precision_policy=self.precision_policy,
       name='MultiHeadDotProductAttention_0',
     )(y, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
@@ -142,6 +147,7 @@ class Encoder1DBlock(nn.Module):
       gelu_approximate=self.gelu_approximate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      precision_policy=self.precision_policy,
       name='MlpBlock_0',
     )(y, deterministic)
     return x + _drop_path(y, rate, deterministic)
@@ -192,6 +198,7 @@ class Encoder(nn.Module):
   gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -215,7 +222,8 @@ class Encoder(nn.Module):
     x, captured = self._blocks(x, train, capture)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
-    return precision.layer_norm('encoder_norm', self.dtype, self.param_dtype)(x), captured
+    norm = precision.layer_norm('encoder_norm', self.dtype, self.param_dtype, self.precision_policy)
+    return norm(x), captured
 
   def _blocks(
     self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
@@ -230,6 +238,7 @@ class Encoder(nn.Module):
       'gelu_approximate': self.gelu_approximate,
       'dtype': self.dtype,
       'param_dtype': self.param_dtype,
+      'precision_policy': self.precision_policy,
     }
     policy = REMAT_POLICIES[self.remat_policy]
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
@@ -271,6 +280,7 @@ class MAPHead(nn.Module):
   gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -282,14 +292,16 @@ class MAPHead(nn.Module):
       attention_impl=self.attention_impl,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      precision_policy=self.precision_policy,
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x)
-    z = precision.layer_norm('LayerNorm_0', self.dtype, self.param_dtype)(y)
+    z = precision.layer_norm('LayerNorm_0', self.dtype, self.param_dtype, self.precision_policy)(y)
     mlp = MlpBlock(
       self.mlp_dim,
       gelu_approximate=self.gelu_approximate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      precision_policy=self.precision_policy,
       name='MlpBlock_0',
     )
     return (y + mlp(z, deterministic=True))[:, 0]
@@ -323,6 +335,9 @@ class VisionTransformer(nn.Module):
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `precision.mixed_einsum`); norms, softmax, GELU, residuals
       and the patch embedding stay float32, parameters stay in `param_dtype`.
+    precision_policy: with a 16-bit dtype, 'matmul' (the above) or 'activations' (activations,
+      norms' outputs, GELU and the residual stream in `dtype` too; softmax, LayerNorm
+      statistics and the logits in float32); see `precision.POLICIES`.
     attention_impl: 'xla' (explicit einsum softmax) or 'fused' (jax.nn.dot_product_attention).
     remat_policy: rematerialise each encoder block: 'none', 'full', 'dots', 'dots_saveable'.
     scan_layers: run the encoder blocks as one `nn.scan` over stacked parameters
@@ -361,6 +376,7 @@ class VisionTransformer(nn.Module):
   head_bias_init: float = 0.0
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  precision_policy: str = 'matmul'
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
@@ -410,6 +426,7 @@ class VisionTransformer(nn.Module):
         gelu_approximate=self.gelu_approximate,
         dtype=self.dtype,
         param_dtype=self.param_dtype,
+        precision_policy=self.precision_policy,
         name='MAPHead_0',
       )(x)
     return x
@@ -435,7 +452,8 @@ class VisionTransformer(nn.Module):
 
   def _embed_patches(self, inputs: jnp.ndarray) -> jnp.ndarray:
     """NHWC images -> (B, h, w, D) patch embeddings (after the ResNet stem of hybrids)."""
-    # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32.
+    # On the mixed-precision path the patch embedding (0.3% of the FLOPs) runs in float32;
+    # its output takes the policy's activation dtype.
     elementwise = precision.elementwise_dtype(self.dtype)
     x = inputs.astype(self.dtype if self.resnet is not None else elementwise)
     if self.resnet is not None:
@@ -451,7 +469,7 @@ class VisionTransformer(nn.Module):
       dtype=elementwise,
       param_dtype=self.param_dtype,
       name='embedding',
-    )(x)
+    )(x).astype(precision.elementwise_dtype(self.dtype, self.precision_policy))
 
   def _output(self, x: jnp.ndarray, both_heads: bool) -> Any:
     """The encoder's tokens (or the patch embedding without a transformer) -> the output:
@@ -504,6 +522,7 @@ class VisionTransformer(nn.Module):
       gelu_approximate=self.gelu_approximate,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
+      precision_policy=self.precision_policy,
       name='Transformer',
     )(x, train=train, grid=(h, w), capture=intermediate_blocks)
     if intermediate_blocks is None:

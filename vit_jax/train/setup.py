@@ -151,7 +151,12 @@ def build_model(model: spec_lib.Model, num_classes: int) -> VisionTransformer:
     dtype = {'dtype': jnp.dtype(model.dtype)}
     return model_from_config(fields, image=dtype, text=dtype)
   try:
-    return model_from_config(fields, num_classes=num_classes, dtype=jnp.dtype(model.dtype))
+    return model_from_config(
+      fields,
+      num_classes=num_classes,
+      dtype=jnp.dtype(model.dtype),
+      precision_policy=model.precision,
+    )
   except (TypeError, KeyError) as e:
     raise ValueError(f'Bad model config: {e}{_field_hint(fields)}') from e
 

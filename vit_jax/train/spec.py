@@ -31,9 +31,11 @@ from vit_jax.data import spec as data_spec
 from vit_jax.data.spec import Data
 from vit_jax.evals import spec as evals_spec
 from vit_jax.evals.spec import Evals
+from vit_jax.models import precision as precision_lib
 from vit_jax.optim import Optim  # the optimizer section, defined beside the optimizer
 
 DTYPES = ('float32', 'bfloat16')
+PRECISIONS = precision_lib.POLICIES
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 STEPS = ('jit', 'shard_map')
 DISTILL_KINDS = ('hard', 'soft')
@@ -53,6 +55,10 @@ class Model:
   # Compute dtype: 'float32', or 'bfloat16' for mixed precision (parameters stay float32).
   # float16 is refused: it needs loss scaling, which this trainer does not do.
   dtype: str = 'float32'
+  # With dtype='bfloat16': 'matmul' (bfloat16 matmul operands, float32 activations and
+  # residuals) or 'activations' (activations and residuals in bfloat16 too; LayerNorm
+  # statistics, softmax and loss in float32); vit_jax/models/precision.py, docs/precision.md.
+  precision: str = 'matmul'
 
   def constructor_fields(self) -> dict[str, Any]:
     """`fields` as keyword arguments of the module."""
@@ -296,6 +302,7 @@ def check(spec: RunSpec) -> None:
       "trainer does not do; use 'bfloat16' (the same speed, float32's range)."
     )
   _one_of('dtype', spec.model.dtype, DTYPES)
+  _one_of('precision', spec.model.precision, PRECISIONS)
   _one_of('optim_dtype', spec.optim.optim_dtype, DTYPES)
   _one_of('loss', spec.step.loss, LOSSES)
   _one_of('decay_type', spec.optim.decay_type, optim.DECAY_TYPES)
