@@ -36,10 +36,15 @@ NORM_EPSILON = 1e-8  # the original's: z / (|z| + 1e-8)
 
 def text_embedder(model, mesh: jax.sharding.Mesh | None = None) -> Callable:
   """(params, tokens (N, L)) -> the normalised text embeddings (N, D), compiled once; with a
-  mesh the tokens are split over its devices (every process passes the same tokens)."""
-  fn = jax.jit(lambda params, tokens: model.apply({'params': params}, tokens=tokens)[1])
+  mesh the tokens are split over its devices (every process passes the same tokens) and the
+  embeddings come back replicated, so every process can read them all."""
+
+  def embed(params, tokens):
+    return model.apply({'params': params}, tokens=tokens)[1]
+
   if mesh is None:
-    return fn
+    return jax.jit(embed)
+  fn = jax.jit(embed, out_shardings=parallel.replicated(mesh))
   sharding = parallel.batch_sharding(mesh)
   return lambda params, tokens: fn(params, parallel.place(tokens, sharding))
 
