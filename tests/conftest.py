@@ -1,7 +1,6 @@
 """Shared test set-up: 8 simulated CPU devices, random weights for oracle comparisons, and the
 comparison of trained parameters between runs that differ only in summation order."""
 
-import contextlib
 import hashlib
 import io
 import os
@@ -122,39 +121,28 @@ def digest(folder) -> str:
   return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _persistent_compilation_cache(directory: str):
-  """A persistent XLA cache in `directory`: programs that differ only in data compile once."""
-  from jax._src import compilation_cache as cc
-
-  keys = (
-    'jax_compilation_cache_dir',
-    'jax_persistent_cache_min_compile_time_secs',
-    'jax_persistent_cache_min_entry_size_bytes',
-  )
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update('jax_compilation_cache_dir', directory)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  cc.reset_cache()
-  try:
-    yield
-  finally:
-    for k, v in old.items():
-      jax.config.update(k, v)
-    cc.reset_cache()
+# One persistent XLA cache for the whole session, under pytest's temporary directory (so each
+# run starts empty): tests that compile the same programs (the tiny runs, their resumes) compile
+# once, and subprocesses (`python -m vit_jax.main ...`) inherit it through the environment.
+# Eviction stays off: jax's size-bounded cache rescans the folder on every write.
+_CACHE_SETTINGS = {
+  'jax_persistent_cache_min_compile_time_secs': 0,
+  'jax_persistent_cache_min_entry_size_bytes': 0,
+}
 
 
-@pytest.fixture
-def compilation_cache(tmp_path_factory):
-  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
-    yield
-
-
-@pytest.fixture(scope='module')
-def module_compilation_cache(tmp_path_factory):
-  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
-    yield
+@pytest.fixture(scope='session', autouse=True)
+def session_compilation_cache(tmp_path_factory):
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    base = base.parent  # every worker's basetemp is <session>/popen-gwN: share the session's
+  directory = base / 'xla_cache'
+  directory.mkdir(exist_ok=True)
+  settings = {'jax_compilation_cache_dir': str(directory), **_CACHE_SETTINGS}
+  for name, value in settings.items():
+    os.environ[name.upper()] = str(value)
+    jax.config.update(name, value)
+  yield directory
 
 
 # Image folders for the input pipeline's tests: readable images, and files no decoder reads.

@@ -218,7 +218,7 @@ def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   assert np.abs(np.subtract(losses[0], plain))[1:].max() > 5e-3
 
 
-def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, compilation_cache):
+def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path):
   """The same with the Polyak average in the state and few-shot evaluations at steps 3 and 6:
   the average is restored exactly, and every metric line (few-shot and Polyak ones
   included) is written again equal."""
