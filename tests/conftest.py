@@ -48,6 +48,36 @@ TINY = {
 }
 
 
+def tiny_config(**overrides):
+  """configs/digits.py with TINY and `overrides` (keyword names use '__' for '.')."""
+  from configs import digits
+  from vit_jax.train.spec import with_overrides
+
+  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  return with_overrides(digits.get_config(), dotted)
+
+
+@pytest.fixture(scope='session')
+def reference_run(tmp_path_factory):
+  """The uninterrupted TINY run on all 8 devices, read by tests of several files: (workdir,
+  result). Its 2-step profile changes no number."""
+  from vit_jax import train
+
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  return workdir, train.train_and_evaluate(tiny_config(profile_steps=2), workdir)
+
+
+# Small ViTs for the model and checkpoint tests (fields over a registry config): every part
+# there (several heads and blocks), each compiled in about a second.
+# SMALL at 32 px is a 4x4 grid of 8x8 patches; NARROW keeps the registry config's patches.
+SMALL = {
+  'hidden_size': 32,
+  'patches': {'size': (8, 8)},
+  'transformer': {'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
+}
+NARROW = {'hidden_size': 16, 'transformer': {'num_layers': 3, 'num_heads': 2, 'mlp_dim': 32}}
+
+
 # A distillation teacher unlike the TINY student: 4x4 patches at 16 px, so it sees the 8-px
 # batch resized.
 TEACHER = {
