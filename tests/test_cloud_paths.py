@@ -267,6 +267,7 @@ MAIN = [
 ]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(
   'args',
   [
@@ -283,6 +284,7 @@ def test_an_unreachable_bucket_is_one_line_naming_the_path(gcs, args):
   assert 'cannot be reached' in line
 
 
+@pytest.mark.serial
 def test_a_missing_object_is_one_line_naming_it(gcs, tmp_path):
   missing = f'gs://{BUCKET}/nothing/here.npz'
   result, seconds = _timed(

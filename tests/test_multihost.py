@@ -248,6 +248,7 @@ def _start(flags: list[str], workdir: str) -> subprocess.Popen:
   )
 
 
+@pytest.mark.serial
 def test_start_up_that_cannot_complete_fails_fast_with_one_line(tmp_path):
   """Nobody listens at the coordinator's port / the other process never comes: exit 1."""
   timeout = 3
@@ -512,6 +513,7 @@ def _error_lines(output: str) -> list[str]:
   return [line for line in output.splitlines() if line.startswith('Error: ')]
 
 
+@pytest.mark.serial
 def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tmp_path, processes):
   """SIGTERM to process 1 only, at a random step: both save the same step and exit 0. A
   SIGKILL of process 1 in the resumed run ends process 0 within the bound, with one line.
