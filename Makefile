@@ -1,10 +1,12 @@
 # Two entry points for a fresh machine (Python 3.11):
 #   make run    set up, then run the main job on the bundled data
-#   make test   set up, then lint and run the test suite
+#   make test   set up, then lint and run the test suite (what CI runs)
+# and the inner loop while changing code:
+#   make test-fast   the suite without its `slow` tests (docs/testing.md)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint format table clean
+.PHONY: run test test-fast lint format table clean
 
 $(VENV)/.runtime: requirements.txt
 	python3 -m venv $(VENV)
@@ -32,7 +34,10 @@ format: $(VENV)/.test
 	$(PY) -m ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+test-fast: $(VENV)/.test
+	$(PY) -m pytest -q -m 'not slow' --durations=10
 
 clean:
 	rm -rf $(VENV)

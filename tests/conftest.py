@@ -1,7 +1,6 @@
 """Shared test set-up: 8 simulated CPU devices, random weights for oracle comparisons, and the
 comparison of trained parameters between runs that differ only in summation order."""
 
-import contextlib
 import hashlib
 import io
 import os
@@ -47,6 +46,36 @@ TINY = {
   'eval_every': 3,
   'checkpoint_every': 3,
 }
+
+
+def tiny_config(**overrides):
+  """configs/digits.py with TINY and `overrides` (keyword names use '__' for '.')."""
+  from configs import digits
+  from vit_jax.train.spec import with_overrides
+
+  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  return with_overrides(digits.get_config(), dotted)
+
+
+@pytest.fixture(scope='session')
+def reference_run(tmp_path_factory):
+  """The uninterrupted TINY run on all 8 devices, read by tests of several files: (workdir,
+  result). Its 2-step profile changes no number."""
+  from vit_jax import train
+
+  workdir = str(tmp_path_factory.mktemp('reference'))
+  return workdir, train.train_and_evaluate(tiny_config(profile_steps=2), workdir)
+
+
+# Small ViTs for the model and checkpoint tests (fields over a registry config): every part
+# there (several heads and blocks), each compiled in about a second.
+# SMALL at 32 px is a 4x4 grid of 8x8 patches; NARROW keeps the registry config's patches.
+SMALL = {
+  'hidden_size': 32,
+  'patches': {'size': (8, 8)},
+  'transformer': {'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
+}
+NARROW = {'hidden_size': 16, 'transformer': {'num_layers': 3, 'num_heads': 2, 'mlp_dim': 32}}
 
 
 # A distillation teacher unlike the TINY student: 4x4 patches at 16 px, so it sees the 8-px
@@ -122,39 +151,28 @@ def digest(folder) -> str:
   return h.hexdigest()
 
 
-@contextlib.contextmanager
-def _persistent_compilation_cache(directory: str):
-  """A persistent XLA cache in `directory`: programs that differ only in data compile once."""
-  from jax._src import compilation_cache as cc
-
-  keys = (
-    'jax_compilation_cache_dir',
-    'jax_persistent_cache_min_compile_time_secs',
-    'jax_persistent_cache_min_entry_size_bytes',
-  )
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update('jax_compilation_cache_dir', directory)
-  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
-  jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
-  cc.reset_cache()
-  try:
-    yield
-  finally:
-    for k, v in old.items():
-      jax.config.update(k, v)
-    cc.reset_cache()
+# One persistent XLA cache for the whole session, under pytest's temporary directory (so each
+# run starts empty): tests that compile the same programs (the tiny runs, their resumes) compile
+# once, and subprocesses (`python -m vit_jax.main ...`) inherit it through the environment.
+# Eviction stays off: jax's size-bounded cache rescans the folder on every write.
+_CACHE_SETTINGS = {
+  'jax_persistent_cache_min_compile_time_secs': 0,
+  'jax_persistent_cache_min_entry_size_bytes': 0,
+}
 
 
-@pytest.fixture
-def compilation_cache(tmp_path_factory):
-  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
-    yield
-
-
-@pytest.fixture(scope='module')
-def module_compilation_cache(tmp_path_factory):
-  with _persistent_compilation_cache(str(tmp_path_factory.mktemp('xla_cache'))):
-    yield
+@pytest.fixture(scope='session', autouse=True)
+def session_compilation_cache(tmp_path_factory):
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get('PYTEST_XDIST_WORKER'):
+    base = base.parent  # every worker's basetemp is <session>/popen-gwN: share the session's
+  directory = base / 'xla_cache'
+  directory.mkdir(exist_ok=True)
+  settings = {'jax_compilation_cache_dir': str(directory), **_CACHE_SETTINGS}
+  for name, value in settings.items():
+    os.environ[name.upper()] = str(value)
+    jax.config.update(name, value)
+  yield directory
 
 
 # Image folders for the input pipeline's tests: readable images, and files no decoder reads.

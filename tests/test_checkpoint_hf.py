@@ -12,16 +12,11 @@ import pytest
 import safetensors.torch as safetensors_torch
 import torch  # the oracles are test requirements (requirements-test.txt): missing, they fail
 import transformers
+from conftest import SMALL
 from safetensors.numpy import load_file
 
 from vit_jax import checkpoint
 from vit_jax.models import get_config, get_model, stats
-
-SMALL = {
-  'hidden_size': 32,
-  'patches': {'size': (8, 8)},
-  'transformer': {'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
-}
 
 
 @functools.cache
@@ -38,14 +33,14 @@ def _torch_images(images):
 
 
 def _hf_config(**kw):
-  """A small ViT with the GELU and LayerNorm epsilon of the released weights."""
+  """SMALL in Hugging Face's terms, with the GELU and LayerNorm epsilon of the released weights."""
   base = dict(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
+    hidden_size=SMALL['hidden_size'],
+    num_hidden_layers=SMALL['transformer']['num_layers'],
+    num_attention_heads=SMALL['transformer']['num_heads'],
+    intermediate_size=SMALL['transformer']['mlp_dim'],
     image_size=32,
-    patch_size=8,
+    patch_size=SMALL['patches']['size'][0],
     hidden_act='gelu_pytorch_tanh',
     layer_norm_eps=1e-6,
   )

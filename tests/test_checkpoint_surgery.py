@@ -6,13 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.ndimage
+from conftest import NARROW
 
 from vit_jax import checkpoint
 from vit_jax.checkpoint import surgery
 from vit_jax.models import get_config, get_model, stats
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
-TINY = {'hidden_size': 16, 'transformer': {'num_layers': 3, 'num_heads': 2, 'mlp_dim': 32}}
 
 
 def _zoom_reference(posemb, old, new):
@@ -59,7 +59,7 @@ def test_posemb_resize_non_square_grids():
 
 def _in21k_file(tmp_path, random_params, size=32, **overrides):
   """An imagenet21k-style checkpoint of a small ViT: pre_logits and a zero 21843-class head."""
-  model = get_model('testing', num_classes=21843, representation_size=16, **{**TINY, **overrides})
+  model = get_model('testing', num_classes=21843, representation_size=16, **{**NARROW, **overrides})
   params = random_params(stats.param_shapes(model, size))
   params['head'] = jax.tree.map(np.zeros_like, params['head'])
   checkpoint.save_npz(params, tmp_path / 'in21k.npz')
@@ -73,7 +73,7 @@ def _init(model, size):
 
 def test_fine_tuning_surgery_follows_the_original(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
-  model = get_model('testing', num_classes=10, **TINY)
+  model = get_model('testing', num_classes=10, **NARROW)
   init = _init(model, 48)  # 3x3 grid of 16-px patches; the checkpoint's is 2x2
   params = checkpoint.load_pretrained(path, init, get_config('testing'))
 
@@ -93,7 +93,7 @@ def test_fine_tuning_surgery_follows_the_original(tmp_path, random_params):
 
 def test_report_lists_every_decision(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
-  init = stats.param_shapes(get_model('testing', num_classes=10, **TINY), 48)
+  init = stats.param_shapes(get_model('testing', num_classes=10, **NARROW), 48)
   params, report = checkpoint.merge_pretrained(checkpoint.load(path), init, get_config('testing'))
   assert sorted(report.fresh) == ['head/bias', 'head/kernel']
   assert sorted(report.dropped) == [
@@ -115,14 +115,14 @@ def test_head_bias_init_for_an_abstract_init(tmp_path, random_params):
   path, _ = _in21k_file(tmp_path, random_params)
   config = get_config('testing')
   config.head_bias_init = -10.0
-  init = stats.param_shapes(get_model('testing', num_classes=4, head_bias_init=-10.0, **TINY), 32)
+  init = stats.param_shapes(get_model('testing', num_classes=4, head_bias_init=-10.0, **NARROW), 32)
   params, _ = checkpoint.merge_pretrained(checkpoint.load(path), init, config)
   np.testing.assert_array_equal(params['head']['bias'], np.full(4, -10.0, np.float32))
 
 
 def test_keep_head_and_representation_layer(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
-  model = get_model('testing', num_classes=21843, representation_size=16, **TINY)
+  model = get_model('testing', num_classes=21843, representation_size=16, **NARROW)
   params, report = checkpoint.merge_pretrained(
     checkpoint.load(path), stats.param_shapes(model, 32), get_config('testing'), keep_head=True
   )
@@ -143,16 +143,18 @@ def _misfit(path, init, config=None, **kw) -> str:
 
 def test_keep_head_with_another_class_count_fails(tmp_path, random_params):
   path, _ = _in21k_file(tmp_path, random_params)
-  init = stats.param_shapes(get_model('testing', num_classes=10, **TINY), 32)
+  init = stats.param_shapes(get_model('testing', num_classes=10, **NARROW), 32)
   message = _misfit(path, init, keep_head=True)
   assert 'head/kernel (16, 21843)' in message and "model's (16, 10)" in message
   assert 'keep_head=False' in message
 
 
 def test_missing_representation_layer_names_the_fix(tmp_path, random_params):
-  model = get_model('testing', num_classes=3, **TINY)
+  model = get_model('testing', num_classes=3, **NARROW)
   checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'c.npz')
-  init = stats.param_shapes(get_model('testing', num_classes=3, representation_size=16, **TINY), 32)
+  init = stats.param_shapes(
+    get_model('testing', num_classes=3, representation_size=16, **NARROW), 32
+  )
   message = _misfit(tmp_path / 'c.npz', init)
   assert 'pre_logits/' in message and 'representation_size=None' in message
 
@@ -203,7 +205,7 @@ def test_wrong_model_names_the_checkpoints_model(tmp_path, random_params):
 
 def test_dont_load_keeps_initial_values(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
-  model = get_model('testing', num_classes=10, **TINY)
+  model = get_model('testing', num_classes=10, **NARROW)
   init = random_params(stats.param_shapes(model, 32), seed=5)
   params, report = checkpoint.merge_pretrained(
     checkpoint.load(path), init, get_config('testing'), dont_load=[r'encoder_norm/']
@@ -219,7 +221,7 @@ def test_token_unpooled_keeps_its_class_row(tmp_path, random_params):
   # The original treated only 'token' as having a class row; ours follows the tree.
   path, ckpt = _in21k_file(tmp_path, random_params)
   init = stats.param_shapes(
-    get_model('testing', num_classes=None, classifier='token_unpooled', **TINY), 48
+    get_model('testing', num_classes=None, classifier='token_unpooled', **NARROW), 48
   )
   config = get_config('testing')
   config.classifier = 'token_unpooled'
@@ -229,7 +231,7 @@ def test_token_unpooled_keeps_its_class_row(tmp_path, random_params):
 
 
 def test_hybrid_posemb_on_a_non_square_image(tmp_path, random_params):
-  overrides = {'num_classes': 3, **TINY}
+  overrides = {'num_classes': 3, **NARROW}
   model = get_model('R+ViT-Ti_16', **overrides)  # /32: 64 px -> 2x2 tokens
   ckpt = random_params(stats.param_shapes(model, 64))
   checkpoint.save_npz(ckpt, tmp_path / 'r.npz')
@@ -273,10 +275,10 @@ def test_flexivit_patch_resize_keeps_embeddings_of_resized_patches():
 
 
 def test_patch_size_change_needs_resize_patch_embedding(tmp_path, random_params):
-  model = get_model('testing', num_classes=3, patches={'size': (16, 16)}, **TINY)
+  model = get_model('testing', num_classes=3, patches={'size': (16, 16)}, **NARROW)
   checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'p16.npz')
   init = stats.param_shapes(
-    get_model('testing', num_classes=3, patches={'size': (8, 8)}, **TINY), 16
+    get_model('testing', num_classes=3, patches={'size': (8, 8)}, **NARROW), 16
   )
   message = _misfit(tmp_path / 'p16.npz', init, keep_head=True)
   assert '(16, 16, 3, 16)' in message and '(8, 8, 3, 16)' in message
@@ -293,12 +295,12 @@ def test_patch_size_change_needs_resize_patch_embedding(tmp_path, random_params)
 
 
 def test_load_pretrained_reads_a_bare_safetensors_with_the_models_heads(tmp_path, random_params):
-  model = get_model('testing', num_classes=3, **TINY)
+  model = get_model('testing', num_classes=3, **NARROW)
   params = random_params(stats.param_shapes(model, 32))
   checkpoint.export_hf(params, None, tmp_path / 'hf')
   (tmp_path / 'hf' / 'config.json').unlink()  # the heads now come from model_config
   config = get_config('testing')
-  config.transformer.update(TINY['transformer'])
+  config.transformer.update(NARROW['transformer'])
   loaded = checkpoint.load_pretrained(
     tmp_path / 'hf' / 'model.safetensors', stats.param_shapes(model, 32), config, keep_head=True
   )

@@ -12,19 +12,15 @@ import pytest
 import safetensors.torch as safetensors_torch
 import timm  # an oracle pinned in requirements-test.txt: missing, these tests fail
 import torch
+from conftest import SMALL
 
 from vit_jax import checkpoint
 from vit_jax.cli import convert
 from vit_jax.models import get_config, get_model, stats
 
-# ViT-B/16's widths at two blocks; SMALL for everything that does not need them.
+# ViT-B/16's widths at two blocks; SMALL (conftest) for everything that does not need them.
 B16_SHALLOW = {'transformer': {'num_layers': 2, 'num_heads': 12, 'mlp_dim': 3072}}
-SMALL = {
-  'hidden_size': 32,
-  'patches': {'size': (8, 8)},
-  'transformer': {'num_layers': 3, 'num_heads': 4, 'mlp_dim': 64},
-}
-TIMM_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=4, mlp_ratio=2.0)
+TIMM_SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
 
 
 @functools.cache
@@ -127,18 +123,18 @@ def test_intermediate_blocks_equal_timm_forward_intermediates(tmp_path, random_p
   checkpoint.export_timm(params, None, tmp_path / 'timm')
   theirs_model = timm.create_model(f'local-dir:{tmp_path / "timm"}', pretrained=True).eval()
   images = _images(32)
-  ours = _apply(model, (0, 2))(params, images)
+  ours = _apply(model, (0, 1))(params, images)
   with torch.no_grad():
     grids, prefixes = zip(
       *theirs_model.forward_intermediates(
         torch.from_numpy(images.transpose(0, 3, 1, 2)),
-        indices=[0, 2],
+        indices=[0, 1],
         return_prefix_tokens=True,
         intermediates_only=True,
       ),
       strict=True,
     )
-  for block, grid, prefix in zip((0, 2), grids, prefixes, strict=True):
+  for block, grid, prefix in zip((0, 1), grids, prefixes, strict=True):
     expected = grid.numpy().transpose(0, 2, 3, 1)  # NCHW -> our (B, h, w, D)
     assert expected.shape == (2, 4, 4, 32)
     np.testing.assert_allclose(ours[f'encoderblock_{block}'], expected, atol=1e-5, rtol=0)
@@ -198,7 +194,7 @@ def test_pth_loads_through_weights_only_as_the_safetensors_file(tmp_path):
   a = checkpoint.flatten(checkpoint.load(_save(state, tmp_path / 'w.safetensors'), num_heads=4))
   torch.save({'model': state}, tmp_path / 'checkpoint.pth')  # as DeiT's training script saves
   b = checkpoint.flatten(checkpoint.load(tmp_path / 'checkpoint.pth', num_heads=4))
-  assert a.keys() == b.keys() and len(a) == 16 * 3 + 8  # 16 per block; embeddings, norm, head
+  assert a.keys() == b.keys() and len(a) == 16 * 2 + 8  # 16 per block; embeddings, norm, head
   for key in a:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
@@ -328,7 +324,7 @@ def test_file_without_qkv_bias_loads_with_zero_biases(tmp_path):
   path = _save(theirs_model.state_dict(), tmp_path / 'w.safetensors')
   params, description = checkpoint.read(path, num_heads=4)
   assert 'no qkv bias: zeros' in description
-  attention = params['Transformer']['encoderblock_2']['MultiHeadDotProductAttention_0']
+  attention = params['Transformer']['encoderblock_1']['MultiHeadDotProductAttention_0']
   assert all(not attention[n]['bias'].any() for n in ('query', 'key', 'value'))
   assert attention['query']['bias'].shape == (4, 8)
   model = get_model('testing', num_classes=3, **SMALL)
@@ -407,7 +403,7 @@ def test_bare_file_needs_the_number_of_heads(tmp_path):
 
 def test_missing_key_is_named(tmp_path):
   state = _timm_model(num_classes=3, **TIMM_SMALL).state_dict()
-  del state['blocks.2.mlp.fc2.weight']
+  del state['blocks.1.mlp.fc2.weight']
   assert 'MlpBlock_0/Dense_1/kernel' in _error(
     _save(state, tmp_path / 'cut.safetensors'), num_heads=4
   )

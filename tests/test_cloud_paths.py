@@ -19,16 +19,14 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, tiny_config
 from PIL import Image
 
 from configs import augreg
-from configs import digits as digits_config
 from vit_jax import checkpoint, files, rundir, train
 from vit_jax.cli import predict
 from vit_jax.data import digits as digits_data
 from vit_jax.train import setup, spec
-from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = 'vit-test'
@@ -86,10 +84,6 @@ def gcs():
       process.wait()
 
 
-def tiny_config(**overrides):
-  return with_overrides(digits_config.get_config(), {**TINY, **overrides})
-
-
 def _flat(params):
   return {
     '/'.join(str(k.key) for k in path): np.asarray(x)
@@ -110,14 +104,7 @@ def _deterministic(metrics):
 
 
 @pytest.fixture(scope='module')
-def reference(tmp_path_factory):
-  """The uninterrupted tiny digits run, in a local directory."""
-  workdir = str(tmp_path_factory.mktemp('reference'))
-  return workdir, train.train_and_evaluate(tiny_config(), workdir)
-
-
-@pytest.fixture(scope='module')
-def bucket_run(gcs, reference):
+def bucket_run(gcs, reference_run):
   """The same run with its workdir in the bucket: stopped after step 3, then resumed."""
   config = tiny_config(profile_steps=1)  # a trace, traced locally and copied up; no number changes
   first = train.train_and_evaluate(config, RUN, stop_after=3)
@@ -139,8 +126,8 @@ def _run(args, timeout=300, **env):
   )
 
 
-def test_a_run_in_a_bucket_resumes_exactly(gcs, reference, bucket_run):
-  ref_dir, ref = reference
+def test_a_run_in_a_bucket_resumes_exactly(gcs, reference_run, bucket_run):
+  ref_dir, ref = reference_run
   _assert_trees_equal(bucket_run['params'], ref['params'])
   assert _deterministic(rundir.read_metrics(RUN)) == _deterministic(rundir.read_metrics(ref_dir))
   listing = {os.path.relpath(p, f'{BUCKET}/run') for p in gcs.find(f'{BUCKET}/run')}
@@ -186,8 +173,8 @@ def _upload_digit_images(gcs, count: int) -> list[str]:
   return urls
 
 
-def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference, bucket_run, tmp_path):
-  ref_dir, ref = reference
+def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference_run, bucket_run, tmp_path):
+  ref_dir, ref = reference_run
   npz = f'gs://{BUCKET}/out/digits.npz'
   converted = _run(['-m', 'vit_jax.convert', RUN, npz, '--to=npz'])
   assert converted.returncode == 0, converted.stderr
@@ -218,9 +205,9 @@ def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference, bucket
     np.testing.assert_allclose(np.load(f), want_features, rtol=1e-6)
 
 
-def test_a_pretrained_file_is_fitted_from_the_bucket(gcs, reference):
+def test_a_pretrained_file_is_fitted_from_the_bucket(gcs, reference_run):
   """`load_pretrained` and `checkpoint.fit` read an .npz object (a new head, as fine-tuning)."""
-  _, ref = reference
+  _, ref = reference_run
   url = f'gs://{BUCKET}/pretrained/tiny.npz'
   checkpoint.save_npz(jax.device_get(ref['params']), url)
   assert gcs.exists(url)
@@ -280,6 +267,7 @@ MAIN = [
 ]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(
   'args',
   [
@@ -296,6 +284,7 @@ def test_an_unreachable_bucket_is_one_line_naming_the_path(gcs, args):
   assert 'cannot be reached' in line
 
 
+@pytest.mark.serial
 def test_a_missing_object_is_one_line_naming_it(gcs, tmp_path):
   missing = f'gs://{BUCKET}/nothing/here.npz'
   result, seconds = _timed(

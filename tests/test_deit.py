@@ -10,6 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 import scipy.ndimage
+from conftest import SMALL
 from numpy_models import deit as numpy_deit
 from numpy_models import gelu_exact
 
@@ -20,11 +21,6 @@ from vit_jax.cli import predict
 from vit_jax.models import get_config, get_model, model_from_config, stats
 from vit_jax.train import losses
 
-SMALL = {
-  'hidden_size': 32,
-  'patches': {'size': (8, 8)},
-  'transformer': {'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
-}
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
 

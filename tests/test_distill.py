@@ -127,7 +127,7 @@ def _flat(params):
   return checkpoint.flatten(jax.tree.map(np.asarray, jax.device_get(params)))
 
 
-def test_stop_and_resume_with_a_teacher_is_exact(tmp_path, compilation_cache):
+def test_stop_and_resume_with_a_teacher_is_exact(tmp_path):
   """6 steps == 3, stopped, then 3 more: the resumed run reads the teacher again."""
   path = write_teacher(tmp_path / 'teacher.npz')
   config = distill_config(path)

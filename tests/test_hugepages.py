@@ -98,6 +98,7 @@ def _child(opt_out: bool) -> tuple[str, int, str]:
   not hugepages.should_reexec({}, platform.libc_ver(), hugepages.thp_mode()),
   reason='needs Linux, glibc >= 2.35 and THP mode madvise',
 )
+@pytest.mark.serial
 def test_the_restarted_process_maps_large_buffers_with_huge_pages():
   tunables, faults, argv = _child(opt_out=False)
   assert tunables == hugepages.TUNABLE

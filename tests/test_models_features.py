@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 import scipy.ndimage
+from conftest import NARROW
 
 from vit_jax import checkpoint
 from vit_jax.models import blocks, get_config, get_model, stats
@@ -13,9 +14,9 @@ from vit_jax.models.posemb import resize_posemb_grid
 
 # Patch 4: 56 px is a 14x14 grid, 96 px 24x24, 64x40 px 16x10.
 SMALL = {
-  'hidden_size': 16,
+  **NARROW,
   'patches': {'size': (4, 4)},
-  'transformer': {'num_layers': 3, 'num_heads': 2, 'mlp_dim': 24, 'dropout_rate': 0.0},
+  'transformer': {**NARROW['transformer'], 'dropout_rate': 0.0},
 }
 
 

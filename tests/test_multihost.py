@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import assert_trained_params_close, digest
+from conftest import TINY, assert_trained_params_close, digest
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -37,22 +37,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
 SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')
 RUN_TIMEOUT_S = 300  # per launch; a hang fails the test instead of blocking the suite
-# A tiny digits run: 6 steps of batch 32, evaluated, few-shot evaluated and checkpointed at
+# conftest's tiny digits run: 6 steps of batch 32, evaluated, few-shot evaluated and checkpointed at
 # steps 3 and 6, with a Polyak average. The data is read as 2 shards, so the global batches do
 # not depend on the process count.
 OVERRIDES = {
-  'model.hidden_size': 32,
-  'model.transformer.num_layers': 1,
-  'model.transformer.mlp_dim': 64,
-  'model.transformer.num_heads': 2,
-  'batch': 32,
-  'batch_eval': 360,
+  **TINY,
   'base_lr': 3e-3,
-  'warmup_steps': 2,
-  'total_steps': 6,
-  'progress_every': 1,
-  'eval_every': 3,
-  'checkpoint_every': 3,
   'data_shards': 2,
   'polyak_decay': 0.9,
   'fewshot_every': 3,
@@ -258,6 +248,7 @@ def _start(flags: list[str], workdir: str) -> subprocess.Popen:
   )
 
 
+@pytest.mark.serial
 def test_start_up_that_cannot_complete_fails_fast_with_one_line(tmp_path):
   """Nobody listens at the coordinator's port / the other process never comes: exit 1."""
   timeout = 3
@@ -522,12 +513,14 @@ def _error_lines(output: str) -> list[str]:
   return [line for line in output.splitlines() if line.startswith('Error: ')]
 
 
+@pytest.mark.serial
 def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tmp_path, processes):
   """SIGTERM to process 1 only, at a random step: both save the same step and exit 0. A
   SIGKILL of process 1 in the resumed run ends process 0 within the bound, with one line.
   The run resumed after both ends like an uninterrupted one."""
   workdir = str(tmp_path / 'run')
   flags = ['--config.total_steps=40', '--config.checkpoint_every=10', '--config.eval_every=20']
+  flags.append('--config.fewshot_every=20')  # 2 few-shot evaluations a run, not 13
   started = processes(workdir, tmp_path, flags, tag='term')
   at = random.randint(3, 25)
 

@@ -195,8 +195,7 @@ def _small(config, workdir_seed=0):
   return config
 
 
-def test_every_task_config_trains_on_mock_data(tmp_path, module_compilation_cache, capsys):
-  del module_compilation_cache
+def test_every_task_config_trains_on_mock_data(tmp_path, capsys):
   with tfds.testing.mock_data(as_dataset_fn=_fake_as_dataset):
     # The data of every task: labels inside the task's classes, images decoded to RGB.
     for name, task in vtab.TASKS.items():

@@ -20,6 +20,7 @@ from conftest import (
   UNREADABLE,
   assert_trained_params_close,
   digest,
+  tiny_config,
   train_error,
   unreadable_files,
   write_image_folder,
@@ -37,12 +38,6 @@ from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_KEYS = ('accuracy_test', 'accuracy_test_top5', 'loss_test', 'num_test')
-
-
-def tiny_config(**overrides) -> ml_collections.ConfigDict:
-  """configs/digits.py with the tiny model; keyword names use '__' for '.'."""
-  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
-  return with_overrides(digits_config.get_config(), dotted)
 
 
 def _metrics(workdir, keys=('loss', *EVAL_KEYS)):
@@ -69,14 +64,6 @@ def _assert_trees_close(a, b, atol):
   assert fa.keys() == fb.keys()
   for k in fa:
     np.testing.assert_allclose(fa[k], fb[k], atol=atol, rtol=0, err_msg=k)
-
-
-@pytest.fixture(scope='module')
-def reference_run(tmp_path_factory):
-  """The uninterrupted 6-step tiny run on all 8 devices, shared by several tests."""
-  workdir = str(tmp_path_factory.mktemp('reference'))
-  result = train.train_and_evaluate(tiny_config(profile_steps=2), workdir)  # changes no number
-  return workdir, result
 
 
 def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(reference_run):
@@ -218,7 +205,7 @@ def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   assert np.abs(np.subtract(losses[0], plain))[1:].max() > 5e-3
 
 
-def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, compilation_cache):
+def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path):
   """The same with the Polyak average in the state and few-shot evaluations at steps 3 and 6:
   the average is restored exactly, and every metric line (few-shot and Polyak ones
   included) is written again equal."""
