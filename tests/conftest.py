@@ -23,6 +23,61 @@ from vit_jax.torch_compat import allow_torchvision_import
 allow_torchvision_import()
 
 
+# What `make test-fast` leaves out (`-m 'not slow'`): files whose tests start subprocesses,
+# servers or kernels, and elsewhere the tests that take longest (`--durations`, docs/testing.md).
+SLOW_FILES = {
+  'test_checkpoint_faults.py',
+  'test_cloud_paths.py',
+  'test_lit.py',
+  'test_multihost.py',
+  'test_notebook.py',
+  'test_packaging.py',
+  'test_reproduce_vtab.py',
+}
+SLOW_TESTS = {
+  'test_analytic_flops_match_xla_cost_analysis',
+  'test_bfloat16_activations_policy_is_recorded_and_resumes_exactly',
+  'test_bfloat16_compute_keeps_float32_params_and_agrees',
+  'test_command_line_errors_are_one_line',
+  'test_command_prints_classes_and_probabilities_of_the_numpy_towers',
+  'test_converting_a_damaged_run_is_one_line_and_writes_nothing',
+  'test_digits_mixer_learns_from_scratch',
+  'test_digits_sweep_selects_on_dev_and_reports_test',
+  'test_digits_trains_to_accuracy',
+  'test_fewshot_accuracy_on_digits_rises_above_chance_while_training',
+  'test_fine_tuning_from_npz_at_another_resolution',
+  'test_fused_attention_and_remat_leave_logits_unchanged',
+  'test_gradient_accumulation_matches_the_full_batch',
+  'test_jacfwd_equals_jacrev',
+  'test_largest_batch_fits_and_the_next_does_not',
+  'test_mock_data_fine_tuning_configs_run_end_to_end',
+  'test_mock_data_pretraining_config_runs_end_to_end',
+  'test_mock_data_s16_imagenet_recipe_runs_end_to_end',
+  'test_one_and_eight_devices_agree',
+  'test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches',
+  'test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices',
+  'test_resumed_stream_equals_the_uninterrupted_one',
+  'test_shard_map_step_equals_the_jit_step',
+  'test_shard_map_step_equals_the_jit_step_with_a_teacher',
+  'test_sigkill_at_any_moment_then_resume_is_exact',
+  'test_sigterm_saves_and_exits_cleanly',
+  'test_stochastic_depth_is_off_at_evaluation_and_random_in_training',
+  'test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l_minus_1',
+  'test_stop_and_resume_is_exact_with_polyak_and_fewshot',
+  'test_stop_and_resume_with_a_teacher_is_exact',
+  'test_the_teacher_gets_no_gradient_and_stays_as_loaded',
+  'test_training_gradients_equal_with_and_without_kept_attention_weights',
+  'test_trains_through_the_trainer_with_the_mean_of_both_heads',
+  'test_unreadable_training_images_are_skipped_counted_and_resume_alike',
+}
+
+
+def pytest_collection_modifyitems(items):
+  for item in items:
+    if item.path.name in SLOW_FILES or getattr(item, 'originalname', '') in SLOW_TESTS:
+      item.add_marker(pytest.mark.slow)
+
+
 def randomize(params, seed: int = 0, scale: float = 0.2):
   """Every leaf replaced by N(0, scale) noise (float32), so no weight is left at a zero init."""
   rng = np.random.default_rng(seed)

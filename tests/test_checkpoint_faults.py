@@ -13,21 +13,14 @@ import time
 import jax
 import numpy as np
 import pytest
-from conftest import TINY, digest
+from conftest import TINY, digest, tiny_config
 from etils.epath import gpath
 
-from configs import digits as digits_config
 from vit_jax import rundir, train
 from vit_jax.train import checkpoint_faults
 from vit_jax.train.spec import with_overrides
 
-pytestmark = pytest.mark.usefixtures('module_compilation_cache')
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _config(**overrides):
-  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
-  return with_overrides(digits_config.get_config(), dotted)
 
 
 def _same_params(a, b):
@@ -39,7 +32,7 @@ def _same_params(a, b):
 def uninterrupted(tmp_path_factory):
   """The 6-step tiny run, checkpoints every 2 steps (saving changes no number)."""
   workdir = str(tmp_path_factory.mktemp('uninterrupted'))
-  result = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+  result = train.train_and_evaluate(tiny_config(checkpoint_every=2), workdir)
   result['workdir'] = workdir
   return result
 
@@ -94,7 +87,7 @@ def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
   workdir = str(tmp_path / 'run')
   checkpoints = rundir.checkpoint_dir(workdir)
   with _full_disk_at(step), pytest.raises(checkpoint_faults.CheckpointWriteError) as failed:
-    train.train_and_evaluate(_config(**overrides), workdir, stop_after=stop_after)
+    train.train_and_evaluate(tiny_config(**overrides), workdir, stop_after=stop_after)
   message = str(failed.value)
   assert failed.value.errno == errno.ENOSPC and '\n' not in message
   steps = checkpoint_faults.kept_steps(kept)
@@ -106,7 +99,7 @@ def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
   assert rundir.checkpoint_steps(checkpoints) == kept
   _wait_for_abandoned_writes(os.path.join(checkpoints, f'{step}.orbax-checkpoint-tmp'))
   good = {s: digest(os.path.join(checkpoints, str(s))) for s in kept}
-  result = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+  result = train.train_and_evaluate(tiny_config(checkpoint_every=2), workdir)
   assert result['status'] == 'done'
   assert sorted(os.listdir(checkpoints)) == ['2', '4', '6']  # no tmp directory left
   assert {s: digest(os.path.join(checkpoints, str(s))) for s in kept} == good
@@ -164,7 +157,7 @@ def test_a_full_tmpfs_at_a_save_is_one_line_and_the_run_resumes_once_it_grows(
     assert f'{failed}.orbax-checkpoint-tmp' in os.listdir(checkpoints)
     good = {s: digest(os.path.join(checkpoints, str(s))) for s in kept}
     subprocess.run(['mount', '-o', 'remount,size=8m', str(mount)], check=True)
-    resumed = train.train_and_evaluate(_config(checkpoint_every=2), workdir)
+    resumed = train.train_and_evaluate(tiny_config(checkpoint_every=2), workdir)
     assert sorted(os.listdir(checkpoints)) == ['2', '4', '6']  # no tmp directory left
     _same_params(uninterrupted['params'], resumed['params'])
     assert {s: digest(os.path.join(checkpoints, str(s))) for s in good} == good
@@ -186,7 +179,7 @@ def _prng(impl: str):
 def test_rbg_stop_and_resume_is_exact_and_another_prng_is_one_line(tmp_path, impl):
   """Dropout on, so the key matters: 4 steps in one go == 2, stopped, resumed for 2; the
   run resumed under threefry2x32 is refused in one line."""
-  config = _config(
+  config = tiny_config(
     total_steps=4, checkpoint_every=2, eval_every=2, model__transformer__dropout_rate=0.1
   )
   workdir = str(tmp_path / 'run')

@@ -704,7 +704,7 @@ def test_command_line_errors_are_one_line(tmp_path, flags, message):
   assert not os.path.exists(tmp_path / 'run')
 
 
-def test_bfloat16_activations_policy_is_recorded_and_resumes_exactly(tmp_path, compilation_cache):
+def test_bfloat16_activations_policy_is_recorded_and_resumes_exactly(tmp_path):
   """config.precision='activations' with the fused attention call: config.json records the
   policy, and a run resumed from its step-2 checkpoint ends at step 4 exactly as it did (one
   device: the policy against 8 is tests/test_steps.py)."""
