@@ -985,8 +985,8 @@ def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
   return format(value / scale, spec)
 
 
-def format_table(result: dict[str, Any]) -> str:
-  """A Markdown table of the rows, then the probe, agreement and load lines."""
+def _markdown_rows(result: dict[str, Any]) -> str:
+  """The rows as a Markdown table, one column per measured figure."""
   head = (
     '| program | mode | img/s | median | compile s | GFLOP/img | TFLOP/s | MFU | XLA mem GB'
     ' | MB acc/img | temp MB/img | peak mem GB | cpu/wall | faults/step | vs HF |'
@@ -1011,7 +1011,12 @@ def format_table(result: dict[str, Any]) -> str:
       _fmt(r.get('vs_hf'), '.2f'),
     ]
     lines.append('| ' + ' | '.join(cells) + ' |')
-  out = ['\n'.join(lines), '']
+  return '\n'.join(lines)
+
+
+def format_table(result: dict[str, Any]) -> str:
+  """A Markdown table of the rows, then the probe, agreement and load lines."""
+  out = [_markdown_rows(result), '']
   if result['matmul_probe_tflops']:
     probes = ', '.join(
       f'{d} {max(v) * 1e3:.0f} GFLOP/s' for d, v in result['matmul_probe_tflops'].items()
@@ -1108,7 +1113,12 @@ def _main(argv: Sequence[str]) -> None:
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags, on `flag_values` (defined at program start, not at import)."""
-  fv = flag_values
+  _define_program_flags(flag_values)
+  _define_run_flags(flag_values)
+
+
+def _define_program_flags(fv: flags.FlagValues) -> None:
+  """What is compiled: the model, its batch and the variants measured side by side."""
   flags.DEFINE_string(
     'model', 'ViT-B_16', 'registered model name (vit_jax.models.MODEL_CONFIGS)', flag_values=fv
   )
@@ -1148,6 +1158,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     'profile_dir', '/tmp/vit_benchmark_profile', 'where --profile_steps writes', flag_values=fv
   )
+
+
+def _define_run_flags(fv: flags.FlagValues) -> None:
+  """What is measured and how: the modes, the comparison, the peak, timing and output."""
   flags.DEFINE_bool(
     'inference', True, 'time inference (--noinference: training only)', flag_values=fv
   )
