@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from vit_jax import files, text
-from vit_jax.data.sources import Reader, Records, Source, TfdsSource, _read_file
+from vit_jax.data.sources import Derived, Reader, Records, Source, TfdsSource, _read_file
 from vit_jax.data.spec import Pp
 
 CAPTIONS_FILE = 'captions.tsv'
@@ -124,42 +124,18 @@ def is_tfds_captions(builder) -> bool:
   return 'captions' in features and 'text' in getattr(features['captions'], 'feature', {})
 
 
-class ClassCaptions(Source):
+class ClassCaptions(Derived):
   """A labelled source whose examples' captions are `templates` filled with the class name."""
 
   def __init__(self, base: Source, templates: Sequence[str]):
-    self.base, self.templates = base, tuple(templates)
-    self.name, self.num_classes, self.holds_pixels = base.name, base.num_classes, base.holds_pixels
+    super().__init__(base)
+    self.templates = tuple(templates)
     rows = [SEPARATOR.join(t.format(c) for t in self.templates) for c in base.class_names()]
     self._table = tf.constant(rows, tf.string)
-
-  def reader(self, split: str, process_index: int = 0, process_count: int = 1) -> Reader | None:
-    return self.base.reader(split, process_index, process_count)
-
-  def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
-    return self.base.records(split, process_index, process_count)
-
-  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
-    return self.base.num_examples(split, process_index, process_count)
-
-  def in_order_cost(self, split: str) -> str:
-    return self.base.in_order_cost(split)
 
   def example(self, raw: Records) -> Records:
     example = self.base.example(raw)
     return {**example, 'texts': tf.gather(self._table, example['label'])}
-
-  def encoded(self, image: tf.Tensor) -> tf.Tensor:
-    return self.base.encoded(image)
-
-  def adjust(self, pixels: tf.Tensor) -> tf.Tensor:
-    return self.base.adjust(pixels)
-
-  def decode(self, image: tf.Tensor) -> tf.Tensor:
-    return self.base.decode(image)
-
-  def class_names(self) -> list[str]:
-    return self.base.class_names()
 
 
 # The sources whose examples carry `texts`.

@@ -368,15 +368,50 @@ class TfdsSource(Source):
     )
 
 
-class Subset(Source):
+class Derived(Source):
+  """A source made from `base`: its name, classes and kind of records, and every read
+  forwarded to it but those a subclass changes."""
+
+  def __init__(self, base: Source):
+    self.base = base
+    self.name, self.num_classes, self.holds_pixels = base.name, base.num_classes, base.holds_pixels
+
+  def reader(self, split: str, process_index: int = 0, process_count: int = 1) -> Reader | None:
+    return self.base.reader(split, process_index, process_count)
+
+  def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
+    return self.base.records(split, process_index, process_count)
+
+  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
+    return self.base.num_examples(split, process_index, process_count)
+
+  def in_order_cost(self, split: str) -> str:
+    return self.base.in_order_cost(split)
+
+  def example(self, raw: Records) -> Records:
+    return self.base.example(raw)
+
+  def encoded(self, image: tf.Tensor) -> tf.Tensor:
+    return self.base.encoded(image)
+
+  def adjust(self, pixels: tf.Tensor) -> tf.Tensor:
+    return self.base.adjust(pixels)
+
+  def decode(self, image: tf.Tensor) -> tf.Tensor:
+    return self.base.decode(image)
+
+  def class_names(self) -> list[str]:
+    return self.base.class_names()
+
+
+class Subset(Derived):
   """Chosen examples of one split of `base` (positions in the split's full order), each
   record with its position as `index` (int32); hosts read every `process_count`-th one.
   Read by index where `base` is."""
 
   def __init__(self, base: Source, split: str, indices):
-    self.base, self.split = base, split
-    self.name, self.num_classes = base.name, base.num_classes
-    self.holds_pixels = base.holds_pixels
+    super().__init__(base)
+    self.split = split
     self.indices = sorted({int(i) for i in indices})
 
   def _check(self, split: str) -> None:
@@ -399,8 +434,8 @@ class Subset(Source):
     return Reader(int(positions.shape[0]), fetch)
 
   def records(self, split: str, process_index: int = 0, process_count: int = 1) -> tf.data.Dataset:
-    if self.reader(split) is not None:
-      return super().records(split, process_index, process_count)
+    if self.reader(split) is not None:  # by index, through this subset's reader
+      return Source.records(self, split, process_index, process_count)
     keep = [False] * (self.indices[-1] + 1 if self.indices else 0)
     for i in self.indices:
       keep[i] = True
@@ -424,21 +459,6 @@ class Subset(Source):
   def example(self, raw: Records) -> Records:
     rest = {k: v for k, v in raw.items() if k != 'index'}
     return {**self.base.example(rest), 'index': raw['index']}
-
-  def encoded(self, image: tf.Tensor) -> tf.Tensor:
-    return self.base.encoded(image)
-
-  def adjust(self, pixels: tf.Tensor) -> tf.Tensor:
-    return self.base.adjust(pixels)
-
-  def decode(self, image: tf.Tensor) -> tf.Tensor:
-    return self.base.decode(image)
-
-  def in_order_cost(self, split: str) -> str:
-    return self.base.in_order_cost(split)
-
-  def class_names(self) -> list[str]:
-    return self.base.class_names()
 
 
 def per_host_max(total: int, process_count: int) -> int:

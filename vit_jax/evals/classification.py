@@ -63,14 +63,7 @@ class ExactPass:
     self._sharding = parallel.batch_sharding(context.mesh)
 
   def __call__(self, params: Any) -> dict[str, np.ndarray]:
-    ds = data_lib.eval_dataset(
-      self._source,
-      self._split,
-      self._data,
-      local_batch=parallel.local_batch_size(self._data.batch_eval),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
+    ds = common.host_dataset(self._source, self._split, self._data)
     bad = data_lib.BadExamples(self._what)
     totals = None
     for local in data_lib.host_batches(ds):

@@ -20,9 +20,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 from jax.sharding import Mesh
 
-from vit_jax.data import sources
+from vit_jax import parallel
+from vit_jax.data import pipeline, sources
 from vit_jax.data import spec as data_spec
 from vit_jax.evals import spec as evals_spec
 
@@ -75,3 +77,16 @@ def evaluate(evaluator: Evaluator, parameter_sets: Mapping[str, Any]) -> dict[st
       if i == 0 or key not in evaluator.fixed:
         results[f'{name}{evaluator.prefix}{key}'] = value
   return results
+
+
+def host_dataset(source: sources.Source, split: str, data: data_spec.Data):
+  """This process's share of one evaluation pass over `split` (`data`'s test batch,
+  preprocessing and pipeline), batched so the processes together make `data.batch_eval`."""
+  return pipeline.eval_dataset(
+    source,
+    split,
+    data,
+    local_batch=parallel.local_batch_size(data.batch_eval),
+    process_index=jax.process_index(),
+    process_count=jax.process_count(),
+  )

@@ -220,14 +220,7 @@ class Evaluator(common.Evaluator):
   def _features(self, params, source, split) -> tuple[dict[str, np.ndarray], int]:
     """The features of the readable examples, and how many could not be read (counted as
     training counts them, and left out)."""
-    ds = data_lib.eval_dataset(
-      source,
-      split,
-      self._data,  # the test split's batch, preprocessing and pipeline
-      local_batch=parallel.local_batch_size(self._data.batch_eval),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
+    ds = common.host_dataset(source, split, self._data)
     parts, bad = [], data_lib.BadExamples('few-shot')  # unreadable images: masked out
     unreadable = 0
     for local in data_lib.host_batches(ds):

@@ -60,13 +60,18 @@ class Evals:
   real_split: str = ''
 
 
+def _check_schedule(key: str, every: int, datasets) -> None:
+  """`config.<key>_every` is >= 0, and names datasets to evaluate once it is set."""
+  if every < 0:
+    raise ValueError(f'config.{key}_every={every}; expected >= 0 (0 = never).')
+  if every and not datasets:
+    raise ValueError(f'config.{key}_every is set but config.{key}.datasets is empty.')
+
+
 def check(evals: Evals) -> None:
   """The checks of the section that need no data: one-line ValueErrors naming the key."""
   fewshot = evals.fewshot
-  if evals.fewshot_every < 0:
-    raise ValueError(f'config.fewshot_every={evals.fewshot_every}; expected >= 0 (0 = never).')
-  if evals.fewshot_every and not fewshot.datasets:
-    raise ValueError('config.fewshot_every is set but config.fewshot.datasets is empty.')
+  _check_schedule('fewshot', evals.fewshot_every, fewshot.datasets)
   for entry in fewshot.datasets:
     triple = isinstance(entry, tuple | list) and len(entry) == 3
     if not (isinstance(entry, str) and entry) and not (triple and all(entry)):
@@ -88,10 +93,7 @@ def check(evals: Evals) -> None:
 
 def _check_zeroshot(evals: Evals) -> None:
   zeroshot = evals.zeroshot
-  if evals.zeroshot_every < 0:
-    raise ValueError(f'config.zeroshot_every={evals.zeroshot_every}; expected >= 0 (0 = never).')
-  if evals.zeroshot_every and not zeroshot.datasets:
-    raise ValueError('config.zeroshot_every is set but config.zeroshot.datasets is empty.')
+  _check_schedule('zeroshot', evals.zeroshot_every, zeroshot.datasets)
   for entry in zeroshot.datasets:
     pair = isinstance(entry, tuple | list) and len(entry) == 2 and all(entry)
     if not (isinstance(entry, str) and entry) and not pair:

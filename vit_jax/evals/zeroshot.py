@@ -168,14 +168,7 @@ class Evaluator(common.Evaluator):
 
   def _images(self, params, task: Task) -> tuple[np.ndarray, np.ndarray]:
     """The image embeddings and labels of the task's split (padding, unreadable images out)."""
-    ds = data_lib.eval_dataset(
-      task.source,
-      task.split,
-      self._data,
-      local_batch=parallel.local_batch_size(self._data.batch_eval),
-      process_index=jax.process_index(),
-      process_count=jax.process_count(),
-    )
+    ds = common.host_dataset(task.source, task.split, self._data)
     parts, bad = [], data_lib.BadExamples('zero-shot')
     for local in data_lib.host_batches(ds):
       batch = parallel.global_batch(bad.take(local), self._sharding)
