@@ -22,6 +22,8 @@ from vit_jax.data.spec import Pp
 
 # fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
 _RANDAUG_SEED = 7
+# The inception crop's range of aspect ratios (width / height), tf.image's and big_vision's.
+ASPECT_RATIOS = (0.75, 1.33)
 
 
 def decode(encoded: tf.Tensor) -> tf.Tensor:
@@ -42,14 +44,14 @@ def value_range(image: tf.Tensor) -> tf.Tensor:
   return (tf.cast(image, tf.float32) - 127.5) / 127.5
 
 
-def _crop_box(image_shape, seed, area_range, aspect_ratio_range) -> tuple[tf.Tensor, tf.Tensor]:
+def _crop_box(image_shape, seed, area_range) -> tuple[tf.Tensor, tf.Tensor]:
   """(begin, size) of an inception crop of an image of `image_shape` (H, W, C)."""
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
     image_shape,
     tf.zeros([0, 0, 4], tf.float32),
     seed=seed,
     min_object_covered=0.0,
-    aspect_ratio_range=aspect_ratio_range,
+    aspect_ratio_range=ASPECT_RATIOS,
     area_range=area_range,
     use_image_if_no_bounding_boxes=True,
   )
@@ -60,10 +62,9 @@ def inception_crop(
   image: tf.Tensor,
   seed: tf.Tensor,
   area_range: tuple[float, float],
-  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
 ) -> tf.Tensor:
   """A random crop covering `area_range` of the image (Szegedy et al.'s inception crop)."""
-  begin, size = _crop_box(tf.shape(image), seed, area_range, aspect_ratio_range)
+  begin, size = _crop_box(tf.shape(image), seed, area_range)
   channels = image.shape[-1]
   image = tf.slice(image, begin, size)
   image.set_shape([None, None, channels])
@@ -74,7 +75,6 @@ def decode_and_inception_crop(
   encoded: tf.Tensor,
   seed: tf.Tensor,
   area_range: tuple[float, float],
-  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
 ) -> tf.Tensor:
   """`inception_crop(decode(encoded), ...)`, decoding only the crop window of a JPEG.
 
@@ -87,12 +87,12 @@ def decode_and_inception_crop(
 
   def jpeg():
     shape = tf.image.extract_jpeg_shape(encoded)
-    begin, size = _crop_box(tf.concat([shape[:2], [3]], 0), seed, area_range, aspect_ratio_range)
+    begin, size = _crop_box(tf.concat([shape[:2], [3]], 0), seed, area_range)
     window = tf.stack([begin[0], begin[1], size[0], size[1]])
     return tf.image.decode_and_crop_jpeg(encoded, window, channels=3)
 
   def other():
-    return inception_crop(decode(encoded), seed, area_range, aspect_ratio_range)
+    return inception_crop(decode(encoded), seed, area_range)
 
   image = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
   image.set_shape([None, None, 3])
@@ -104,7 +104,7 @@ def subpixel_inception_crop(
   seed: tf.Tensor,
   size: int,
   area_range: tuple[float, float],
-  aspect_ratio_range: tuple[float, float] = (0.75, 1.33),
+  aspect_ratio_range: tuple[float, float] = ASPECT_RATIOS,
 ) -> tf.Tensor:
   """The inception crop with a box in continuous coordinates, resampled to `size` x `size`.
 

@@ -96,7 +96,7 @@ def fused_attention(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarr
   return jax.nn.dot_product_attention(q, k, v)
 
 
-class MultiHeadDotProductAttention(nn.Module):
+class MultiHeadDotProductAttention(precision.Precision):
   """Self-attention in the released layout: q/k/v (D, heads, head_dim), out (heads, head_dim, D).
 
   `attention_impl='xla'` spells out softmax(q k^T / sqrt(d)) v; `'fused'` calls
@@ -108,9 +108,6 @@ class MultiHeadDotProductAttention(nn.Module):
   num_heads: int
   dropout_rate: float = 0.0
   attention_impl: str = 'xla'
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -121,11 +118,8 @@ class MultiHeadDotProductAttention(nn.Module):
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
     head_dim = width // self.num_heads
-    dense = precision.dense(
+    dense = self.dense_layers(
       nn.DenseGeneral,
-      self.dtype,
-      self.param_dtype,
-      self.precision_policy,
       kernel_init=nn.initializers.xavier_uniform(),
     )
     kv = x if kv is None else kv

@@ -21,7 +21,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models.precision import Dtype, dense, elementwise_dtype, layer_norm, matmul_kwargs
+from vit_jax.models.precision import Precision, elementwise_dtype, matmul_kwargs
 
 
 def is_mixer(config: Mapping[str, Any]) -> bool:
@@ -29,41 +29,33 @@ def is_mixer(config: Mapping[str, Any]) -> bool:
   return 'num_blocks' in config
 
 
-class MlpBlock(nn.Module):
+class MlpBlock(Precision):
   """Dense, GELU (tanh approximation), Dense back to the input width; flax's default inits."""
 
   mlp_dim: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    layer = dense(nn.Dense, self.dtype, self.param_dtype, self.precision_policy)
+    layer = self.dense_layers(nn.Dense)
     y = nn.gelu(layer(self.mlp_dim, name='Dense_0')(x), approximate=True)
     return layer(x.shape[-1], name='Dense_1')(y)
 
 
-class MixerBlock(nn.Module):
+class MixerBlock(Precision):
   """x + token_mixing(LN(x)) over the patch axis, then x + channel_mixing(LN(x))."""
 
   tokens_mlp_dim: int
   channels_mlp_dim: int
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    policy = self.precision_policy
-    norm = lambda name: layer_norm(name, self.dtype, self.param_dtype, policy)
-    mlp = lambda dim, name: MlpBlock(dim, self.dtype, self.param_dtype, policy, name=name)
-    y = jnp.swapaxes(norm('LayerNorm_0')(x), 1, 2)  # (batch, channels, patches)
+    mlp = lambda dim, name: MlpBlock(dim, **self.precision_fields(), name=name)
+    y = jnp.swapaxes(self.norm('LayerNorm_0')(x), 1, 2)  # (batch, channels, patches)
     x = x + jnp.swapaxes(mlp(self.tokens_mlp_dim, 'token_mixing')(y), 1, 2)
-    return x + mlp(self.channels_mlp_dim, 'channel_mixing')(norm('LayerNorm_1')(x))
+    return x + mlp(self.channels_mlp_dim, 'channel_mixing')(self.norm('LayerNorm_1')(x))
 
 
-class MlpMixer(nn.Module):
+class MlpMixer(Precision):
   """MLP-Mixer; the fields are the registry's config fields (the original's names).
 
   Attributes:
@@ -84,9 +76,6 @@ class MlpMixer(nn.Module):
   tokens_mlp_dim: int
   channels_mlp_dim: int
   head_bias_init: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, inputs: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -102,19 +91,17 @@ class MlpMixer(nn.Module):
       param_dtype=self.param_dtype,
       name='stem',
     )(inputs.astype(elementwise_dtype(self.dtype)))
-    x = x.astype(elementwise_dtype(self.dtype, self.precision_policy))
+    x = x.astype(self.activation_dtype())
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     for i in range(self.num_blocks):
       x = MixerBlock(
         self.tokens_mlp_dim,
         self.channels_mlp_dim,
-        self.dtype,
-        self.param_dtype,
-        self.precision_policy,
+        **self.precision_fields(),
         name=f'MixerBlock_{i}',
       )(x)
-    x = layer_norm('pre_head_layer_norm', self.dtype, self.param_dtype, self.precision_policy)(x)
+    x = self.norm('pre_head_layer_norm')(x)
     x = jnp.mean(x, axis=1)
     if self.num_classes:
       x = nn.Dense(

@@ -4,7 +4,7 @@
 every JAX transformation keeps the float32 accumulation (a plain cast-then-einsum would round
 the gradients to 16 bits). The helpers around it give each layer its dtypes: `matmul_kwargs`
 and `dense` for Dense layers, `elementwise_dtype` for norms, residuals and activations,
-`layer_norm`.
+`layer_norm`; `Precision`, the base of the zoo's modules, holds the three fields they read.
 
 With a 16-bit compute dtype, the precision policy says what else is 16-bit (POLICIES):
 
@@ -19,6 +19,7 @@ With a 16-bit compute dtype, the precision policy says what else is 16-bit (POLI
 Parameters stay in `param_dtype` under both; a float32 compute dtype ignores the policy.
 """
 
+import dataclasses
 import functools
 import string
 from typing import Any
@@ -225,3 +226,33 @@ def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype, policy: str = 'matmu
   return nn.LayerNorm(
     epsilon=1e-6, dtype=elementwise_dtype(dtype, policy), param_dtype=param_dtype, name=name
   )
+
+
+class Precision(nn.Module):
+  """The base of the zoo's modules: the compute dtype, the parameter dtype and the precision
+  policy (keyword-only fields, so that each module's own fields keep their positions), and the
+  layers built from them."""
+
+  dtype: Dtype = dataclasses.field(default=jnp.float32, kw_only=True)
+  param_dtype: Dtype = dataclasses.field(default=jnp.float32, kw_only=True)
+  precision_policy: str = dataclasses.field(default='matmul', kw_only=True)
+
+  def precision_fields(self) -> dict[str, Any]:
+    """The three fields, for a submodule that is a `Precision` too."""
+    return {
+      'dtype': self.dtype,
+      'param_dtype': self.param_dtype,
+      'precision_policy': self.precision_policy,
+    }
+
+  def activation_dtype(self) -> Dtype:
+    """The dtype of this module's norms, residuals and activations (`elementwise_dtype`)."""
+    return elementwise_dtype(self.dtype, self.precision_policy)
+
+  def dense_layers(self, cls: type[nn.Module], **fixed: Any):
+    """`dense` with this module's fields."""
+    return dense(cls, self.dtype, self.param_dtype, self.precision_policy, **fixed)
+
+  def norm(self, name: str) -> nn.LayerNorm:
+    """`layer_norm` with this module's fields."""
+    return layer_norm(name, self.dtype, self.param_dtype, self.precision_policy)

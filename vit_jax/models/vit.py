@@ -22,7 +22,6 @@ Options beyond the original, with the names of the checkpoints that use them:
   (no position-embedding parameter)      big_vision's fixed 2-D sin-cos (`posemb='sincos2d'`)
 """
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +33,6 @@ from vit_jax.models import precision, resnet
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.blocks import block_indices
 from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
-from vit_jax.models.precision import Dtype
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
 POSEMBS = ('learn', 'sincos2d')
@@ -47,24 +45,18 @@ REMAT_POLICIES = {
 }
 
 
-class MlpBlock(nn.Module):
+class MlpBlock(precision.Precision):
   """Dense, GELU, Dense. The GELU is the tanh approximation the released weights were trained
   with, or with `gelu_approximate=False` the exact one (PyTorch's, timm's default)."""
 
   mlp_dim: int
   dropout_rate: float = 0.0
   gelu_approximate: bool = True
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
-    dense = precision.dense(
+    dense = self.dense_layers(
       nn.Dense,
-      self.dtype,
-      self.param_dtype,
-      self.precision_policy,
       kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6),
     )
@@ -101,7 +93,7 @@ def drop_path_rates(rate: float, num_layers: int) -> list[float]:
   return [rate * i / max(num_layers - 1, 1) for i in range(num_layers)]
 
 
-class Encoder1DBlock(nn.Module):
+class Encoder1DBlock(precision.Precision):
   """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); with `drop_path_rate`
   each branch is dropped per example (stochastic depth) in training."""
 
@@ -112,9 +104,6 @@ class Encoder1DBlock(nn.Module):
   drop_path_rate: float = 0.0
   attention_impl: str = 'xla'
   gelu_approximate: bool = True
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -122,32 +111,22 @@ class Encoder1DBlock(nn.Module):
   ) -> jnp.ndarray:
     # `drop_path_rate` as an argument: the rate of this layer inside `nn.scan` (traced).
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
-    norm = functools.partial(
-      nn.LayerNorm,
-      epsilon=1e-6,
-      dtype=precision.elementwise_dtype(self.dtype, self.precision_policy),
-      param_dtype=self.param_dtype,
-    )
-    y = norm(name='LayerNorm_0')(x)
+    y = self.norm('LayerNorm_0')(x)
     y = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       dropout_rate=self.attention_dropout_rate,
       attention_impl=self.attention_impl,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision_policy=self.precision_policy,
+      **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
     )(y, deterministic)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + _drop_path(y, rate, deterministic)
-    y = norm(name='LayerNorm_1')(x)
+    y = self.norm('LayerNorm_1')(x)
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
       dropout_rate=self.dropout_rate,
       gelu_approximate=self.gelu_approximate,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision_policy=self.precision_policy,
+      **self.precision_fields(),
       name='MlpBlock_0',
     )(y, deterministic)
     return x + _drop_path(y, rate, deterministic)
@@ -168,7 +147,7 @@ class _ScanBlock(Encoder1DBlock):
     return x, (x if self.emit else None)
 
 
-class Encoder(nn.Module):
+class Encoder(precision.Precision):
   """Position embedding, `num_layers` blocks, final LayerNorm (`Transformer` in the tree).
 
   `scan_layers=True` runs the blocks as one `nn.scan` over stacked parameters
@@ -196,9 +175,6 @@ class Encoder(nn.Module):
   learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
   posemb_grid: tuple[int, int] | None = None
   gelu_approximate: bool = True
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(
@@ -222,8 +198,7 @@ class Encoder(nn.Module):
     x, captured = self._blocks(x, train, capture)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
-    norm = precision.layer_norm('encoder_norm', self.dtype, self.param_dtype, self.precision_policy)
-    return norm(x), captured
+    return self.norm('encoder_norm')(x), captured
 
   def _blocks(
     self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
@@ -236,9 +211,7 @@ class Encoder(nn.Module):
       'attention_dropout_rate': self.attention_dropout_rate,
       'attention_impl': self.attention_impl,
       'gelu_approximate': self.gelu_approximate,
-      'dtype': self.dtype,
-      'param_dtype': self.param_dtype,
-      'precision_policy': self.precision_policy,
+      **self.precision_fields(),
     }
     policy = REMAT_POLICIES[self.remat_policy]
     rates = drop_path_rates(self.drop_path_rate, self.num_layers)
@@ -269,7 +242,7 @@ class Encoder(nn.Module):
     return x, captured
 
 
-class MAPHead(nn.Module):
+class MAPHead(precision.Precision):
   """Multihead attention pooling (big_vision `MAPHead`): a learned probe token attends over
   the encoder's tokens (no LayerNorm first), then y + MLP(LN(y)); returns the probe (batch, D).
   """
@@ -278,9 +251,6 @@ class MAPHead(nn.Module):
   mlp_dim: int
   attention_impl: str = 'xla'
   gelu_approximate: bool = True
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -290,24 +260,20 @@ class MAPHead(nn.Module):
     y = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       attention_impl=self.attention_impl,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision_policy=self.precision_policy,
+      **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x)
-    z = precision.layer_norm('LayerNorm_0', self.dtype, self.param_dtype, self.precision_policy)(y)
+    z = self.norm('LayerNorm_0')(y)
     mlp = MlpBlock(
       self.mlp_dim,
       gelu_approximate=self.gelu_approximate,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision_policy=self.precision_policy,
+      **self.precision_fields(),
       name='MlpBlock_0',
     )
     return (y + mlp(z, deterministic=True))[:, 0]
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(precision.Precision):
   """ViT and the ResNet+ViT hybrids; the fields are the registry's config fields.
 
   Attributes:
@@ -374,9 +340,6 @@ class VisionTransformer(nn.Module):
   representation_size: int | None = None
   classifier: str = 'token'
   head_bias_init: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  precision_policy: str = 'matmul'
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
@@ -424,9 +387,7 @@ class VisionTransformer(nn.Module):
         mlp_dim=self.transformer['mlp_dim'],
         attention_impl=self.attention_impl,
         gelu_approximate=self.gelu_approximate,
-        dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        precision_policy=self.precision_policy,
+        **self.precision_fields(),
         name='MAPHead_0',
       )(x)
     return x
@@ -469,7 +430,7 @@ class VisionTransformer(nn.Module):
       dtype=elementwise,
       param_dtype=self.param_dtype,
       name='embedding',
-    )(x).astype(precision.elementwise_dtype(self.dtype, self.precision_policy))
+    )(x).astype(self.activation_dtype())
 
   def _output(self, x: jnp.ndarray, both_heads: bool) -> Any:
     """The encoder's tokens (or the patch embedding without a transformer) -> the output:
@@ -520,9 +481,7 @@ class VisionTransformer(nn.Module):
       learned_posemb=self.posemb == 'learn',
       posemb_grid=self.posemb_grid,
       gelu_approximate=self.gelu_approximate,
-      dtype=self.dtype,
-      param_dtype=self.param_dtype,
-      precision_policy=self.precision_policy,
+      **self.precision_fields(),
       name='Transformer',
     )(x, train=train, grid=(h, w), capture=intermediate_blocks)
     if intermediate_blocks is None:
