@@ -33,9 +33,10 @@ format: $(VENV)/.test
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# Two workers, a test file each at a time; then, alone, the tests that bound a wall time.
+# Two workers, a test file each at a time, the costliest first (tests/conftest.py); then,
+# alone, the tests that bound a wall time.
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not serial' --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest -q -m serial --durations=5
 
 test-fast: $(VENV)/.test
