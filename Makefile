@@ -8,13 +8,15 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test test-fast lint format table clean
 
+# --no-compile: pip would byte-compile every file of TensorFlow, torch and the rest (about a
+# minute here); Python compiles the modules it imports on their first import instead.
 $(VENV)/.runtime: requirements.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-compile -r requirements.txt
 	touch $@
 
 $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
-	$(PY) -m pip install -q -r requirements-test.txt
+	$(PY) -m pip install -q --no-compile -r requirements-test.txt
 	# The launch-script tests run shellcheck (Debian's package).
 	command -v shellcheck >/dev/null || (apt-get update -qq && apt-get install -y -qq shellcheck)
 	touch $@
