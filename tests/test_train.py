@@ -207,15 +207,19 @@ REGULARISED = dict(
 
 
 def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
-  tmp_path, reference_run
+  tmp_path, reference_run, capsys
 ):
-  """With every regularisation on: 6 steps in one go == 3, stopped, resumed for 3 (bit for
-  bit), and 1 device == 8 devices (FSDP) to 1e-5; the losses are not the plain run's."""
+  """With every regularisation on: 6 steps in one go == a copy of the run resumed from its
+  step-3 checkpoint for 3 more (bit for bit; the lines past step 3 are written again), and 1
+  device == 8 devices (FSDP) to 1e-5; the losses are not the plain run's."""
   ref = train.train_and_evaluate(tiny_config(**REGULARISED), str(tmp_path / 'ref'))
   workdir = str(tmp_path / 'resumed')
-  first = train.train_and_evaluate(tiny_config(**REGULARISED), workdir, stop_after=3)
-  assert first['step'] == 3
+  shutil.copytree(tmp_path / 'ref', workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '6'))
+  capsys.readouterr()
   second = train.train_and_evaluate(tiny_config(**REGULARISED), workdir)
+  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
+  assert second['status'] == 'done' and second['step'] == 6
   _assert_trees_close(ref['params'], second['params'], atol=0)
   assert _metrics(workdir) == _metrics(str(tmp_path / 'ref'))
   config = tiny_config(**REGULARISED, sharding='fsdp')
@@ -522,8 +526,8 @@ def test_mock_data_fine_tuning_configs_run_end_to_end(tmp_path, dataset):
   config.total_steps = 3
   config.warmup_steps = 1
   config.eval_every = 3
-  with tfds.testing.mock_data(num_examples=20):
-    result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  with tfds.testing.mock_data(num_examples=20):  # one device: the config, not the mesh, is tested
+    result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   assert result['status'] == 'done' and result['num_test'] == 20
   expected_classes = {'cifar10': 10, 'imagenet2012': 1000}[dataset]
   assert result['params']['head']['kernel'].shape == (10, expected_classes)
@@ -561,8 +565,8 @@ def _two_steps_on_mock_imagenet(config: ml_collections.ConfigDict, tmp_path) -> 
   config.batch = config.batch_eval = 16
   config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
   config.warmup_steps = 1
-  with tfds.testing.mock_data(num_examples=20):
-    result = train.train_and_evaluate(config, str(tmp_path))
+  with tfds.testing.mock_data(num_examples=20):  # one device: the config, not the mesh, is tested
+    result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   assert result['step'] == 2 and result['num_test'] == 20
   return result
 
@@ -672,14 +676,17 @@ def test_unreadable_training_images_are_skipped_counted_and_resume_alike(tmp_pat
   # Named on first sight, by each of the two runs.
   assert sorted(os.path.basename(x) for x in warnings) == sorted(2 * UNREADABLE)
   assert all(x.startswith('Warning: unreadable training image ') for x in warnings)
-  stop, workdir = _bad_image_config(tmp_path / 'stop', 'train', skip_bad_images=False)
+  stop, workdir = _bad_image_config(
+    tmp_path / 'stop', 'train', total_steps=3, checkpoint_every=0, skip_bad_images=False
+  )
   with pytest.raises(ValueError, match=r'^Unreadable training image .*\.jpg at step 1: ') as e:
     train.train_and_evaluate(stop, workdir)
   assert '\n' not in str(e.value)
 
 
 def test_unreadable_test_images_are_a_one_line_error_unless_skipped(tmp_path):
-  config, workdir = _bad_image_config(tmp_path, 'test', total_steps=1, eval_every=1)
+  # The training test's schedule and batches: its compiled programs.
+  config, workdir = _bad_image_config(tmp_path, 'test', total_steps=3, checkpoint_every=0)
   with pytest.raises(ValueError, match=r'^Unreadable test image .*\.jpg \(3 in all\): ') as e:
     train.train_and_evaluate(config, workdir)
   assert '\n' not in str(e.value) and str(tmp_path / 'images' / 'test' / 'a') in str(e.value)
