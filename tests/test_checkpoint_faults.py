@@ -176,17 +176,21 @@ def _prng(impl: str):
 
 
 @pytest.mark.parametrize('impl', ['rbg', 'unsafe_rbg'])
-def test_rbg_stop_and_resume_is_exact_and_another_prng_is_one_line(tmp_path, impl):
-  """Dropout on, so the key matters: 4 steps in one go == 2, stopped, resumed for 2; the
-  run resumed under threefry2x32 is refused in one line."""
+def test_rbg_stop_and_resume_is_exact_and_another_prng_is_one_line(tmp_path, impl, capsys):
+  """Dropout on, so the key matters: 4 steps in one go == a copy of the run resumed from its
+  step-2 checkpoint for 2 more; the run resumed under threefry2x32 is refused in one line."""
   config = tiny_config(
     total_steps=4, checkpoint_every=2, eval_every=2, model__transformer__dropout_rate=0.1
   )
   workdir = str(tmp_path / 'run')
   with _prng(impl):
     full = train.train_and_evaluate(config, str(tmp_path / 'full'))
-    assert train.train_and_evaluate(config, workdir, stop_after=2)['status'] == 'preempted'
+    shutil.copytree(tmp_path / 'full', workdir)
+    shutil.rmtree(os.path.join(rundir.checkpoint_dir(workdir), '4'))
+    capsys.readouterr()
     resumed = train.train_and_evaluate(config, workdir)
+  assert 'Resumed from checkpoint at step 2' in capsys.readouterr().out
+  assert resumed['status'] == 'done' and resumed['step'] == 4
   _same_params(full['params'], resumed['params'])
   with _prng('threefry2x32'), pytest.raises(ValueError) as refused:
     train.train_and_evaluate(with_overrides(config, {'total_steps': 6}), workdir)

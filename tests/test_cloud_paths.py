@@ -173,19 +173,24 @@ def _upload_digit_images(gcs, count: int) -> list[str]:
   return urls
 
 
-def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference_run, bucket_run, tmp_path):
+def test_convert_and_predict_read_the_run_from_the_bucket(
+  gcs, reference_run, bucket_run, tmp_path, capsys
+):
+  """The commands' own functions, in this process (the emulator's environment is set here)."""
+  from vit_jax.cli import convert
+
   ref_dir, ref = reference_run
   npz = f'gs://{BUCKET}/out/digits.npz'
-  converted = _run(['-m', 'vit_jax.convert', RUN, npz, '--to=npz'])
-  assert converted.returncode == 0, converted.stderr
+  convert.convert(RUN, npz, 'npz', out=lambda line: None)
   # The converted file read from the bucket: the run's final parameters.
   _assert_trees_equal(checkpoint.load(npz), ref['params'])
 
   urls = _upload_digit_images(gcs, 3)
   features = f'gs://{BUCKET}/out/features.npy'
-  args = ['-m', 'vit_jax.predict', '--json', f'--resolution={TINY["pp.crop"]}']
-  predicted = _run([*args, f'--checkpoint={RUN}', f'--features={features}', *urls])
-  assert predicted.returncode == 0, predicted.stderr
+  capsys.readouterr()
+  status = predict.run(RUN, urls, resolution=TINY['pp.crop'], as_json=True, features=features)
+  assert status == 0, capsys.readouterr().err
+  stdout = capsys.readouterr().out
   # The same images from local files, through the local reference run: the same answers.
   local = []
   for url in urls:
@@ -194,7 +199,7 @@ def test_convert_and_predict_read_the_run_from_the_bucket(gcs, reference_run, bu
     local.append(str(path))
   expected, errors = predict.predict_files(predict.load(ref_dir, resolution=8), local, 5, 32)
   assert not errors
-  results = json.loads(predicted.stdout)['results']
+  results = json.loads(stdout)['results']
   assert [r['image'] for r in results] == urls
   for result, want in zip(results, expected, strict=True):
     assert [p['class'] for p in result['predictions']] == want.indices.tolist()

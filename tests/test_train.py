@@ -127,37 +127,62 @@ def test_digits_trains_to_accuracy(tmp_path):
   assert result['accuracy_test'] >= 0.93, result['accuracy_test']
 
 
-def test_one_and_eight_devices_agree(tmp_path):
-  """Same losses, parameters and Polyak average to 1e-5 on 1 device and on 8 (FSDP), with
-  dropout on."""
-  config = tiny_config(
-    model__transformer__dropout_rate=0.1, total_steps=4, eval_every=4, polyak_decay=0.9
-  )
-  one = train.train_and_evaluate(config, str(tmp_path / 'one'), devices=jax.devices()[:1])
-  config.sharding = 'fsdp'
+# Dropout on, so the per-example keys matter, the Polyak average in the state, few-shot
+# evaluations at steps 3 and 6 (which change no training number), FSDP sharding: one run on
+# 1 device and one on 8, read by the 1-vs-8, accumulation and Polyak resume tests.
+DROPOUT = dict(
+  model__transformer__dropout_rate=0.1, polyak_decay=0.9, fewshot_every=3,
+  fewshot__datasets=('digits',), sharding='fsdp',
+)  # fmt: skip
+
+
+@pytest.fixture(scope='module')
+def dropout_one(tmp_path_factory):
+  """The DROPOUT run on 1 device: (workdir, result)."""
+  workdir = str(tmp_path_factory.mktemp('dropout_one'))
+  return workdir, train.train_and_evaluate(tiny_config(**DROPOUT), workdir, jax.devices()[:1])
+
+
+def _fsdp_everything(config, workdir):
+  """`config` on all 8 devices, FSDP-sharding even the tiny model's leaves."""
   old = parallel.FSDP_MIN_SIZE
-  parallel.FSDP_MIN_SIZE = 0  # shard even the tiny model's leaves
+  parallel.FSDP_MIN_SIZE = 0
   try:
-    eight = train.train_and_evaluate(config, str(tmp_path / 'eight'))
+    return train.train_and_evaluate(config, workdir)
   finally:
     parallel.FSDP_MIN_SIZE = old
+
+
+@pytest.fixture(scope='module')
+def dropout_eight(tmp_path_factory):
+  """The DROPOUT run on 8 devices, every leaf sharded, without few-shot: (workdir, result)."""
+  workdir = str(tmp_path_factory.mktemp('dropout_eight'))
+  return workdir, _fsdp_everything(tiny_config(**{**DROPOUT, 'fewshot_every': 0}), workdir)
+
+
+def _losses(workdir):
+  return [m['loss'] for m in _metrics(workdir, ('loss',)) if 'loss' in m]
+
+
+def test_one_and_eight_devices_agree(dropout_one, dropout_eight):
+  """Same losses, parameters and Polyak average to 1e-5 on 1 device and on 8 (FSDP), with
+  dropout on."""
+  (one_dir, one), (eight_dir, eight) = dropout_one, dropout_eight
   sharded = [s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, eight['params']))]
   assert any('data' in spec for spec in sharded)
-  losses_one = [m['loss'] for m in _metrics(str(tmp_path / 'one'), ('loss',)) if 'loss' in m]
-  losses_eight = [m['loss'] for m in _metrics(str(tmp_path / 'eight'), ('loss',)) if 'loss' in m]
-  assert len(losses_one) == 4
-  np.testing.assert_allclose(losses_one, losses_eight, atol=1e-5, rtol=0)
+  assert len(_losses(one_dir)) == 6
+  np.testing.assert_allclose(_losses(one_dir), _losses(eight_dir), atol=1e-5, rtol=0)
   assert_trained_params_close(_flat(one['params']), _flat(eight['params']), atol=1e-5)
   assert_trained_params_close(_flat(one['polyak']), _flat(eight['polyak']), atol=1e-5)
 
 
-def test_gradient_accumulation_matches_the_full_batch(tmp_path):
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, dropout_eight):
   """accum_steps=4 gives the same run as 1: equal micro-batches, per-example dropout keys."""
-  config = tiny_config(model__transformer__dropout_rate=0.1, total_steps=2, eval_every=2)
-  full = train.train_and_evaluate(config, str(tmp_path / 'full'))
-  config.accum_steps = 4
-  accumulated = train.train_and_evaluate(config, str(tmp_path / 'accum'))
+  full = dropout_eight[1]
+  config = tiny_config(**{**DROPOUT, 'fewshot_every': 0}, accum_steps=4)
+  accumulated = _fsdp_everything(config, str(tmp_path / 'accum'))
   assert_trained_params_close(_flat(full['params']), _flat(accumulated['params']), atol=1e-5)
+  assert_trained_params_close(_flat(full['polyak']), _flat(accumulated['polyak']), atol=1e-5)
 
 
 def test_stop_and_resume_is_exact(tmp_path, reference_run):
@@ -173,23 +198,28 @@ def test_stop_and_resume_is_exact(tmp_path, reference_run):
 
 
 # Every regularisation on: stochastic depth (two blocks), RandAugment, mixup or CutMix,
-# label smoothing.
+# label smoothing; one evaluation, at the end.
 REGULARISED = dict(
   model__transformer__num_layers=2, model__transformer__drop_path_rate=0.2,
   pp__randaug_layers=2, pp__randaug_magnitude=10.0, mixup=0.2, cutmix=1.0, label_smoothing=0.1,
+  eval_every=6,
 )  # fmt: skip
 
 
 def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
-  tmp_path, reference_run
+  tmp_path, reference_run, capsys
 ):
-  """With every regularisation on: 6 steps in one go == 3, stopped, resumed for 3 (bit for
-  bit), and 1 device == 8 devices (FSDP) to 1e-5; the losses are not the plain run's."""
+  """With every regularisation on: 6 steps in one go == a copy of the run resumed from its
+  step-3 checkpoint for 3 more (bit for bit; the lines past step 3 are written again), and 1
+  device == 8 devices (FSDP) to 1e-5; the losses are not the plain run's."""
   ref = train.train_and_evaluate(tiny_config(**REGULARISED), str(tmp_path / 'ref'))
   workdir = str(tmp_path / 'resumed')
-  first = train.train_and_evaluate(tiny_config(**REGULARISED), workdir, stop_after=3)
-  assert first['step'] == 3
+  shutil.copytree(tmp_path / 'ref', workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '6'))
+  capsys.readouterr()
   second = train.train_and_evaluate(tiny_config(**REGULARISED), workdir)
+  assert 'Resumed from checkpoint at step 3' in capsys.readouterr().out
+  assert second['status'] == 'done' and second['step'] == 6
   _assert_trees_close(ref['params'], second['params'], atol=0)
   assert _metrics(workdir) == _metrics(str(tmp_path / 'ref'))
   config = tiny_config(**REGULARISED, sharding='fsdp')
@@ -205,13 +235,13 @@ def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   assert np.abs(np.subtract(losses[0], plain))[1:].max() > 5e-3
 
 
-def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path):
-  """The same with the Polyak average in the state and few-shot evaluations at steps 3 and 6:
-  the average is restored exactly, and every metric line (few-shot and Polyak ones
-  included) is written again equal."""
-  config = tiny_config(polyak_decay=0.9, fewshot_every=3, fewshot__datasets=('digits',))
+def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, dropout_one):
+  """The same with the Polyak average in the state, dropout on and few-shot evaluations at
+  steps 3 and 6 (the DROPOUT run on 1 device): the average is restored exactly, and every
+  metric line (few-shot and Polyak ones included) is written again equal."""
+  ref_dir, ref = dropout_one
+  config = tiny_config(**DROPOUT)
   one = jax.devices()[:1]
-  ref = train.train_and_evaluate(config, str(tmp_path / 'ref'), devices=one)
   resumed = str(tmp_path / 'resumed')
   first = train.train_and_evaluate(config, resumed, devices=one, stop_after=3)
   assert first['status'] == 'preempted'
@@ -220,8 +250,7 @@ def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path):
     _assert_trees_close(ref[key], second[key], atol=0)
   lines = [{k: v for k, v in m.items() if k != 'img_per_sec'} for m in rundir.read_metrics(resumed)]
   expected = [
-    {k: v for k, v in m.items() if k != 'img_per_sec'}
-    for m in rundir.read_metrics(tmp_path / 'ref')
+    {k: v for k, v in m.items() if k != 'img_per_sec'} for m in rundir.read_metrics(ref_dir)
   ]
   assert lines == expected
   assert [m['step'] for m in lines if 'fewshot/digits/10shot' in m] == [3, 6]
@@ -276,31 +305,33 @@ def _wait_for(ready, process, output, timeout=240):
     time.sleep(0.05)
 
 
-def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main):
-  """A run killed with SIGKILL resumes from its last complete checkpoint, exactly."""
-  flags = ['--config.total_steps=20', '--config.checkpoint_every=5', '--config.eval_every=10']
+def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main, reference_run, capsys):
+  """A run killed with SIGKILL resumes from its last complete checkpoint, exactly: the TINY
+  run, saving every step (which changes no number) and killed once one at step 2 or later is
+  complete, resumed (in this process) ends as the uninterrupted reference run."""
+  flags = ['--config.checkpoint_every=1']
   workdir = str(tmp_path / 'killed')
   process, output = run_main(workdir, *flags)
 
-  def saved_10():
-    """the step-10 checkpoint"""
-    return 10 in rundir.checkpoint_steps(rundir.checkpoint_dir(workdir))
+  def saved_2():
+    """a checkpoint at step 2 or later"""
+    return max(rundir.checkpoint_steps(rundir.checkpoint_dir(workdir)) or [0]) >= 2
 
-  _wait_for(saved_10, process, output)
+  _wait_for(saved_2, process, output)
   process.send_signal(signal.SIGKILL)
   process.wait()
   stopped = rundir.latest_step(workdir)
-  assert 10 <= stopped < 20
-  resumed, output = run_main(workdir, *flags)
-  assert resumed.wait(timeout=300) == 0, output()
-  assert f'Resumed from checkpoint at step {stopped}' in output()
+  assert 2 <= stopped < 6
+  capsys.readouterr()
+  resumed = train.train_and_evaluate(tiny_config(checkpoint_every=1), workdir)  # in this process
+  assert resumed['status'] == 'done'
+  assert f'Resumed from checkpoint at step {stopped}' in capsys.readouterr().out
 
-  config = tiny_config(total_steps=20, checkpoint_every=5, eval_every=10)
-  reference = train.train_and_evaluate(config, str(tmp_path / 'reference'))
-  _assert_metrics_close(_metrics(workdir), _metrics(str(tmp_path / 'reference')), atol=1e-6)
+  ref_dir, reference = reference_run
+  _assert_metrics_close(_metrics(workdir), _metrics(ref_dir), atol=1e-6)
   from vit_jax.checkpoint import load
 
-  assert rundir.latest_step(workdir) == 20
+  assert rundir.latest_step(workdir) == 6
   _assert_trees_close(reference['params'], load(workdir), atol=1e-6)
 
 
@@ -432,7 +463,8 @@ def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
 
 def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
   workdir = str(tmp_path)
-  train.train_and_evaluate(tiny_config(total_steps=2, checkpoint_every=2), workdir)
+  # Stopped at step 2 of the TINY run: its compiled programs are the reference run's.
+  train.train_and_evaluate(tiny_config(checkpoint_every=2), workdir, stop_after=2)
   with pytest.raises(
     ValueError, match=r'Cannot resume from .*/checkpoints/2 .*use a new --workdir'
   ):
@@ -494,8 +526,8 @@ def test_mock_data_fine_tuning_configs_run_end_to_end(tmp_path, dataset):
   config.total_steps = 3
   config.warmup_steps = 1
   config.eval_every = 3
-  with tfds.testing.mock_data(num_examples=20):
-    result = train.train_and_evaluate(config, str(tmp_path / 'run'))
+  with tfds.testing.mock_data(num_examples=20):  # one device: the config, not the mesh, is tested
+    result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   assert result['status'] == 'done' and result['num_test'] == 20
   expected_classes = {'cifar10': 10, 'imagenet2012': 1000}[dataset]
   assert result['params']['head']['kernel'].shape == (10, expected_classes)
@@ -533,8 +565,8 @@ def _two_steps_on_mock_imagenet(config: ml_collections.ConfigDict, tmp_path) -> 
   config.batch = config.batch_eval = 16
   config.total_epochs = 1.6  # 20 mock examples -> ceil(1.6 * 20 / 16) = 2 steps
   config.warmup_steps = 1
-  with tfds.testing.mock_data(num_examples=20):
-    result = train.train_and_evaluate(config, str(tmp_path))
+  with tfds.testing.mock_data(num_examples=20):  # one device: the config, not the mesh, is tested
+    result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
   assert result['step'] == 2 and result['num_test'] == 20
   return result
 
@@ -644,14 +676,17 @@ def test_unreadable_training_images_are_skipped_counted_and_resume_alike(tmp_pat
   # Named on first sight, by each of the two runs.
   assert sorted(os.path.basename(x) for x in warnings) == sorted(2 * UNREADABLE)
   assert all(x.startswith('Warning: unreadable training image ') for x in warnings)
-  stop, workdir = _bad_image_config(tmp_path / 'stop', 'train', skip_bad_images=False)
+  stop, workdir = _bad_image_config(
+    tmp_path / 'stop', 'train', total_steps=3, checkpoint_every=0, skip_bad_images=False
+  )
   with pytest.raises(ValueError, match=r'^Unreadable training image .*\.jpg at step 1: ') as e:
     train.train_and_evaluate(stop, workdir)
   assert '\n' not in str(e.value)
 
 
 def test_unreadable_test_images_are_a_one_line_error_unless_skipped(tmp_path):
-  config, workdir = _bad_image_config(tmp_path, 'test', total_steps=1, eval_every=1)
+  # The training test's schedule and batches: its compiled programs.
+  config, workdir = _bad_image_config(tmp_path, 'test', total_steps=3, checkpoint_every=0)
   with pytest.raises(ValueError, match=r'^Unreadable test image .*\.jpg \(3 in all\): ') as e:
     train.train_and_evaluate(config, workdir)
   assert '\n' not in str(e.value) and str(tmp_path / 'images' / 'test' / 'a') in str(e.value)
