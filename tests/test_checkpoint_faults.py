@@ -16,7 +16,7 @@ import pytest
 from conftest import TINY, digest, tiny_config
 from etils.epath import gpath
 
-from vit_jax import rundir, train
+from vit_jax import distributed, rundir, train
 from vit_jax.train import checkpoint_faults
 from vit_jax.train.spec import with_overrides
 
@@ -113,11 +113,22 @@ def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
     ("Failed to write 3759 bytes to file 6 [os_error_code='122']", errno.EDQUOT),
     ('PERMISSION_DENIED: Error opening "gs://b/c"', errno.EACCES),
     ("[Errno 30] Read-only file system: '/mnt/x'", errno.EROFS),
+    ('PERMISSION_DENIED: Error writing local file "x": Read-only file system', errno.EROFS),
     ('NOT_FOUND: no such bucket', None),
   ],
 )
 def test_the_cause_of_a_write_failure_is_read_off_tensorstore_text(text, number):
   assert checkpoint_faults.storage_errno(ValueError(text)) == number
+
+
+def test_the_note_a_failed_process_sends_keeps_its_cause():
+  """What another process sees of a failed write (its first line, cut short, through the
+  barriers) still names the cause, and marks it as a peer's."""
+  long = 'PERMISSION_DENIED: Error writing "' + 'x' * 400 + '": Read-only file system'
+  seen = distributed.BarrierAborted(1, checkpoint_faults.failure_note(ValueError(long)))
+  assert len(str(seen)) < 300 and checkpoint_faults.storage_errno(seen) == errno.EROFS
+  assert checkpoint_faults.write_failure('/c/6', seen, [3]).from_peer
+  assert not checkpoint_faults.write_failure('/c/6', ValueError(long), [3]).from_peer
 
 
 def _tiny_flags(**overrides):

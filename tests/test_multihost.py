@@ -446,9 +446,11 @@ def test_h14_fsdp_state_fits_16_gb_devices():
 PEER_TIMEOUT_S = 15  # --distributed_timeout of these runs: the bound on every wait
 
 
-def _start_processes(workdir, tmp_path, flags=(), per_process=((), ()), tag='run', env=None):
+def _start_processes(
+  workdir, tmp_path, flags=(), per_process=((), ()), tag='run', env=None, wrap=((), ())
+):
   """2 processes of 4 devices on 127.0.0.1, `flags` for both, `per_process[i]` for process i,
-  `env` added to their environment.
+  `env` added to their environment, process i's command run by the command `wrap[i]`.
 
   Returns [(Popen, read_output)]; output (stdout and stderr) goes to files.
   """
@@ -459,6 +461,7 @@ def _start_processes(workdir, tmp_path, flags=(), per_process=((), ()), tag='run
     with open(log, 'w') as out:
       process = subprocess.Popen(
         [
+          *wrap[i],
           sys.executable,
           '-m',
           'vit_jax.main',
@@ -604,6 +607,41 @@ def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, process
     ), line
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3']
   assert digest(good) == before
+
+
+def _read_only(path: str) -> list[str]:
+  """A command prefix: what follows runs in a mount namespace of its own where `path` is
+  read-only (for it alone: the other processes write there as before)."""
+  remount = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+  return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', remount, path]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='a mount namespace needs root (CI runs as root)')
+def test_a_write_that_fails_on_one_process_only_stops_both_with_its_line(
+  tmp_path, processes, two_processes
+):
+  """Process 1 sees the run directory read-only, process 0 writes as before: process 1's
+  part of the step-6 save fails while process 0's succeeds. orbax's own barriers would keep
+  both waiting for 20 minutes (process 0 at the commit, process 1 at the next barrier); both
+  exit 1 at once with process 1's line, and step 3 is kept byte for byte."""
+  workdir = _truncate_to_step_3(two_processes[0], str(tmp_path / 'run'))
+  good = digest(os.path.join(workdir, 'checkpoints', '3'))
+  started = processes(workdir, tmp_path, tag='ro', wrap=((), _read_only(workdir)))
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  outputs = [out() for _, out in started]
+  assert codes == [1, 1], outputs
+  lines = [_error_lines(o) for o in outputs]
+  assert lines[0] == lines[1] and len(lines[0]) == 1, outputs
+  checkpoints = rundir.checkpoint_dir(workdir)
+  assert re.fullmatch(
+    rf'Error: process 1: Cannot write checkpoint {re.escape(checkpoints)}/6 \(a read-only '
+    r'filesystem\): remount it read-write, then rerun the same command to resume \(step 3 is '
+    r'kept; the partial write is removed at the next start\)\.',
+    lines[0][0],
+  ), lines[0][0]
+  assert 'Traceback' not in outputs[0] + outputs[1]
+  assert rundir.checkpoint_steps(checkpoints) == [3]
+  assert digest(os.path.join(checkpoints, '3')) == good
 
 
 def _du(path: str) -> int:

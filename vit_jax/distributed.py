@@ -361,6 +361,76 @@ class Vote:
     return {int(key.rsplit('/', 1)[1]): value for key, value in notes}
 
 
+class BarrierAborted(RuntimeError):
+  """A process called `abort_barriers`: the message names it and its note."""
+
+  def __init__(self, process: int, note: str):
+    super().__init__(f'process {process}: {note}')
+    self.process = process
+
+
+_ABORTED = f'{_KEY_PREFIX}/aborted/'
+
+
+def abort_barriers(note: str) -> None:
+  """Every `checkpoint_barrier` wait of every process, now or later, raises BarrierAborted
+  naming this process and `note` (a checkpoint write of this process failed)."""
+  import jax
+
+  client = _client()
+  if client is not None and jax.process_count() > 1:
+    with contextlib.suppress(_jax_runtime_error()):  # the coordinator is gone: the timeout ends it
+      client.key_value_set(_ABORTED + str(jax.process_index()), note, allow_overwrite=True)
+
+
+class CheckpointBarrier:
+  """orbax's `barrier_sync_fn` (the barriers of its checkpoint threads) in the coordination
+  service's key-value store, so that a wait can end before its timeout.
+
+  A process whose part of a write fails skips orbax's commit barrier and waits at the next
+  one, while the others wait at the commit barrier: with orbax's own barrier both wait out
+  its timeout (20 minutes). Here the failed process calls `abort_barriers` and every wait
+  ends at once with its note. The n-th call with a key on every process is one barrier.
+  """
+
+  POLL_MS = 200  # how often a wait looks for an abort
+
+  def __init__(self):
+    self._calls: collections.Counter = collections.Counter()
+    self._lock = threading.Lock()
+
+  def __call__(self, *, key: str, timeout_ms: int) -> None:
+    import jax
+
+    client, n = _client(), jax.process_count()
+    with self._lock:  # orbax calls barriers from several threads
+      self._calls[key] += 1
+      calls = self._calls[key]
+    here = f'{_KEY_PREFIX}/barrier/{key}/{calls}'
+    if client.key_value_increment(f'{here}/arrived', 1) == n:
+      client.key_value_set(f'{here}/done', '')
+      for name in ('arrived', 'done'):  # everyone has left the previous one: forget it
+        with contextlib.suppress(_jax_runtime_error()):
+          client.key_value_delete(f'{_KEY_PREFIX}/barrier/{key}/{calls - 1}/{name}')
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+      aborted = sorted(client.key_value_dir_get(_ABORTED))
+      if aborted:
+        key_of, note = aborted[0]
+        raise BarrierAborted(int(key_of.rsplit('/', 1)[1]), note)
+      left_ms = int((deadline - time.monotonic()) * 1000)
+      if left_ms <= 0:
+        raise TimeoutError(
+          f'Not every process of {n} reached the checkpoint barrier {key} within '
+          f'{timeout_ms / 1000:g} s.'
+        )
+      try:
+        client.blocking_key_value_get(f'{here}/done', min(left_ms, self.POLL_MS))
+        return
+      except _jax_runtime_error():  # not every process has arrived yet
+        pass
+
+
 class _PeerWatch:
   """A daemon thread: this process's heartbeat in the coordination service's key-value
   store, and the others' read back; a peer silent for `timeout_s` (killed, hung, ended by

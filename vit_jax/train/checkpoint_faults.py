@@ -13,6 +13,11 @@ line says it all.
 import errno
 import logging
 import re
+from collections.abc import Callable
+
+import jax
+
+from vit_jax import distributed
 
 # (cause, fix) by errno, and the same errno as TensorStore writes it in its messages.
 _CAUSES = {
@@ -22,17 +27,23 @@ _CAUSES = {
   errno.EPERM: ('operation not permitted', 'make the directory writable for this user'),
   errno.EROFS: ('a read-only filesystem', 'remount it read-write'),
 }  # fmt: skip
-_TEXT = {  # what each cause reads like where the errno is only in the text
-  errno.ENOSPC: ('No space left on device', 'RESOURCE_EXHAUSTED'),
-  errno.EDQUOT: ('Disk quota exceeded', 'quota'),
-  errno.EACCES: ('Permission denied', 'PERMISSION_DENIED', 'AccessDenied'),
-  errno.EROFS: ('Read-only file system',),
-}
+_WORDS = (  # how each cause reads where the errno is only in the text, specific ones first
+  ('No space left on device', errno.ENOSPC),
+  ('Disk quota exceeded', errno.EDQUOT),
+  ('Read-only file system', errno.EROFS),
+  ('Permission denied', errno.EACCES),
+  ('RESOURCE_EXHAUSTED', errno.ENOSPC),
+  ('quota', errno.EDQUOT),
+  ('PERMISSION_DENIED', errno.EACCES),
+  ('AccessDenied', errno.EACCES),
+)
 _OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
 class CheckpointWriteError(OSError):
   """A checkpoint could not be written; the message names the path, the cause and the fix."""
+
+  from_peer = False  # True when it is another process's failed write, seen here
 
 
 def _chain(e: BaseException | None):
@@ -53,14 +64,19 @@ def storage_errno(e: BaseException | None) -> int | None:
     code = _OS_ERROR_CODE.search(text)
     if code and int(code.group(1)) in _CAUSES:
       return int(code.group(1))
-    for number, words in _TEXT.items():
-      if any(w in text for w in words):
+    for word, number in _WORDS:
+      if word in text:
         return number
   return None
 
 
 def _first_line(e: BaseException) -> str:
   return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
+def failure_note(e: BaseException) -> str:
+  """A short line for the other processes that keeps the cause `storage_errno` reads."""
+  return f'{_first_line(e)} [os_error_code={storage_errno(e)}]'
 
 
 def write_failure(path: str, e: BaseException, kept: list[int]) -> CheckpointWriteError:
@@ -73,6 +89,7 @@ def write_failure(path: str, e: BaseException, kept: list[int]) -> CheckpointWri
     f'({steps} kept; the partial write is removed at the next start).'
   )
   error.errno = number
+  error.from_peer = from_peer(e)
   return error
 
 
@@ -84,22 +101,44 @@ def kept_steps(kept: list[int]) -> str:
 
 
 class _WriteFailureTracebacks(logging.Filter):
-  """Drops a record whose exception is a failed storage write (the one line follows)."""
+  """Drops a record whose exception is a failed storage write (the one line follows), and
+  tells `on_failure` of the first one: orbax's threads log a failure when it happens, long
+  before the main thread waits for the write."""
+
+  def __init__(self):
+    super().__init__()
+    self.on_failure: Callable[[BaseException], None] | None = None
 
   def filter(self, record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
     if error is None or not (record.name == 'asyncio' or 'orbax' in record.pathname):
       return True
-    return storage_errno(error) is None
+    if storage_errno(error) is None:
+      return True
+    if self.on_failure is not None and not from_peer(error):
+      self.on_failure(error)
+    return False
 
 
 _FILTER = _WriteFailureTracebacks()
 
 
-def drop_write_failure_tracebacks() -> None:
-  """From now on, orbax's and asyncio's tracebacks of failed writes are not logged
-  (installing it twice is a no-op)."""
+def drop_write_failure_tracebacks(
+  on_failure: Callable[[BaseException], None] | None = None,
+) -> None:
+  """From now on, orbax's and asyncio's tracebacks of failed writes are not logged, and
+  `on_failure` is called with each such failure of this process (installing it twice is a
+  no-op)."""
+  _FILTER.on_failure = on_failure
   for name in ('absl', 'asyncio'):
     logger = logging.getLogger(name)
     if _FILTER not in logger.filters:
       logger.addFilter(_FILTER)
+
+
+def from_peer(e: BaseException) -> bool:
+  """Whether `e` is another process's failed write, reported through the barriers."""
+  return any(
+    isinstance(link, distributed.BarrierAborted) and link.process != jax.process_index()
+    for link in _chain(e)
+  )

@@ -114,6 +114,10 @@ class Checkpoints:
       create=True,
       enable_async_checkpointing=True,
       cleanup_tmp_directories=True,
+      # A failed write ends every process's wait at once (not after orbax's 20 minutes).
+      async_options=ocp.AsyncOptions(barrier_sync_fn=distributed.CheckpointBarrier())
+      if jax.process_count() > 1
+      else None,
     )
     self.manager = ocp.CheckpointManager(
       self.directory, options=options, item_names=('state', 'meta')
@@ -121,7 +125,12 @@ class Checkpoints:
     self.last_saved: int | None = self.manager.latest_step()
     self._writing: int | None = None  # the step being written
     self._closed = False
-    checkpoint_faults.drop_write_failure_tracebacks()
+    checkpoint_faults.drop_write_failure_tracebacks(on_failure=self._write_failed)
+
+  def _write_failed(self, error: BaseException) -> None:
+    """This process's part of the write failed (seen in orbax's log): tell the others."""
+    if self._writing is not None:
+      distributed.abort_barriers(checkpoint_faults.failure_note(error))
 
   def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> None:
     """Starts writing `step` once the previous write has finished on every process."""
@@ -141,9 +150,12 @@ class Checkpoints:
       self.wait()
     except checkpoint_faults.CheckpointWriteError as e:
       own = e
-    problems = distributed.Vote('checkpoint_write')(None if own is None else str(own))
-    if problems:
-      process, message = min(problems.items())
+    # A note is 'p' (a peer's failure seen here) or 'o' (this process's own) + the line.
+    note = None if own is None else ('p' if own.from_peer else 'o') + str(own)
+    problems = distributed.Vote('checkpoint_write')(note)
+    if problems:  # the lowest process whose own write failed, else the lowest one
+      process, note = min(problems.items(), key=lambda item: (item[1][0] == 'p', item[0]))
+      message = note[1:]
       where = f'process {process}: ' if jax.process_count() > 1 else ''
       error = checkpoint_faults.CheckpointWriteError(where + message)
       error.errno = own.errno if own is not None else None
