@@ -12,6 +12,7 @@ from conftest import TINY, write_teacher
 
 from configs import digits as digits_config
 from vit_jax import optim, parallel
+from vit_jax.models import stats
 from vit_jax.train import distill, setup, spec, steps
 
 
@@ -34,9 +35,11 @@ def _batches(n: int, batch: int = 32, seed: int = 0) -> list[dict[str, np.ndarra
 
 
 def _state(run: spec.RunSpec, model, tx, seed: int = 0) -> dict:
-  params = model.init(jax.random.key(seed), jnp.zeros((1, 8, 8, 3)), train=False)['params']
-  rng = np.random.default_rng(seed)  # random weights everywhere (the head starts at zero)
-  params = jax.tree.map(lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), params)
+  # The shapes only (nothing compiled): random weights everywhere (the head starts at zero).
+  rng = np.random.default_rng(seed)
+  params = jax.tree.map(
+    lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), stats.param_shapes(model, 8)
+  )
   state = {
     'params': params,
     'opt_state': tx.init(params),
