@@ -41,8 +41,10 @@ test: lint
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial' --durations=25
 	$(PY) -m pytest -q -m serial --durations=5
 
+# The inner loop: what the `slow` marker leaves (tests/conftest.py), laid out as `test`.
 test-fast: $(VENV)/.test
-	$(PY) -m pytest -q -m 'not slow' --durations=10
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not slow and not serial' --durations=10
+	$(PY) -m pytest -q -m 'serial and not slow'
 
 clean:
 	rm -rf $(VENV)
