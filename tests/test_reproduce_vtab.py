@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.testing import mocking
 
 from configs import vtab as vtab_config
-from vit_jax import data
+from vit_jax import data, rundir
 from vit_jax.reproduce import vtab
 from vit_jax.train.spec import with_overrides
 
@@ -195,7 +195,11 @@ def _small(config, workdir_seed=0):
   return config
 
 
-def test_every_task_config_trains_on_mock_data(tmp_path, capsys):
+def test_every_task_config_trains_on_mock_data(tmp_path, capsys, monkeypatch):
+  # Each finished run's curves.png is recorded, not drawn: 19 matplotlib renders were a fifth
+  # of this test's time, and the drawing is tested in test_rundir.py and test_train.py.
+  plotted = []
+  monkeypatch.setattr(rundir, 'plot_curves', plotted.append)
   with tfds.testing.mock_data(as_dataset_fn=_fake_as_dataset):
     # The data of every task: labels inside the task's classes, images decoded to RGB.
     for name, task in vtab.TASKS.items():
@@ -213,6 +217,7 @@ def test_every_task_config_trains_on_mock_data(tmp_path, capsys):
     runs = tmp_path / 'vtab'
     summary = vtab.run_tasks(base, str(runs), list(vtab.TASKS), seeds=[0], log=lambda _: None)
   assert summary['complete'] and set(summary['tasks']) == set(vtab.TASKS)
+  assert plotted == [str(runs / name / 'seed_0') for name in vtab.TASKS]  # every run finished
   for name in vtab.TASKS:
     folder = runs / name / 'seed_0'
     config = json.loads((folder / 'config.json').read_text())

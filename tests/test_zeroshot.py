@@ -85,7 +85,8 @@ def test_class_embeddings_and_accuracy_equal_the_numpy_equations(lit):
   assert zcls.shape == (5, 32)
   np.testing.assert_allclose(zcls, want, atol=1e-5, rtol=0)
   images = np.random.default_rng(1).uniform(-1, 1, (40, SIZE, SIZE, 3)).astype(np.float32)
-  zimg = np.asarray(model.apply({'params': fitted.params}, images=images)[0])
+  embed = jax.jit(lambda p, x: model.apply({'params': p}, images=x)[0])  # one compile, not per op
+  zimg = np.asarray(embed(fitted.params, images))
   np.testing.assert_allclose(zimg, l2_normalize(vit(_tower(flat, 'img/'), images)), atol=1e-5)
   scores = np.exp(2.0) * l2_normalize(vit(_tower(flat, 'img/'), images)) @ want.T
   labels = np.argsort(-scores, axis=1)[:, 1]  # a label the top class gets for some images only
