@@ -616,6 +616,29 @@ def _read_only(path: str) -> list[str]:
   return ['unshare', '--mount', '--propagation', 'private', 'sh', '-c', remount, path]
 
 
+def _assert_both_stop_at_the_step_6_save(started, workdir, good, process, cause_and_fix):
+  """Both processes exit 1 with the same one line, `Error: process P: Cannot write checkpoint
+  .../6 (CAUSE): FIX, then rerun ...` (P matching the regex `process`), no traceback, and
+  step 3 alone kept, byte for byte its `good` digest."""
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  outputs = [out() for _, out in started]
+  assert codes == [1, 1], outputs
+  lines = [_error_lines(o) for o in outputs]
+  assert lines[0] == lines[1] and len(lines[0]) == 1, outputs
+  checkpoints = rundir.checkpoint_dir(workdir)
+  assert re.fullmatch(
+    rf'Error: process {process}: Cannot write checkpoint {re.escape(checkpoints)}/6 '
+    + re.escape(
+      f'{cause_and_fix}, then rerun the same command to resume (step 3 is kept; the partial '
+      'write is removed at the next start).'
+    ),
+    lines[0][0],
+  ), lines[0][0]
+  assert 'Traceback' not in outputs[0] + outputs[1]
+  assert rundir.checkpoint_steps(checkpoints) == [3]
+  assert digest(os.path.join(checkpoints, '3')) == good
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason='a mount namespace needs root (CI runs as root)')
 def test_a_write_that_fails_on_one_process_only_stops_both_with_its_line(
   tmp_path, processes, two_processes
@@ -627,27 +650,8 @@ def test_a_write_that_fails_on_one_process_only_stops_both_with_its_line(
   workdir = _truncate_to_step_3(two_processes[0], str(tmp_path / 'run'))
   good = digest(os.path.join(workdir, 'checkpoints', '3'))
   started = processes(workdir, tmp_path, tag='ro', wrap=((), _read_only(workdir)))
-  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
-  outputs = [out() for _, out in started]
-  assert codes == [1, 1], outputs
-  lines = [_error_lines(o) for o in outputs]
-  assert lines[0] == lines[1] and len(lines[0]) == 1, outputs
-  checkpoints = rundir.checkpoint_dir(workdir)
-  assert re.fullmatch(
-    rf'Error: process 1: Cannot write checkpoint {re.escape(checkpoints)}/6 \(a read-only '
-    r'filesystem\): remount it read-write, then rerun the same command to resume \(step 3 is '
-    r'kept; the partial write is removed at the next start\)\.',
-    lines[0][0],
-  ), lines[0][0]
-  assert 'Traceback' not in outputs[0] + outputs[1]
-  assert rundir.checkpoint_steps(checkpoints) == [3]
-  assert digest(os.path.join(checkpoints, '3')) == good
-
-
-def _du(path: str) -> int:
-  """Bytes of the files under `path`, as a filesystem counts them (whole 4 KiB blocks)."""
-  return sum(
-    -(-os.path.getsize(os.path.join(r, f)) // 4096) * 4096 for r, _, fs in os.walk(path) for f in fs
+  _assert_both_stop_at_the_step_6_save(
+    started, workdir, good, '1', '(a read-only filesystem): remount it read-write'
   )
 
 
@@ -655,38 +659,30 @@ def _du(path: str) -> int:
 def test_a_full_disk_at_a_save_stops_both_processes_with_one_line(
   tmp_path, processes, two_processes
 ):
-  """The step-3 run on a tmpfs with room for half a step more: the step-6 save fails, both
-  processes exit 1 with the same one line (the vote on the write), step 3 is kept byte for
-  byte; grown, the same command resumes and ends as the uninterrupted 2-process run."""
+  """The step-3 run on a tmpfs, filled by another file but for 200 KiB (less than a step,
+  whose size varies with the write's timing): the step-6 save fails, both processes exit 1
+  with the same one line (the vote on the write), step 3 is kept byte for byte; grown, the
+  same command resumes and ends as the uninterrupted 2-process run."""
   mount = tmp_path / 'disk'
   mount.mkdir()
-  source = _truncate_to_step_3(two_processes[0], str(tmp_path / 'copy'))
-  step = _du(os.path.join(source, 'checkpoints', '3'))
-  size = (_du(source) + step // 2) // 1024
-  if subprocess.run(
-    ['mount', '-t', 'tmpfs', '-o', f'size={size}k', 'tmpfs', str(mount)]
-  ).returncode:
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(mount)]).returncode:
     pytest.skip('this machine does not allow mounting a tmpfs')
   try:
-    workdir = shutil.copytree(source, str(mount / 'run'))
+    workdir = _truncate_to_step_3(two_processes[0], str(mount / 'run'))
     good = digest(os.path.join(workdir, 'checkpoints', '3'))
+    disk = os.statvfs(mount)
+    with open(mount / 'filler', 'wb') as filler:
+      os.posix_fallocate(filler.fileno(), 0, disk.f_bavail * disk.f_frsize - 200 * 1024)
     started = processes(workdir, tmp_path, tag='full')
-    codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
-    outputs = [out() for _, out in started]
-    assert codes == [1, 1], outputs
-    lines = [_error_lines(o) for o in outputs]
-    assert lines[0] == lines[1] and len(lines[0]) == 1, outputs
+    _assert_both_stop_at_the_step_6_save(
+      started,
+      workdir,
+      good,
+      '[01]',
+      '(no space left on the device): free space or grow the filesystem',
+    )
     checkpoints = rundir.checkpoint_dir(workdir)
-    assert re.fullmatch(
-      rf'Error: process [01]: Cannot write checkpoint {re.escape(checkpoints)}/6 \(no space left'
-      r' on the device\): free space or grow the filesystem, then rerun the same command to '
-      r'resume \(step 3 is kept; the partial write is removed at the next start\)\.',
-      lines[0][0],
-    ), lines[0][0]
-    assert 'Traceback' not in outputs[0] + outputs[1]
-    assert rundir.checkpoint_steps(checkpoints) == [3]
-    assert digest(os.path.join(checkpoints, '3')) == good
-    subprocess.run(['mount', '-o', f'remount,size={4 * size}k', str(mount)], check=True)
+    subprocess.run(['mount', '-o', 'remount,size=16m', str(mount)], check=True)
     started = processes(workdir, tmp_path, tag='grown')
     assert [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started] == [0, 0]
     assert sorted(os.listdir(checkpoints)) == ['3', '6']

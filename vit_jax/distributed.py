@@ -373,7 +373,7 @@ _ABORTED = f'{_KEY_PREFIX}/aborted/'
 
 
 def abort_barriers(note: str) -> None:
-  """Every `checkpoint_barrier` wait of every process, now or later, raises BarrierAborted
+  """Every `CheckpointBarrier` wait of every process, now or later, raises BarrierAborted
   naming this process and `note` (a checkpoint write of this process failed)."""
   import jax
 

@@ -102,8 +102,8 @@ def kept_steps(kept: list[int]) -> str:
 
 class _WriteFailureTracebacks(logging.Filter):
   """Drops a record whose exception is a failed storage write (the one line follows), and
-  tells `on_failure` of the first one: orbax's threads log a failure when it happens, long
-  before the main thread waits for the write."""
+  passes each one of this process to `on_failure`: orbax's threads log a failure when it
+  happens, long before the main thread waits for the write."""
 
   def __init__(self):
     super().__init__()
