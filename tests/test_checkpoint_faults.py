@@ -131,6 +131,25 @@ def test_the_note_a_failed_process_sends_keeps_its_cause():
   assert not checkpoint_faults.write_failure('/c/6', ValueError(long), [3]).from_peer
 
 
+@pytest.mark.parametrize(
+  'error, collective',
+  [
+    # What gloo raised through orbax's sync of a save when the peer was killed (kill -9).
+    (
+      'UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read '
+      'error [127.0.0.1]:44187: Connection reset by peer',
+      True,
+    ),
+    ('RESOURCE_EXHAUSTED: Error writing local file "x": No space left on device', False),
+  ],
+)
+def test_a_failed_sync_between_processes_is_not_taken_for_a_failed_write(error, collective):
+  """A save whose device collective failed is a peer's death (the peer watch names it), not a
+  disk to check; a runtime error that carries a storage cause stays a write failure."""
+  assert checkpoint_faults.is_collective_failure(jax.errors.JaxRuntimeError(error)) is collective
+  assert not checkpoint_faults.is_collective_failure(OSError(errno.ENOSPC, 'No space left'))
+
+
 def _tiny_flags(**overrides):
   return [f'--config.{k}={v}' for k, v in {**TINY, **overrides}.items()]
 

@@ -520,7 +520,8 @@ def _error_lines(output: str) -> list[str]:
 @pytest.mark.serial
 def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tmp_path, processes):
   """SIGTERM to process 1 only, at a random step: both save the same step and exit 0. A
-  SIGKILL of process 1 in the resumed run ends process 0 within the bound, with one line.
+  SIGKILL of process 1 at the resumed run's first save ends process 0 within the bound, with
+  one line (the save's sync between the processes fails; the disk is not to blame).
   The run resumed after both ends exactly like an uninterrupted one on the same 2 processes.
   All four runs use the rbg PRNG, with dropout on so that the key matters: multi-host stop and
   resume under rbg (its bits may depend on the sharding, so 2 x 4 is not compared to 1 x 8)."""
@@ -532,7 +533,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   flags.append('--config.model.transformer.dropout_rate=0.1')
   rbg = {'JAX_DEFAULT_PRNG_IMPL': 'rbg'}
   started = processes(workdir, tmp_path, flags, tag='term', env=rbg)
-  at = random.randint(2, 8)  # room after the stop for the resumed run's 2 steps before the kill
+  at = random.randint(2, 8)  # room after the stop for the resumed run to reach its next save
 
   def reached():
     """the random step"""
@@ -556,10 +557,12 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   assert meta['prng_impl'] == 'rbg', meta
 
   started = processes(workdir, tmp_path, flags, tag='kill', env=rbg)
+  save = stopped - stopped % 4 + 4  # the resumed run's first save: orbax syncs the processes
+  assert save < steps
 
   def trained_on():
-    """two steps past the checkpoint"""
-    return _last_step(workdir) >= stopped + 2
+    """the step of the next save (its metrics are written just before the save starts)"""
+    return _last_step(workdir) >= save
 
   _wait_until(trained_on, started)
   started[1][0].send_signal(signal.SIGKILL)

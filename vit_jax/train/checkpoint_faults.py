@@ -70,6 +70,12 @@ def storage_errno(e: BaseException | None) -> int | None:
   return None
 
 
+def is_collective_failure(e: BaseException) -> bool:
+  """Whether `e` is a device collective that failed (orbax syncs the processes of a save
+  through one; gloo or NCCL raise when a peer dies), not a failed storage write."""
+  return isinstance(e, jax.errors.JaxRuntimeError) and storage_errno(e) is None
+
+
 def _first_line(e: BaseException) -> str:
   return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 

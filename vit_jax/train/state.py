@@ -170,6 +170,8 @@ class Checkpoints:
       raise
     except Exception as e:
       step, self._writing = self._writing, None
+      if checkpoint_faults.is_collective_failure(e):
+        raise  # orbax's sync between the processes failed (a peer died): not the disk's fault
       self.last_saved = self._good_steps()[-1] if self._good_steps() else None
       path = f'{self.directory}/{step}'
       raise checkpoint_faults.write_failure(path, e, self._good_steps()) from None
