@@ -1,10 +1,12 @@
 """Shared test set-up: 8 simulated CPU devices, random weights for oracle comparisons, and the
 comparison of trained parameters between runs that differ only in summation order."""
 
+import contextlib
 import hashlib
 import io
 import os
 import re
+import subprocess
 
 # Before jax is imported anywhere: 8 CPU devices so sharding tests can build real meshes.
 os.environ['XLA_FLAGS'] = (
@@ -287,6 +289,27 @@ def assert_trained_params_close(a: dict, b: dict, atol: float) -> None:
       assert np.abs(a[k]).max() < 1e-3 and np.abs(b[k]).max() < 1e-3, k  # noise, not signal
     else:
       np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=0, err_msg=k)
+
+
+@contextlib.contextmanager
+def full_tmpfs(mount, size: str = '8m'):
+  """A tmpfs of `size` at the new folder `mount` (skips the test where mounting is not
+  allowed); the call it yields, `fill()`, fills it with another file but for 200 KiB, less
+  than a checkpoint step of the tiny runs (400-980 KiB on 8 devices, varying with orbax's
+  write timing, so a tmpfs sized in steps is not a reliable full disk). Lazily unmounted."""
+  os.mkdir(mount)
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(mount)]).returncode:
+    pytest.skip('this machine does not allow mounting a tmpfs')
+
+  def fill():
+    disk = os.statvfs(mount)
+    with open(os.path.join(mount, 'filler'), 'wb') as filler:
+      os.posix_fallocate(filler.fileno(), 0, disk.f_bavail * disk.f_frsize - 200 * 1024)
+
+  try:
+    yield fill
+  finally:
+    subprocess.run(['umount', '-l', str(mount)])
 
 
 def digest(folder) -> str:

@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import TINY, assert_trained_params_close, digest
+from conftest import TINY, assert_trained_params_close, digest, full_tmpfs
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -526,9 +526,9 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   All four runs use the rbg PRNG, with dropout on so that the key matters: multi-host stop and
   resume under rbg (its bits may depend on the sharding, so 2 x 4 is not compared to 1 x 8)."""
   workdir = str(tmp_path / 'run')
-  steps = 16  # a checkpoint every 4 steps; one evaluation a run and no few-shot one (the claim
-  # is on the parameters and losses)
-  flags = [f'--config.total_steps={steps}', '--config.checkpoint_every=4']
+  steps, every = 16, 4  # a checkpoint every 4 steps; one evaluation a run and no few-shot one
+  # (the claim is on the parameters and losses)
+  flags = [f'--config.total_steps={steps}', f'--config.checkpoint_every={every}']
   flags += [f'--config.eval_every={steps}', '--config.fewshot_every=0']
   flags.append('--config.model.transformer.dropout_rate=0.1')
   rbg = {'JAX_DEFAULT_PRNG_IMPL': 'rbg'}
@@ -557,7 +557,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   assert meta['prng_impl'] == 'rbg', meta
 
   started = processes(workdir, tmp_path, flags, tag='kill', env=rbg)
-  save = stopped - stopped % 4 + 4  # the resumed run's first save: orbax syncs the processes
+  save = stopped - stopped % every + every  # the resumed run's first save: orbax syncs them
   assert save < steps
 
   def trained_on():
@@ -667,15 +667,10 @@ def test_a_full_disk_at_a_save_stops_both_processes_with_one_line(
   with the same one line (the vote on the write), step 3 is kept byte for byte; grown, the
   same command resumes and ends as the uninterrupted 2-process run."""
   mount = tmp_path / 'disk'
-  mount.mkdir()
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=8m', 'tmpfs', str(mount)]).returncode:
-    pytest.skip('this machine does not allow mounting a tmpfs')
-  try:
+  with full_tmpfs(mount) as fill:
     workdir = _truncate_to_step_3(two_processes[0], str(mount / 'run'))
     good = digest(os.path.join(workdir, 'checkpoints', '3'))
-    disk = os.statvfs(mount)
-    with open(mount / 'filler', 'wb') as filler:
-      os.posix_fallocate(filler.fileno(), 0, disk.f_bavail * disk.f_frsize - 200 * 1024)
+    fill()
     started = processes(workdir, tmp_path, tag='full')
     _assert_both_stop_at_the_step_6_save(
       started,
@@ -690,5 +685,3 @@ def test_a_full_disk_at_a_save_stops_both_processes_with_one_line(
     assert [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started] == [0, 0]
     assert sorted(os.listdir(checkpoints)) == ['3', '6']
     assert_trained_params_close(_final_params(workdir), _final_params(two_processes[0]), atol=1e-6)
-  finally:
-    subprocess.run(['umount', '-l', str(mount)])
