@@ -585,7 +585,8 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_sigkill_is_bounded(tm
   # The uninterrupted run, on the same 2 processes (another topology sums in another order).
   reference = str(tmp_path / 'reference')
   started = processes(reference, tmp_path, flags, tag='reference', env=rbg)
-  assert [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started] == [0, 0]
+  codes = [p.wait(timeout=RUN_TIMEOUT_S) for p, _ in started]
+  assert codes == [0, 0], [out() for _, out in started]
   assert_trained_params_close(_final_params(workdir), _final_params(reference), atol=1e-6)
   losses = [[m['loss'] for m in _metrics(w) if 'loss' in m] for w in (workdir, reference)]
   np.testing.assert_allclose(*losses, atol=1e-6, rtol=0)
