@@ -26,8 +26,9 @@ allow_torchvision_import()
 
 
 # What `make test-fast` leaves out (`-m 'not slow'`): files whose tests start subprocesses,
-# servers or kernels, and elsewhere every test measured at 3.5 s or more on 2 cores and the tests
-# that share a costly fixture with one (`--durations`, docs/testing.md).
+# servers or kernels. Elsewhere every test measured at 3.5 s or more on 2 cores and the tests
+# that share a costly fixture with one (`--durations`, docs/testing.md) carry
+# `@pytest.mark.slow` (or their file's `pytestmark`) where they are written.
 SLOW_FILES = {
   'test_checkpoint_faults.py',
   'test_cloud_paths.py',
@@ -36,116 +37,6 @@ SLOW_FILES = {
   'test_notebook.py',
   'test_packaging.py',
   'test_reproduce_vtab.py',
-}
-SLOW_TESTS = {
-  'test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it',
-  'test_a_registered_evaluator_runs_at_its_interval_on_the_parameters_and_the_average',
-  'test_a_vit_checkpoint_lacks_the_distillation_token',
-  'test_analytic_flops_count_every_matmul',
-  'test_analytic_flops_match_xla_cost_analysis',
-  'test_architecture_heads_table_matches_timm',
-  'test_attend_backward_equals_autodiff_of_the_plain_formula',
-  'test_b16_export_loads_with_from_pretrained_and_equal_logits',
-  'test_benchmark_runs_a_mixer_and_counts_its_flops',
-  'test_bfloat16_activations_policy_is_recorded_and_resumes_exactly',
-  'test_bfloat16_agreement_is_reported',
-  'test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state',
-  'test_bfloat16_compute_keeps_float32_params_and_agrees',
-  'test_bfloat16_gradients_are_float32_and_close',
-  'test_bfloat16_gradients_under_shard_map_equal_jit',
-  'test_checkpoint_load_reads_the_final_params_of_a_run',
-  'test_cli_predicts_the_good_images_and_names_the_bad_one',
-  'test_cli_writes_every_figure_at_its_size',
-  'test_command_line_errors_are_one_line',
-  'test_command_line_writes_json',
-  'test_command_prints_classes_and_probabilities_of_the_numpy_towers',
-  'test_compare_runs_hugging_face_on_the_same_weights',
-  'test_compile_only_counts_scanned_models_unrolled',
-  'test_config_json_holds_the_resolved_spec',
-  'test_converting_a_damaged_run_is_one_line_and_writes_nothing',
-  'test_cutmix_box_area_follows_beta_and_both_switch_half_the_time',
-  'test_digits_mixer_learns_from_scratch',
-  'test_digits_sweep_selects_on_dev_and_reports_test',
-  'test_digits_trains_to_accuracy',
-  'test_dot_general_to_einsum',
-  'test_evaluator_equals_accuracies_on_features_computed_directly',
-  'test_exact_parameter_count',
-  'test_features_block_writes_that_blocks_patch_tokens',
-  'test_fewshot_accuracy_on_digits_rises_above_chance_while_training',
-  'test_file_loads_into_the_inferred_model_with_big_vision_logits',
-  'test_fine_tunes_through_the_trainer_from_a_released_file',
-  'test_fine_tuning_fits_an_initialised_tree_of_its_config',
-  'test_fine_tuning_from_npz_at_another_resolution',
-  'test_fine_tuning_surgery_follows_the_original',
-  'test_forward_flops_match_the_analytic_formula',
-  'test_fused_attention_and_remat_leave_logits_unchanged',
-  'test_fused_attention_asks_cudnn_on_gpus_and_falls_back',
-  'test_gradient_accumulation_matches_the_full_batch',
-  'test_gradients_of_both_policies_are_close_to_float32',
-  'test_head_is_zero_initialised_and_train_changes_nothing',
-  'test_head_is_zero_initialised_with_bias_init',
-  'test_hessian_vector_products_agree_with_differences_of_gradients',
-  'test_hybrid_with_1x1x1c_groupnorm_loads_with_equal_logits',
-  'test_jacfwd_equals_jacrev',
-  'test_json_and_table',
-  'test_jvp_and_linearize_agree_with_finite_differences',
-  'test_largest_batch_fits_and_the_next_does_not',
-  'test_lit_exact_counts_and_the_registry_names_its_shapes',
-  'test_logits_equal_hugging_face_vit',
-  'test_memory_line_holds_the_state_and_accum_steps_fit_the_device',
-  'test_mixed_einsum_gradients_are_not_rounded',
-  'test_mock_data_fine_tuning_configs_run_end_to_end',
-  'test_mock_data_pretraining_config_runs_end_to_end',
-  'test_mock_data_s16_imagenet_recipe_runs_end_to_end',
-  'test_model_applied_at_another_size_equals_the_load_pretrained_resized_model',
-  'test_model_flops_count_attention_explicitly_or_analytically',
-  'test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing',
-  'test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint',
-  'test_one_and_eight_devices_agree',
-  'test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulation',
-  'test_original_release_b16_in21k_loads_with_equal_logits',
-  'test_output_shape_per_classifier',
-  'test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches',
-  'test_polyak_average_equals_its_closed_form',
-  'test_polyak_decay_zero_keeps_the_state_and_the_training_as_before',
-  'test_precision_policies_show_bytes_accessed_and_temporary_memory',
-  'test_predict_names_the_classes_of_a_training_run',
-  'test_prefix_tokens_and_big_vision_options',
-  'test_published_size_is_float32_times_the_parameter_count',
-  'test_randaugment_is_a_function_of_the_seed',
-  'test_real_through_the_pipeline_on_mock_data',
-  'test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices',
-  'test_remat_inside_scan_cuts_training_memory',
-  'test_remat_leaves_gradients_equal',
-  'test_resumed_stream_equals_the_uninterrupted_one',
-  'test_run_directory_holds_config_metrics_events_checkpoints_and_curves',
-  'test_scanned_dropout_depends_on_the_key',
-  'test_scanned_layers_equal_the_unrolled_model',
-  'test_scanned_rematerialised_layers_give_the_same_jvp',
-  'test_shard_map_step_equals_the_jit_step',
-  'test_shard_map_step_equals_the_jit_step_with_a_teacher',
-  'test_shard_map_step_equals_the_jit_step_with_bfloat16_activations',
-  'test_sigkill_at_any_moment_then_resume_is_exact',
-  'test_siglip_counts_by_hand_and_by_transformers',
-  'test_sigterm_saves_and_exits_cleanly',
-  'test_stochastic_depth_at_rate_0_is_the_plain_model',
-  'test_stochastic_depth_is_off_at_evaluation_and_random_in_training',
-  'test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l_minus_1',
-  'test_stop_and_resume_is_exact',
-  'test_stop_and_resume_is_exact_with_polyak_and_fewshot',
-  'test_stop_and_resume_with_a_teacher_is_exact',
-  'test_the_call_embeds_normalised_and_either_input_may_be_none',
-  'test_the_module_runs_and_exits_with_its_status',
-  'test_the_policy_sets_the_dtype_of_activations_and_residuals',
-  'test_the_step_loss_is_the_losses_module_on_both_models_logits',
-  'test_the_teacher_gets_no_gradient_and_stays_as_loaded',
-  'test_tiny_run_measures_every_variant',
-  'test_training_flops_are_three_forwards_and_remat_recomputes',
-  'test_training_gradients_equal_with_and_without_kept_attention_weights',
-  'test_trains_through_the_trainer_with_the_mean_of_both_heads',
-  'test_unreadable_test_images_are_a_one_line_error_unless_skipped',
-  'test_unreadable_training_images_are_skipped_counted_and_resume_alike',
-  'test_vmap_of_per_example_gradients_equals_a_loop',
 }
 
 
@@ -168,7 +59,7 @@ LONGEST_FIRST = (
 
 def pytest_collection_modifyitems(items):
   for item in items:
-    if item.path.name in SLOW_FILES or getattr(item, 'originalname', '') in SLOW_TESTS:
+    if item.path.name in SLOW_FILES:
       item.add_marker(pytest.mark.slow)
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
@@ -289,6 +180,27 @@ def assert_trained_params_close(a: dict, b: dict, atol: float) -> None:
       assert np.abs(a[k]).max() < 1e-3 and np.abs(b[k]).max() < 1e-3, k  # noise, not signal
     else:
       np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=0, err_msg=k)
+
+
+def assert_run_reads_back(workdir, final_params, tmp_path) -> None:
+  """A run directory reads back to the run's final parameters, bit for bit, through
+  `checkpoint.fit` and through `convert` to .npz and `fit` of that file (of the same
+  architecture)."""
+  import jax
+
+  from vit_jax import checkpoint
+  from vit_jax.cli import convert
+
+  want = checkpoint.flatten(jax.tree.map(np.asarray, jax.device_get(final_params)))
+  fitted = checkpoint.fit(workdir)
+  converted = str(tmp_path / 'converted.npz')
+  convert.convert(str(workdir), converted, to='npz', out=lambda line: None)
+  again = checkpoint.fit(converted)
+  assert checkpoint.tree.architecture(again.config) == checkpoint.tree.architecture(fitted.config)
+  for got in (checkpoint.flatten(fitted.params), checkpoint.flatten(again.params)):
+    assert got.keys() == want.keys()
+    for k in want:
+      np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 @contextlib.contextmanager

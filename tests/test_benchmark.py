@@ -45,6 +45,7 @@ def _rows(result, mode):
   return {(r['dtype'], r['remat']): r for r in result['rows'] if r['mode'] == mode}
 
 
+@pytest.mark.slow
 def test_tiny_run_measures_every_variant(tiny_run):
   result, _ = tiny_run
   # remat changes no inference program, so inference is measured once per dtype.
@@ -60,6 +61,7 @@ def test_tiny_run_measures_every_variant(tiny_run):
   assert set(result['matmul_probe_tflops']) == {'float32', 'bfloat16'}
 
 
+@pytest.mark.slow
 def test_forward_flops_match_the_analytic_formula(tiny_run):
   result, _ = tiny_run
   config = benchmark.model_config('ViT-Ti_16', TINY)
@@ -70,6 +72,7 @@ def test_forward_flops_match_the_analytic_formula(tiny_run):
   assert 0.98 < analytic / xla <= 1.0
 
 
+@pytest.mark.slow
 def test_training_flops_are_three_forwards_and_remat_recomputes(tiny_run):
   result, _ = tiny_run
   forward = _rows(result, 'inference')[('float32', 'none')]['flops_per_image']
@@ -100,6 +103,7 @@ def test_training_flops_are_three_forwards_and_remat_recomputes(tiny_run):
   assert remat['model_flops_per_image'] == plain['flops_per_image']
 
 
+@pytest.mark.slow
 def test_bfloat16_agreement_is_reported(tiny_run):
   result, _ = tiny_run
   a = result['agreement']['bfloat16/xla/remat=none']
@@ -108,6 +112,7 @@ def test_bfloat16_agreement_is_reported(tiny_run):
   assert 0 < a['max_abs_logit_error'] < 0.05 * a['max_abs_logit']
 
 
+@pytest.mark.slow
 def test_json_and_table(tiny_run):
   result, path = tiny_run
   loaded = json.loads(path.read_text())
@@ -129,6 +134,7 @@ def _train_memory(config, variant, batch=16, resolution=128):
   return facts['xla_memory_bytes']
 
 
+@pytest.mark.slow
 def test_remat_inside_scan_cuts_training_memory():
   # Activations dominate here (65 tokens x 6 blocks x batch 16 against 2M parameters).
   config = benchmark.model_config('ViT-Ti_16', {'transformer': {'num_layers': 6}})
@@ -152,6 +158,7 @@ def test_bad_flags_name_the_problem():
     benchmark.run_benchmark('ViT-Ti_16', inference=False, train=False)
 
 
+@pytest.mark.slow
 def test_command_line_writes_json(tmp_path):
   out = tmp_path / 'b.json'
   cmd = [sys.executable, '-m', 'vit_jax.benchmark', '--model=testing', '--resolution=32']
@@ -168,6 +175,7 @@ def test_command_line_writes_json(tmp_path):
   assert '--dtype=float64: expected a comma list of float32, bfloat16, float16' in bad.stderr
 
 
+@pytest.mark.slow
 def test_compare_runs_hugging_face_on_the_same_weights():
   result = benchmark.run_benchmark(
     'ViT-Ti_16',
@@ -189,6 +197,7 @@ def test_compare_runs_hugging_face_on_the_same_weights():
   assert result['hf_max_abs_logit_error'] < 1e-4
 
 
+@pytest.mark.slow
 def test_largest_batch_fits_and_the_next_does_not():
   config = benchmark.model_config('ViT-Ti_16', TINY)
   variant = benchmark.Variant()
@@ -203,6 +212,7 @@ def test_largest_batch_fits_and_the_next_does_not():
     benchmark.largest_batch(config, 10, variant, 32, mem(2) - 1, multiple=2)
 
 
+@pytest.mark.slow
 def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
   """The fixed part of the step's memory is at least the weights, gradients and SGD momentum
   in float32 (12 B per parameter); accum_steps is the fewest micro-batches that fit."""
@@ -217,6 +227,7 @@ def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
   assert (fit(16), fit(4), fit(1.05)) == (1, 4, None)
 
 
+@pytest.mark.slow
 def test_compile_only_counts_scanned_models_unrolled():
   result = benchmark.run_benchmark(
     'ViT-Ti_16',
@@ -277,6 +288,7 @@ def _attention_run(**kwargs):
   )
 
 
+@pytest.mark.slow
 def test_model_flops_count_attention_explicitly_or_analytically(monkeypatch):
   rows = {(r['attention'], r['mode']): r for r in _attention_run()['rows']}
   for mode in ('inference', 'train'):
@@ -307,6 +319,7 @@ def test_the_benchmark_imports_no_tensorflow():
   assert done.stdout.strip() == '[]'
 
 
+@pytest.mark.slow
 def test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches(tmp_path):
   """`--pipeline`: rows for each variant, the cores an accelerator needs (img/s over the
   measured img/s per core), the resume cost at 0 and 95%, and resumed batches checked."""
@@ -367,6 +380,7 @@ def test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches(tmp
   assert '| folder | train | crop window | 16 | 1 |' in done.stdout
 
 
+@pytest.mark.slow
 def test_precision_policies_show_bytes_accessed_and_temporary_memory():
   """The compiled training step's XLA memory traffic and temporaries per image, for both
   precision policies of bfloat16 (compiled only; float32 once, the policies are 16-bit ones)."""

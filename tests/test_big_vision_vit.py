@@ -97,6 +97,7 @@ def test_sincos2d_is_big_vision_formula(h, w, width):
   np.testing.assert_allclose(got, sincos2d(h, w, width), atol=2e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'pool, posemb, rep, scan',
   [

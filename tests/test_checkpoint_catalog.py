@@ -77,6 +77,7 @@ def test_augreg_file_names_follow_the_grammar():
     assert entry.file.startswith(short + '-')  # vit_jax's name -> AugReg name mapping
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'entry',
   [e for e in catalog.CATALOG if e.size and e.num_classes is not None],

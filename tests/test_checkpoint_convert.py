@@ -180,6 +180,7 @@ def test_list_shows_the_catalogue(capsys):
   assert _run(capsys, '--list', 'no-such-model')[0] == 1
 
 
+@pytest.mark.slow
 def test_the_module_runs_and_exits_with_its_status(tmp_path, testing_npz):
   src, _, _ = testing_npz
   ok = subprocess.run(

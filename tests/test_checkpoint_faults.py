@@ -20,6 +20,8 @@ from vit_jax import distributed, rundir, train
 from vit_jax.train import checkpoint_faults
 from vit_jax.train.spec import with_overrides
 
+pytestmark = pytest.mark.slow  # kills, full disks and processes
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -72,6 +72,7 @@ def _assert_same_tensors(a, b):
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_b16_export_loads_with_from_pretrained_and_equal_logits(tmp_path, random_params):
   model = get_model('ViT-B_16', num_classes=1000)
   params = random_params(stats.param_shapes(model, 224), scale=0.05)

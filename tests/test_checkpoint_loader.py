@@ -79,6 +79,7 @@ def test_a_named_model_is_checked_against_the_checkpoint(testing_npz):
     checkpoint.fit(path, resolution=40)
 
 
+@pytest.mark.slow
 def test_fine_tuning_fits_an_initialised_tree_of_its_config(tmp_path, random_params):
   # An imagenet21k-like file (pre_logits, 21843 classes) into a fine-tuning model without a
   # representation layer, 4 classes, head bias -10, at 48 px: the trainer's pretrained path.

@@ -87,6 +87,7 @@ def _assert_trees_equal(a, b):
     np.testing.assert_array_equal(fa[key], fb[key], err_msg=key)
 
 
+@pytest.mark.slow
 def test_original_release_b16_in21k_loads_with_equal_logits(tmp_path, random_params):
   # Full-size ViT-B/16 as in the imagenet21k release: pre_logits and a 21843-class head.
   model = get_model('ViT-B_16', num_classes=21843, representation_size=768)
@@ -111,6 +112,7 @@ def test_original_release_b16_in21k_loads_with_equal_logits(tmp_path, random_par
   np.testing.assert_allclose(theirs, ours, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   ('name', 'size', 'overrides', 'groupnorms'),
   [

@@ -78,5 +78,5 @@ def test_no_parameters_in_the_items(tmp_path):
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(tmp_path / 'c' / '1' / 'stats', {'loss': np.zeros(3, np.float32)})
   checkpointer.wait_until_finished()
-  with pytest.raises(checkpoint.CheckpointError, match=r'no ViT parameters.*stats'):
+  with pytest.raises(checkpoint.CheckpointError, match=r'no model parameters.*stats'):
     checkpoint.load(tmp_path / 'c')

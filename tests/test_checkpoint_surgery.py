@@ -71,6 +71,7 @@ def _init(model, size):
   return jax.jit(lambda: model.init(jax.random.key(0), images, train=False))()['params']
 
 
+@pytest.mark.slow
 def test_fine_tuning_surgery_follows_the_original(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
   model = get_model('testing', num_classes=10, **NARROW)

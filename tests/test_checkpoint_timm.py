@@ -337,6 +337,7 @@ def test_file_without_qkv_bias_loads_with_zero_biases(tmp_path):
   )
 
 
+@pytest.mark.slow
 def test_architecture_heads_table_matches_timm():
   """Every timm architecture whose name gives the number of heads, instantiated on no memory."""
   checked = set()

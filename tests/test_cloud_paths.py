@@ -28,6 +28,8 @@ from vit_jax.cli import predict
 from vit_jax.data import digits as digits_data
 from vit_jax.train import setup, spec
 
+pytestmark = pytest.mark.slow  # a Cloud Storage emulator server
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = 'vit-test'
 RUN = f'gs://{BUCKET}/run'

@@ -12,11 +12,11 @@ from jax.sharding import PartitionSpec as P
 from scipy.special import expit, log_expit, logsumexp
 
 from vit_jax import parallel
-from vit_jax.train import contrastive
+from vit_jax.tasks import contrastive_losses
 
 BATCH, DIM = 64, 16  # 8 pairs per device on 8 devices
 T, B = np.log(10.0), -2.71  # big_vision's siglip_lit_coco init
-NAMES = contrastive.LOSSES
+NAMES = contrastive_losses.LOSSES
 
 
 def _normalise(x):
@@ -90,14 +90,14 @@ def _bias(name):
 @functools.cache
 def _jit(name):
   """loss(zimg, ztxt, t, b) on the global batch under jax.jit."""
-  return jax.jit(lambda zimg, ztxt, t, b: contrastive.loss(name, zimg, ztxt, t, b))
+  return jax.jit(lambda zimg, ztxt, t, b: contrastive_losses.loss(name, zimg, ztxt, t, b))
 
 
 @functools.cache
 def _shard_map(name, mesh):
   """loss(zimg, ztxt, t, b) per device under jax.shard_map over the mesh's data axis."""
   axis = parallel.DATA_AXIS
-  fn = functools.partial(contrastive.loss, name, axis=axis)
+  fn = functools.partial(contrastive_losses.loss, name, axis=axis)
   specs = (P(axis), P(axis), P(), P())
   return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=P()))
 
@@ -225,7 +225,7 @@ def _tower_loss(name, axis=None):
     zimg = zimg / jnp.linalg.norm(zimg, axis=-1, keepdims=True)
     ztxt = ztxt / jnp.linalg.norm(ztxt, axis=-1, keepdims=True)
     b = params['b'] if name == 'sigmoid' else None
-    return contrastive.loss(name, zimg, ztxt, params['t'], b, axis=axis)[0]
+    return contrastive_losses.loss(name, zimg, ztxt, params['t'], b, axis=axis)[0]
 
   return loss_fn
 
@@ -267,9 +267,9 @@ def test_step_gradient_inside_shard_map_equals_jit(name):
 def test_loss_names():
   z = jnp.asarray(_pairs()[0])
   with pytest.raises(ValueError, match="Unknown contrastive loss 'clip'"):
-    contrastive.loss('clip', z, z, 0.0)
+    contrastive_losses.loss('clip', z, z, 0.0)
   with pytest.raises(ValueError, match='takes no bias b'):
-    contrastive.loss('softmax', z, z, 0.0, -10.0)
+    contrastive_losses.loss('softmax', z, z, 0.0, -10.0)
   # A model without a bias under the sigmoid loss: b = 0.
-  without = jax.jit(lambda z: contrastive.loss('sigmoid', z, z, 1.0))(z)
-  _assert_same(without, jax.jit(lambda z: contrastive.sigmoid_loss(z, z, 1.0, 0.0))(z), 0)
+  without = jax.jit(lambda z: contrastive_losses.loss('sigmoid', z, z, 1.0))(z)
+  _assert_same(without, jax.jit(lambda z: contrastive_losses.sigmoid_loss(z, z, 1.0, 0.0))(z), 0)

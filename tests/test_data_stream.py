@@ -74,6 +74,7 @@ STREAMS = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(('kind', 'pp'), STREAMS)
 def test_resumed_stream_equals_the_uninterrupted_one(sources, kind, pp):
   """Batches of 4 resumed at position 8, at the batch that spans the end of the first epoch,

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 import scipy.ndimage
-from conftest import SMALL
+from conftest import SMALL, assert_run_reads_back
 from numpy_models import deit as numpy_deit
 from numpy_models import gelu_exact
 
@@ -152,6 +152,7 @@ def test_fine_tuning_at_another_resolution_keeps_both_prefix_rows(tmp_path, rand
   np.testing.assert_array_equal(fitted['dist_token'], params['dist_token'])
 
 
+@pytest.mark.slow
 def test_a_vit_checkpoint_lacks_the_distillation_token(tmp_path, random_params):
   vit = get_model('DeiT-B_16-distilled', num_classes=7, distilled=False, **SMALL)
   params = _params(random_params, vit)
@@ -171,16 +172,18 @@ def test_a_vit_checkpoint_lacks_the_distillation_token(tmp_path, random_params):
   np.testing.assert_array_equal(fitted['dist_token'], init['dist_token'])
 
 
+@pytest.mark.slow
 def test_trains_through_the_trainer_with_the_mean_of_both_heads(tmp_path):
   """The trainer's softmax cross-entropy on the averaged logits (DeiT without a teacher)."""
   config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
   config.model.update({'classifier': 'token', 'distilled': True, 'hidden_size': 32})
   config.model.transformer.update({'num_layers': 1, 'mlp_dim': 64, 'num_heads': 2})
   config.update({'total_steps': 4, 'warmup_steps': 1, 'eval_every': 4, 'batch': 32})
-  result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   assert result['status'] == 'done' and np.isfinite(result['loss_test'])
   params = jax.device_get(result['params'])
   assert np.abs(params['head_dist']['kernel']).max() > 0  # trained from its zero init
+  assert_run_reads_back(tmp_path / 'run', result['params'], tmp_path)
 
 
 def test_predict_gives_the_mean_of_both_heads(tmp_path, random_params):

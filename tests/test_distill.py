@@ -1,4 +1,4 @@
-"""Distillation in the trainer (DeiT): the step's loss against vit_jax.train.losses on logits
+"""Distillation in the trainer (DeiT): the step's loss against vit_jax/tasks/distillation_losses.py on logits
 computed here, no gradient to the teacher, exact resume, and one-line errors for a teacher that
 does not fit. jit == shard_map with a teacher is in test_steps.py."""
 
@@ -17,7 +17,9 @@ from conftest import TEACHER, TINY, randomize, train_error, write_teacher
 from configs import digits as digits_config
 from vit_jax import checkpoint, optim, parallel, rundir, train
 from vit_jax.models import model_from_config, stats
-from vit_jax.train import distill, losses, setup, spec, steps
+from vit_jax.tasks import distillation
+from vit_jax.tasks import distillation_losses as losses
+from vit_jax.train import setup, spec, steps
 from vit_jax.train.spec import with_overrides
 
 
@@ -43,7 +45,7 @@ def _student(run):
 
 
 def _oracle(run, model, params, teacher_params, images, labels):
-  """The mean distillation loss of `vit_jax.train.losses` on logits computed here: the student's
+  """The mean distillation loss of `distillation_losses` on logits computed here: the student's
   heads, and the teacher's on the images resized to 16 px by TensorFlow."""
   distilled = bool(run.model.fields.get('distilled'))
   apply = jax.jit(model.apply, static_argnames=('train', 'both_heads'))
@@ -66,6 +68,7 @@ def _oracle(run, model, params, teacher_params, images, labels):
   return float(np.mean(want))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   ('kind', 'distilled', 'extra'),
   [
@@ -77,28 +80,29 @@ def _oracle(run, model, params, teacher_params, images, labels):
 def test_the_step_loss_is_the_losses_module_on_both_models_logits(tmp_path, kind, distilled, extra):
   path = write_teacher(tmp_path / 'teacher.npz')
   run = spec.from_config(distill_config(path, distilled, **{'distill.kind': kind, **extra}))
-  teacher, teacher_params = distill.load(run.step.distill, 10, 8, 'float32')
-  assert teacher.resolution == (16, 16)
   model, params = _student(run)
-  loss_fn = jax.jit(steps.make_loss_fn(model, run.step, 10, teacher))
+  task = distillation.Task.build(run, model)
+  assert task.teacher.resolution == (16, 16)
+  loss_fn = jax.jit(task.loss)
   images, labels = _images()
-  got = loss_fn(params, images, labels, jnp.arange(32), jax.random.key(0), teacher_params)
-  want = _oracle(run, model, params, teacher_params, images, labels)
+  got = loss_fn(params, images, labels, jnp.arange(32), jax.random.key(0), task.teacher_params)
+  want = _oracle(run, model, params, task.teacher_params, images, labels)
   np.testing.assert_allclose(got, want, rtol=2e-6)
 
 
+@pytest.mark.slow
 def test_the_teacher_gets_no_gradient_and_stays_as_loaded(tmp_path):
   """The gradient reaches the student only; the compiled step (8 devices, 2 micro-batches)
   reports the same loss, leaves the teacher's arrays as loaded and keeps it out of the state."""
   path = write_teacher(tmp_path / 'teacher.npz')
   config = distill_config(path, **{'distill.kind': 'soft', 'distill.alpha': 0.9})
   run = spec.from_config(with_overrides(config, {'accum_steps': 2}))
-  teacher, host = distill.load(run.step.distill, 10, 8, 'float32')
   model, params = _student(run)
-  loss_fn = steps.make_loss_fn(model, run.step, 10, teacher)
+  task = distillation.Task.build(run, model)
+  host = task.teacher_params
   images, labels = _images()
   ids, rng = jnp.arange(32), jax.random.key(0)
-  grads = jax.jit(jax.grad(loss_fn, argnums=(0, 5)))(params, images, labels, ids, rng, host)
+  grads = jax.jit(jax.grad(task.loss, argnums=(0, 5)))(params, images, labels, ids, rng, host)
   assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0])) > 1e-3
   assert all(not np.any(g) for g in jax.tree.leaves(grads[1]))  # exactly zero
 
@@ -107,8 +111,8 @@ def test_the_teacher_gets_no_gradient_and_stays_as_loaded(tmp_path):
   state = {'params': params, 'opt_state': tx.init(params), 'step': jnp.zeros((), jnp.int32)}
   state['rng'] = jax.random.key_data(jax.random.key(0))
   shardings = parallel.tree_shardings(state, mesh)
-  placed = distill.place(host, mesh, 'replicate')
-  step = steps.train_step_for(run, model, tx, schedule, 10, mesh, shardings, teacher, placed)
+  (placed,) = task.inputs(mesh)
+  step = steps.train_step_for(run, task, tx, schedule, mesh, shardings)
   batch = parallel.global_batch({'image': images, 'label': labels}, parallel.batch_sharding(mesh))
   state, metrics = step(jax.device_put(state, shardings), batch)
   want = _oracle(run, model, params, host, images, labels)
@@ -128,6 +132,7 @@ def _flat(params):
   return checkpoint.flatten(jax.tree.map(np.asarray, jax.device_get(params)))
 
 
+@pytest.mark.slow
 def test_stop_and_resume_with_a_teacher_is_exact(tmp_path, capsys):
   """6 steps == a copy of the run resumed from its step-3 checkpoint for 3 more: the resumed
   run reads the teacher again."""

@@ -18,6 +18,12 @@
   fail to load or to resolve.
 - Every `python -m vit_jax.X` names an entry point and flags that it defines, and every
   `jax[EXTRA]==VERSION` the jax that requirements.txt pins.
+- docs/layout.md names every module of the package: each `*.py` file under vit_jax/, every
+  `__init__.py` and `python -m` shim included (no file is exempt), is written there in a code
+  span as its path under vit_jax/ (`checkpoint/npz.py`, `__init__.py`); and every module path it
+  writes exists (see `layout_problems` for which code spans are module paths and how they
+  resolve). Its floor 4 table has a row for each console script of pyproject.toml, naming the
+  module the script runs, and no row for a script that pyproject.toml lacks.
 
 Each check is shown failing once, on a copy of the pages with one thing broken.
 """
@@ -30,6 +36,7 @@ import re
 import shlex
 import shutil
 import sys
+import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from unittest import mock
@@ -521,6 +528,86 @@ def name_problems(root: Path) -> list[str]:
   return problems
 
 
+# --- The layout page: every module, every console script ------------------------------------
+
+LAYOUT = 'docs/layout.md'
+ROOT_DIRS = ('vit_jax', 'configs', 'tests', 'launch', 'notebooks', 'docs')  # read from the root
+_MODULE_PATH = re.compile(r'((?:[\w-]+/)*[\w-]+\.py)(?::[\w.]+)?')
+
+
+def package_modules(root: Path) -> list[str]:
+  """Every `*.py` file under vit_jax/, as its '/'-separated path relative to vit_jax/."""
+  package = root / 'vit_jax'
+  return sorted(p.relative_to(package).as_posix() for p in package.rglob('*.py'))
+
+
+def _module_paths(prose: str) -> list[tuple[int, str]]:
+  """(line, path) of each code span of `prose` that is a module path."""
+  found = []
+  for span in _CODE_SPAN.finditer(prose):
+    path = _MODULE_PATH.fullmatch(span.group().strip('`').strip())
+    if path:
+      found.append((_line_of(prose, span.start()), path.group(1)))
+  return found
+
+
+def _module_file(root: Path, path: str) -> Path:
+  return root / path if path.split('/')[0] in ROOT_DIRS else root / 'vit_jax' / path
+
+
+def layout_problems(root: Path) -> list[str]:
+  """docs/layout.md names every module of vit_jax/, and only modules that exist.
+
+  A module path is a code span that is a '/'-separated path ending in `.py` and nothing else,
+  optionally followed by `:NAME` (`evals/spec.py:check`); spans with more in them (commands,
+  `--config=configs/vit.py:b16`) and code blocks are not read. A path whose first part is one
+  of ROOT_DIRS (`tests/conftest.py`, `vit_jax/models/vit.py`, `configs/digits.py`) is resolved
+  from the repository root; any other (`cli/train.py`, `files.py`, `__init__.py`) from
+  vit_jax/, and must be a file there. A module counts as named only when its path relative to
+  vit_jax/ is written as such: `vit_jax/files.py` does not name `files.py`.
+  """
+  page = read_page(root, LAYOUT)
+  named = _module_paths(page.prose)
+  problems = [
+    f'{LAYOUT}:{line}: no module {path}'
+    for line, path in named
+    if not _module_file(root, path).is_file()
+  ]
+  written = {path for _, path in named}
+  problems += [
+    f'{LAYOUT}: vit_jax/{module} is not named (as `{module}`)'
+    for module in package_modules(root)
+    if module not in written
+  ]
+  return problems
+
+
+def script_problems(root: Path) -> list[str]:
+  """Each console script of pyproject.toml has a row of docs/layout.md's tables whose first cell
+  starts with the script and which names its module (`vit_jax.cli.train:run_cli`:
+  `cli/train.py`); each row whose first cell starts with `vit-` names a console script."""
+  scripts = tomllib.loads((root / 'pyproject.toml').read_text())['project']['scripts']
+  page = read_page(root, LAYOUT)
+  rows = []  # (line, the first word of the first cell, the row's module paths)
+  for n, line in enumerate(page.prose.splitlines(), 1):
+    cells = [c.strip() for c in line.strip().strip('|').split('|')] if line.startswith('|') else []
+    first = cells[0].strip('`').split() if cells and cells[0].startswith('`') else []
+    if first:
+      modules = {p for _, p in _module_paths(line)}
+      rows.append((n, first[0], modules))
+  problems = []
+  for script, target in scripts.items():
+    module = target.split(':')[0].removeprefix('vit_jax.').replace('.', '/') + '.py'
+    if not any(name == script and module in modules for _, name, modules in rows):
+      problems.append(f'{LAYOUT}: console script {script} has no row naming `{module}`')
+  problems += [
+    f'{LAYOUT}:{n}: {name} is not a console script of pyproject.toml'
+    for n, name, _ in rows
+    if name.startswith('vit-') and name not in scripts
+  ]
+  return problems
+
+
 # --- The checks on the manual -----------------------------------------------------------------
 
 
@@ -554,6 +641,20 @@ def test_every_file_and_name_of_the_code_exists():
   assert name_problems(ROOT) == []
 
 
+def test_the_layout_names_every_module_and_no_missing_one():
+  modules = package_modules(ROOT)
+  assert {'__init__.py', 'files.py', 'main.py', 'checkpoint/npz.py', 'models/__main__.py'} <= set(
+    modules
+  )
+  assert layout_problems(ROOT) == []
+
+
+def test_the_layout_has_a_row_for_every_console_script():
+  scripts = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['scripts']
+  assert {'vit-train', 'vit-zeroshot'} <= set(scripts)
+  assert script_problems(ROOT) == []
+
+
 def test_every_entry_point_command_names_its_flags():
   entry_flags = _entry_point_flags()
   assert {'config', 'workdir', 'distributed_timeout'} <= entry_flags['vit_jax.main']
@@ -578,6 +679,7 @@ def copy(tmp_path: Path) -> Path:
     'tests',
     'Makefile',
     'requirements.txt',
+    'pyproject.toml',
   ):
     (tmp_path / name).symlink_to(ROOT / name)
   return tmp_path
@@ -706,4 +808,49 @@ def test_a_moved_module_or_a_renamed_function_is_reported(copy):
     f'docs/models.md:{n}: no file vit_jax/losses.py',
     f'docs/models.md:{n + 1}: no vit_jax.models.vit.no_such_function',
     f'docs/models.md:{n + 2}: no vit_jax.train.no_such_module',
+  ]
+
+
+def test_a_module_left_out_of_the_layout_or_a_stale_one_is_reported(copy):
+  page = copy / LAYOUT
+  text = page.read_text()
+  lines = [n for n, line in enumerate(text.splitlines(), 1) for _ in range(line.count('`text.py`'))]
+  assert lines
+  page.write_text(text.replace('`text.py`', '`txt.py`'))
+  n = _append(
+    page,
+    'Also `models/nosuch.py`, `tests/nosuch.py`, `vit_jax/nosuch.py:f`, `evals/spec.py:check`,\n'
+    '`tests/conftest.py`, `launch/local.sh`, `configs/` and `--config=configs/nosuch.py:x`.',
+  )
+  found = set(layout_problems(ROOT))  # those of the real page, reported by the test above
+  assert [p for p in layout_problems(copy) if p not in found] == [
+    *[f'{LAYOUT}:{line}: no module txt.py' for line in lines],
+    f'{LAYOUT}:{n}: no module models/nosuch.py',
+    f'{LAYOUT}:{n}: no module tests/nosuch.py',
+    f'{LAYOUT}:{n}: no module vit_jax/nosuch.py',
+    f'{LAYOUT}: vit_jax/text.py is not named (as `text.py`)',
+  ]
+
+
+def test_a_console_script_left_out_of_the_layout_or_a_stale_one_is_reported(copy):
+  pyproject = copy / 'pyproject.toml'
+  text = pyproject.read_text()
+  pyproject.unlink()  # the fixture's link to the real file
+  pyproject.write_text(
+    text.replace(
+      '[project.scripts]\n', '[project.scripts]\nvit-nosuch = "vit_jax.cli.nosuch:run_cli"\n'
+    )
+  )
+  page = copy / LAYOUT
+  lines = page.read_text().splitlines()
+  (row,) = [n for n, line in enumerate(lines, 1) if line.startswith('| `vit-models` |')]
+  lines[row - 1] = lines[row - 1].replace('`vit-models`', '`vit-model`')
+  (zeroshot,) = [n for n, line in enumerate(lines, 1) if line.startswith('| `vit-zeroshot` |')]
+  lines[zeroshot - 1] = lines[zeroshot - 1].replace('`cli/zeroshot.py`', '`cli/predict.py`')
+  page.write_text('\n'.join(lines) + '\n')
+  assert script_problems(copy) == [
+    f'{LAYOUT}: console script vit-nosuch has no row naming `cli/nosuch.py`',
+    f'{LAYOUT}: console script vit-models has no row naming `cli/models.py`',
+    f'{LAYOUT}: console script vit-zeroshot has no row naming `cli/zeroshot.py`',
+    f'{LAYOUT}:{row}: vit-model is not a console script of pyproject.toml',
   ]

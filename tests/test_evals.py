@@ -17,6 +17,8 @@ from vit_jax.evals import common, registry
 from vit_jax.reproduce import report, sweep
 from vit_jax.train import spec
 
+pytestmark = pytest.mark.slow
+
 # 0.2 epochs of digits' 1437 training images in batches of 64.
 EPOCHS, TRAIN_IMAGES, BATCH = 0.2, 1437, 64
 

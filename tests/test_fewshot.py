@@ -109,6 +109,7 @@ def _tiny_spec(**overrides):
   return spec.from_config(spec.with_overrides(digits_config.get_config(), dotted))
 
 
+@pytest.mark.slow
 def test_evaluator_equals_accuracies_on_features_computed_directly(tmp_path):
   """The evaluator on 8 devices (subset of drawn images, gathered features, positions) gives
   exactly the numbers of `accuracies` on features of whole splits computed with model.apply."""
@@ -137,6 +138,7 @@ def test_evaluator_equals_accuracies_on_features_computed_directly(tmp_path):
     assert got[f'fewshot/digits/{shots}shot'] == pytest.approx(expected[(shots, 1024.0)], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_fewshot_accuracy_on_digits_rises_above_chance_while_training(tmp_path):
   """configs/digits.py with 2 blocks for 300 steps, few-shot every 150 steps on digits.
 

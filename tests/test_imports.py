@@ -23,12 +23,13 @@ FLOORS = {
   **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot'], 4),
   # 3: what runs an experiment, and the experiment configs.
   **dict.fromkeys(['train', 'evals', 'reproduce', 'fewshot', 'configs'], 3),
-  # 2: models, checkpoints, data, text.
-  **dict.fromkeys(['models', 'checkpoint', 'data', 'text'], 2),
+  # 2: models and their families, checkpoints, data, text.
+  **dict.fromkeys(['models', 'families', 'checkpoint', 'data', 'text'], 2),
   # 1: the shared services.
   **dict.fromkeys(
     [
       'files',
+      'flat',
       'rundir',
       'parallel',
       'distributed',

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from conftest import jpeg_bytes, randomize
+from conftest import assert_run_reads_back, jpeg_bytes, randomize
 from scipy.special import log_expit, logsumexp
 
 from configs import lit_coco, lit_digits, siglip_lit_coco
+from vit_jax import checkpoint, distributed, optim, parallel, rundir, train
 from vit_jax import data as data_lib
-from vit_jax import distributed, optim, parallel, rundir, train
 from vit_jax.checkpoint import save_npz
 from vit_jax.data import captions, digits_text
 from vit_jax.models import model_from_config, stats
@@ -291,3 +291,14 @@ def test_configs_run_on_mock_data(module, tmp_path, image_file):
   lines = _lines(str(tmp_path / 'run'))
   assert len(lines) == 2 and all(np.isfinite(m['loss']) for m in lines)
   assert ('bias' in lines[0]) == (module is siglip_lit_coco)
+
+
+def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):
+  """`fit` and `convert` read a LiT run directory back to its final parameters, bit for bit;
+  the run's config states what the shapes cannot: the text tower's 2 heads (BERT's kernels are
+  (D, D): its shapes alone give D / 64 = 1) and the model's tokenizer settings."""
+  workdir, result = lit_run
+  assert_run_reads_back(workdir, result['params'], tmp_path)
+  fitted = checkpoint.fit(workdir)
+  assert fitted.config.text.num_heads == lit_digits.text_tower().num_heads == 2
+  assert fitted.config.pp.to_dict() == {'tokenizer_name': 'bert', 'size': 8, 'max_len': 12}

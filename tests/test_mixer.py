@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from conftest import assert_run_reads_back
 from numpy_models import mixer as numpy_mixer
 
 from configs import digits as digits_config
@@ -91,6 +92,7 @@ def test_tree_has_the_released_names_and_shapes():
   assert tree.match_registry(config) == 'Mixer-B_16' and config.num_classes == 1000
 
 
+@pytest.mark.slow
 def test_head_is_zero_initialised_and_train_changes_nothing():
   model = _small_model(5)
   init = jax.jit(lambda: model.init(jax.random.key(0), jnp.zeros((1, SIZE, SIZE, 3)), train=False))
@@ -181,6 +183,7 @@ def test_predict_infers_the_model_and_resolution(tmp_path):
     predict.feature_block(loaded, 0)  # --features_block: a Mixer has no encoder blocks
 
 
+@pytest.mark.slow
 def test_fine_tunes_through_the_trainer_from_a_released_file(tmp_path):
   """configs/vit.py:mixer_b16,cifar10 (224 px, as the original) with a small Mixer at 64 px,
   from a released-layout file with an imagenet21k head, on mock cifar10."""
@@ -203,14 +206,17 @@ def test_fine_tunes_through_the_trainer_from_a_released_file(tmp_path):
   assert 0 < moved < 0.1  # fine-tuned from the file, not from scratch
 
 
+@pytest.mark.slow
 def test_digits_mixer_learns_from_scratch(tmp_path):
   """configs/digits.py:mixer, shortened to 250 steps (the full 3,000 reach 97-98%)."""
   config = ml_collections.ConfigDict(digits_config.get_config('mixer').to_dict())
   config.update({'total_steps': 250, 'eval_every': 250, 'checkpoint_every': 250})
-  result = train.train_and_evaluate(config, str(tmp_path), devices=jax.devices()[:1])
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   assert result['accuracy_test'] > 0.9, result['accuracy_test']  # measured: 96.7%
+  assert_run_reads_back(tmp_path / 'run', result['params'], tmp_path)
 
 
+@pytest.mark.slow
 def test_benchmark_runs_a_mixer_and_counts_its_flops():
   result = benchmark.run_benchmark(
     'Mixer-B_16',

@@ -56,6 +56,7 @@ def test_cutmix_pastes_one_box_and_weights_labels_by_the_area_left(seed):
   np.testing.assert_allclose(targets.sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cutmix_box_area_follows_beta_and_both_switch_half_the_time():
   """CutMix alpha 1: lam ~ U(0, 1), so the pasted area averages 1/2 of the image (less a
   little for clipping at the edges and rounding the sides down); with mixup also on, about

@@ -38,6 +38,7 @@ def tiny_batch():
   return params, images, labels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize('policy', ['full', 'dots', 'dots_saveable'])
 def test_remat_leaves_gradients_equal(policy, dtype, tiny_batch):
@@ -58,6 +59,7 @@ def test_fused_attention_leaves_gradients_equal(tiny_batch):
     np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('attention', ['xla', 'fused'])
 def test_bfloat16_gradients_are_float32_and_close(attention, tiny_batch):
   params, images, labels = tiny_batch
@@ -85,6 +87,7 @@ def test_bfloat16_matmuls_take_bfloat16_and_sum_in_float32(tiny_batch):
   assert set(dot_types(hlo(jnp.float32))) == {('f32', 'f32', 'f32')}
 
 
+@pytest.mark.slow
 def test_mixed_einsum_gradients_are_not_rounded():
   kx, ky = jax.random.split(jax.random.key(0))
   x = jax.random.normal(kx, (4, 5, 32))
@@ -100,6 +103,7 @@ def test_mixed_einsum_gradients_are_not_rounded():
     assert float(jnp.mean(got != got.astype(jnp.bfloat16).astype(jnp.float32))) > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'lhs_shape, rhs_shape, dims',
   [
@@ -118,6 +122,7 @@ def test_dot_general_to_einsum(lhs_shape, rhs_shape, dims):
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('remat', ['none', 'full'])
 def test_scanned_layers_equal_the_unrolled_model(remat, tiny_batch):
   params, images, labels = tiny_batch
@@ -157,6 +162,7 @@ def test_stacking_round_trips_and_checks_the_layout(tiny_batch):
     blocks.stack_encoder_blocks({**params, 'Transformer': gap})
 
 
+@pytest.mark.slow
 def test_scanned_dropout_depends_on_the_key(random_params):
   model = get_model('testing', num_classes=5, scan_layers=True, transformer={'num_layers': 3})
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
@@ -168,6 +174,7 @@ def test_scanned_dropout_depends_on_the_key(random_params):
   np.testing.assert_array_equal(train(0), train(0))
 
 
+@pytest.mark.slow
 def test_fused_attention_asks_cudnn_on_gpus_and_falls_back(monkeypatch):
   """The choice logic, with the GPU and cuDNN's refusal stood in (no GPU here): jax would pick
   XLA unless asked for cuDNN by name, and cuDNN refuses unsupported shapes while tracing.

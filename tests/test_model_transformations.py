@@ -96,6 +96,7 @@ def _assert_close(got, want, tolerance):
     np.testing.assert_allclose(np.asarray(g, np.float64), w, atol=tolerance * scale, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_jvp_and_linearize_agree_with_finite_differences(dtype, point, reference_tangent):
   params, images, _, direction = point
@@ -106,6 +107,7 @@ def test_jvp_and_linearize_agree_with_finite_differences(dtype, point, reference
   _assert_close(linearized(*direction), tangent, 1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_scanned_rematerialised_layers_give_the_same_jvp(dtype, point):
   params, images, _, (direction, _) = point
@@ -117,6 +119,7 @@ def test_scanned_rematerialised_layers_give_the_same_jvp(dtype, point):
   _assert_close(got, want, 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_jacfwd_equals_jacrev(dtype, point):
   params, images, *_ = point
@@ -127,6 +130,7 @@ def test_jacfwd_equals_jacrev(dtype, point):
   _assert_close(forward, reverse, 1e-5 if dtype == jnp.float32 else 1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_hessian_vector_products_agree_with_differences_of_gradients(dtype, point, reference_hvp):
   """Forward over reverse and reverse over reverse."""
@@ -139,6 +143,7 @@ def test_hessian_vector_products_agree_with_differences_of_gradients(dtype, poin
     _assert_close(jax.jit(hvp)(params, direction), reference_hvp, TOLERANCE[dtype])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', DTYPES)
 def test_vmap_of_per_example_gradients_equals_a_loop(dtype, point):
   params, images, labels, _ = point
@@ -208,6 +213,7 @@ def test_attend_jvp_equals_autodiff_of_the_plain_formula(dtype):
     np.testing.assert_allclose(g, w, atol=tolerance * float(np.abs(w).max()))
 
 
+@pytest.mark.slow
 def test_bfloat16_gradients_under_shard_map_equal_jit():
   """Per-device code (shard_map, check_vma) sums the replicated weights' gradients, as jit."""
   mesh = Mesh(np.array(jax.devices()[:4]), ('data',))

@@ -84,6 +84,7 @@ def test_every_registered_model_has_an_expected_count():
   assert set(MODEL_CONFIGS) == set(EXPECTED_PARAMS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(MODEL_CONFIGS))
 def test_exact_parameter_count(name):
   shapes = stats.param_shapes(get_model(name, num_classes=1000), 224)
@@ -151,6 +152,7 @@ def test_override_of_a_nested_field():
     get_model('ViT-L_16', transformer={'dropot_rate': 0.0})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'classifier, out_shape',
   [
@@ -178,6 +180,7 @@ def test_representation_layer_and_features_only():
   assert np.all(np.abs(out) <= 1.0)  # tanh
 
 
+@pytest.mark.slow
 def test_head_is_zero_initialised_with_bias_init():
   model = get_model('testing', num_classes=5, head_bias_init=-10.0)
   images = jnp.ones((1, 32, 32, 3))
@@ -207,6 +210,7 @@ def _without_drop_path(name: str) -> ml_collections.ConfigDict:
   return config
 
 
+@pytest.mark.slow
 def test_stochastic_depth_at_rate_0_is_the_plain_model(random_params):
   """drop_path_rate=0 builds the same tree and, with the same dropout key, the same logits
   as a model config without the key."""
@@ -223,6 +227,7 @@ def test_stochastic_depth_at_rate_0_is_the_plain_model(random_params):
   )
 
 
+@pytest.mark.slow
 def test_stochastic_depth_is_off_at_evaluation_and_random_in_training(random_params):
   images = jax.random.uniform(jax.random.key(1), (8, 32, 32, 3), minval=-1, maxval=1)
   no_dropout = {'num_layers': 3, 'dropout_rate': 0.0}
@@ -241,6 +246,7 @@ def test_stochastic_depth_is_off_at_evaluation_and_random_in_training(random_par
   np.testing.assert_array_equal(plain.apply(params, images, train=True), evaluated)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('scan_layers', [False, True])
 def test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l_minus_1(
   scan_layers, random_params
@@ -276,6 +282,7 @@ def test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l
     np.testing.assert_allclose(out[kept], mlp[kept] / keep, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_agrees(random_params):
   images = jax.random.uniform(jax.random.key(1), (4, 64, 64, 3), minval=-1, maxval=1)
   f32 = get_model('ViT-Ti_16', num_classes=10)
@@ -291,6 +298,7 @@ def test_bfloat16_compute_keeps_float32_params_and_agrees(random_params):
   np.testing.assert_array_equal(out.argmax(-1), ref.argmax(-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('overrides', [{'attention_impl': 'fused'}, {'remat_policy': 'full'}])
 def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_params):
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
@@ -305,6 +313,7 @@ def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_para
   )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
 def test_attend_backward_equals_autodiff_of_the_plain_formula(dtype):
   """attention.attend's hand-written backward pass against XLA differentiating softmax(q k^T) v."""
@@ -326,6 +335,7 @@ def test_attend_backward_equals_autodiff_of_the_plain_formula(dtype):
     np.testing.assert_allclose(got, want, atol=tol * scale, err_msg=name)
 
 
+@pytest.mark.slow
 def test_training_gradients_equal_with_and_without_kept_attention_weights(random_params):
   """The model takes `attend` unless the weights are kept (mutable intermediates). Two blocks
   (each block takes the same path), compiled: cheaper than op by op here."""
@@ -349,6 +359,7 @@ def test_training_gradients_equal_with_and_without_kept_attention_weights(random
     np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
+@pytest.mark.slow
 def test_analytic_flops_match_xla_cost_analysis():
   # XLA also counts elementwise work (norms, softmax, GELU); matmuls dominate.
   for name in ('ViT-B_16', 'R50+ViT-B_16'):
@@ -375,6 +386,7 @@ def _matmul_flops(name: str, resolution: int = 224, classes: int = 1000, **overr
   return flops + model.transformer['num_layers'] * 2 * (2 * tokens * tokens * model.hidden_size)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   'name, overrides',
   [

@@ -61,6 +61,7 @@ def test_call_time_resize_equals_scipy_zoom(old, new, prefix):
   np.testing.assert_allclose(got, expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('classifier', ['token', 'gap'])
 @pytest.mark.parametrize('size', [(96, 96), (64, 40)])
 def test_model_applied_at_another_size_equals_the_load_pretrained_resized_model(
@@ -206,6 +207,7 @@ def test_scanned_blocks_give_the_same_features(random_params):
     np.testing.assert_allclose(scanned[key], unrolled[key], atol=1e-5, rtol=0, err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   ('options', 'prefix'),
   [

@@ -3,10 +3,13 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch  # the oracle is a test requirement (requirements-test.txt): missing, it fails
 import transformers
 
 from vit_jax.models import get_model
+
+pytestmark = pytest.mark.slow
 
 
 def _hf_state_dict(p, num_layers: int) -> dict:

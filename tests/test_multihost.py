@@ -33,6 +33,8 @@ from vit_jax.models import model_from_config, stats
 from vit_jax.train import setup, spec
 from vit_jax.train.spec import with_overrides
 
+pytestmark = pytest.mark.slow  # multi-process runs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
 SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')

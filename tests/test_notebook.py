@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
+
+pytestmark = pytest.mark.slow  # a notebook kernel
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / 'notebooks' / 'walkthrough.ipynb'
 CELL_TIMEOUT_S = 300  # the longest cell, the first training (500 steps): 24 s on 2 CPU cores

@@ -13,12 +13,15 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
 from absl import flags
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 import configs
 from vit_jax import cli
+
+pytestmark = pytest.mark.slow  # a wheel build and install
 
 REPO = Path(__file__).resolve().parents[1]
 

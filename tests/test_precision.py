@@ -69,6 +69,7 @@ def _relative_error(got, want) -> float:
   return float(np.sqrt(diff / norm))
 
 
+@pytest.mark.slow
 def test_gradients_of_both_policies_are_close_to_float32(kind='ViT'):
   """bfloat16 keeps 8 bits of mantissa (relative rounding 2^-9 = 2e-3 per value); through two
   blocks the gradient's global relative error stays within 8e-3 under both policies
@@ -99,6 +100,7 @@ def _activation_dtypes(model, params) -> set:
   return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['ViT', 'Mixer'])
 def test_the_policy_sets_the_dtype_of_activations_and_residuals(kind):
   model = _model(kind)

@@ -230,6 +230,7 @@ def test_features_are_the_pre_logits_with_the_file_list(tmp_path, random_params)
   assert not [p for p in out.parent.iterdir() if p.name.endswith('.tmp')]
 
 
+@pytest.mark.slow
 def test_cli_predicts_the_good_images_and_names_the_bad_one(tmp_path, random_params):
   params = _params(random_params, num_classes=6, seed=3)
   path = _save(params, tmp_path / 'm.npz')
@@ -296,6 +297,7 @@ def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random
       np.testing.assert_allclose(pred.probabilities, [probs.max()], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params):
   params = _params(random_params, num_classes=4, resolution=64, seed=4)  # a 4x4 grid
   path = _save(params, tmp_path / 'c.npz')

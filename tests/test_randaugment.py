@@ -128,6 +128,7 @@ def test_cutout_greys_one_square_of_side_2_pad_clipped_to_the_image():
       assert hi - lo + 1 == 20 or ((lo == 0 or hi == size - 1) and hi - lo + 1 < 20)
 
 
+@pytest.mark.slow
 def test_randaugment_is_a_function_of_the_seed():
   image = tf.constant(_image(seed=8))
   run = tf.function(lambda s: ra.randaugment(image, s, 2, 10))

@@ -48,6 +48,7 @@ def test_real_accuracy_on_synthetic_logits_against_a_hand_count():
   assert int(sums['count']) == 6
 
 
+@pytest.mark.slow
 def test_real_through_the_pipeline_on_mock_data(tmp_path):
   """`config.real_split` evaluates tfds imagenet2012_real; the stand-in model predicts one
   class for every image, so ReaL accuracy is the share of labelled images whose set holds it,

@@ -152,6 +152,7 @@ def test_a_preempted_run_stops_the_sweep(tmp_path):
   assert len(calls) == 1 and summary['selected_lr'] is None
 
 
+@pytest.mark.slow
 def test_digits_sweep_selects_on_dev_and_reports_test(tmp_path, monkeypatch):
   read = []
   reader = data.DigitsSource.reader  # every read of a digits split goes through it

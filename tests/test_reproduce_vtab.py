@@ -14,6 +14,8 @@ from vit_jax import data, rundir
 from vit_jax.reproduce import vtab
 from vit_jax.train.spec import with_overrides
 
+pytestmark = pytest.mark.slow  # VTAB configs end to end
+
 
 def test_nineteen_tasks_in_three_groups():
   assert len(vtab.TASKS) == 19

@@ -13,13 +13,17 @@ from conftest import TINY, write_teacher
 from configs import digits as digits_config
 from vit_jax import optim, parallel
 from vit_jax.models import stats
-from vit_jax.train import distill, setup, spec, steps
+from vit_jax import tasks
+from vit_jax.tasks import distillation
+from vit_jax.train import setup, spec, steps
+
+pytestmark = pytest.mark.slow
 
 
 def _spec(model_fields=None, **overrides) -> spec.RunSpec:
   config = ml_collections.ConfigDict(digits_config.get_config().to_dict())
   config.model.update(model_fields or {})
-  dotted = {**TINY, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+  dotted = {**TINY, 'num_classes': 10, **{k.replace('__', '.'): v for k, v in overrides.items()}}
   return spec.from_config(spec.with_overrides(config, dotted))
 
 
@@ -61,7 +65,7 @@ def test_one_step_equals_a_hand_computed_sgd_update_with_clipping_and_accumulati
   )  # fmt: skip
   model = setup.build_model(run.model, num_classes=10)
   tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
-  step_fn = jax.jit(steps.make_train_step(model, tx, schedule, run.step, 10, run.data.batch))
+  step_fn = jax.jit(steps.make_train_step(tasks.build(run, model), tx, schedule, run))
   state = _state(run, model, tx)
   params = jax.tree.map(np.asarray, state['params'])
   momentum = jax.tree.map(np.zeros_like, params)
@@ -104,11 +108,7 @@ def _train(run: spec.RunSpec, devices, batches) -> tuple[dict, list[float]]:
   tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
   state = _state(run, model, tx)
   shardings = parallel.tree_shardings(state, mesh, run.step.sharding)
-  teacher = placed = None
-  if run.step.distill.enabled:
-    teacher, host = distill.load(run.step.distill, 10, 8, 'float32')
-    placed = distill.place(host, mesh, run.step.sharding)
-  step_fn = steps.train_step_for(run, model, tx, schedule, 10, mesh, shardings, teacher, placed)
+  step_fn = steps.train_step_for(run, tasks.build(run, model), tx, schedule, mesh, shardings)
   state = jax.device_put(state, shardings)
   losses = []
   for batch in batches:
@@ -174,8 +174,8 @@ def test_shard_map_step_equals_the_jit_step_with_a_teacher(tmp_path):
   parallel.FSDP_MIN_SIZE = 0  # shard even the tiny models' leaves
   try:
     run = _spec(deit, sharding='fsdp', **overrides)
-    _, host = distill.load(run.step.distill, 10, 8, 'float32')
-    placed = distill.place(host, parallel.create_mesh(), run.step.sharding)
+    _, host = distillation.load(run.step.distill, 10, 8, 'float32')
+    placed = distillation.place(host, parallel.create_mesh(), run.step.sharding)
     assert any('data' in x.sharding.spec for x in jax.tree.leaves(placed))
     fsdp_params, fsdp_losses = _train(run, jax.devices(), batches)
   finally:
@@ -191,7 +191,7 @@ def _record_polyak(decay: float, n: int = 5) -> tuple[list[dict], dict, list[flo
   run = _spec(optimizer='sgd', base_lr=0.3, total_steps=10, warmup_steps=1, polyak_decay=decay)
   model = setup.build_model(run.model, num_classes=10)
   tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
-  step_fn = jax.jit(steps.make_train_step(model, tx, schedule, run.step, 10, run.data.batch))
+  step_fn = jax.jit(steps.make_train_step(tasks.build(run, model), tx, schedule, run))
   state, raw, losses = _state(run, model, tx), [], []
   for batch in _batches(n):
     state, metrics = step_fn(state, batch)

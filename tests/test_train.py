@@ -67,6 +67,7 @@ def _assert_trees_close(a, b, atol):
     np.testing.assert_allclose(fa[k], fb[k], atol=atol, rtol=0, err_msg=k)
 
 
+@pytest.mark.slow
 def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(reference_run):
   workdir, result = reference_run
   assert result['status'] == 'done' and result['step'] == 6
@@ -94,6 +95,7 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 1000
 
 
+@pytest.mark.slow
 def test_predict_names_the_classes_of_a_training_run(reference_run):
   from vit_jax.cli import predict
 
@@ -103,6 +105,7 @@ def test_predict_names_the_classes_of_a_training_run(reference_run):
   assert loaded.class_names_source == os.path.join(workdir, 'config.json')
 
 
+@pytest.mark.slow
 def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
   from vit_jax import checkpoint
 
@@ -113,6 +116,7 @@ def test_checkpoint_load_reads_the_final_params_of_a_run(reference_run):
     checkpoint.fit(workdir, params_entry='polyak')
 
 
+@pytest.mark.slow
 def test_digits_trains_to_accuracy(tmp_path):
   """A CI-sized digits run: configs/digits.py with 2 blocks and 600 steps, on one device.
 
@@ -165,6 +169,7 @@ def _losses(workdir):
   return [m['loss'] for m in _metrics(workdir, ('loss',)) if 'loss' in m]
 
 
+@pytest.mark.slow
 def test_one_and_eight_devices_agree(dropout_one, dropout_eight):
   """Same losses, parameters and Polyak average to 1e-5 on 1 device and on 8 (FSDP), with
   dropout on."""
@@ -177,6 +182,7 @@ def test_one_and_eight_devices_agree(dropout_one, dropout_eight):
   assert_trained_params_close(_flat(one['polyak']), _flat(eight['polyak']), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, dropout_eight):
   """accum_steps=4 gives the same run as 1: equal micro-batches, per-example dropout keys."""
   full = dropout_eight[1]
@@ -186,6 +192,7 @@ def test_gradient_accumulation_matches_the_full_batch(tmp_path, dropout_eight):
   assert_trained_params_close(_flat(full['polyak']), _flat(accumulated['polyak']), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_stop_and_resume_is_exact(tmp_path, reference_run):
   """6 steps in one go == 3 steps, stopped, then resumed for 3 more: parameters and metrics."""
   ref_dir, ref = reference_run
@@ -207,6 +214,7 @@ REGULARISED = dict(
 )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   tmp_path, reference_run, capsys
 ):
@@ -236,6 +244,7 @@ def test_regularised_run_resumes_exactly_and_agrees_on_one_and_eight_devices(
   assert np.abs(np.subtract(losses[0], plain))[1:].max() > 5e-3
 
 
+@pytest.mark.slow
 def test_stop_and_resume_is_exact_with_polyak_and_fewshot(tmp_path, dropout_one):
   """The same with the Polyak average in the state, dropout on and few-shot evaluations at
   steps 3 and 6 (the DROPOUT run on 1 device): the average is restored exactly, and every
@@ -306,6 +315,7 @@ def _wait_for(ready, process, output, timeout=240):
     time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main, reference_run, capsys):
   """A run killed with SIGKILL resumes from its last complete checkpoint, exactly: the TINY
   run, saving every step (which changes no number) and killed once one at step 2 or later is
@@ -336,6 +346,7 @@ def test_sigkill_at_any_moment_then_resume_is_exact(tmp_path, run_main, referenc
   _assert_trees_close(reference['params'], load(workdir), atol=1e-6)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly(tmp_path, run_main):
   workdir = str(tmp_path / 'run')
   flags = ['--config.total_steps=100000', '--config.checkpoint_every=100000']
@@ -354,6 +365,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, run_main):
   assert f'Stopping at step {step}: checkpoint saved' in output()
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   workdir = str(tmp_path)
   train.train_and_evaluate(tiny_config(checkpoint_every=100), workdir, stop_after=2)
@@ -392,6 +404,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('damage', [*DAMAGE, 'empty directory'])
 def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
   tmp_path, reference_run, damage, capsys
@@ -426,6 +439,7 @@ def test_a_damaged_newest_checkpoint_is_set_aside_and_the_run_resumes_before_it(
   _assert_trees_close(ref['params'], result['params'], atol=0)
 
 
+@pytest.mark.slow
 def test_converting_a_damaged_run_is_one_line_and_writes_nothing(tmp_path, reference_run):
   """The reads a failed orbax read abandons print nothing after the one-line error."""
   workdir = str(tmp_path / 'run')
@@ -441,6 +455,7 @@ def test_converting_a_damaged_run_is_one_line_and_writes_nothing(tmp_path, refer
   assert not out.exists()
 
 
+@pytest.mark.slow
 def test_no_good_checkpoint_left_is_a_one_line_error_and_changes_nothing(
   tmp_path, reference_run, run_main
 ):
@@ -474,6 +489,7 @@ def test_resuming_with_an_incompatible_config_is_a_one_line_error(tmp_path):
     train.train_and_evaluate(tiny_config(total_steps=4, batch=64), workdir)
 
 
+@pytest.mark.slow
 def test_fine_tuning_from_npz_at_another_resolution(tmp_path):
   """Pretrain at 8 px, save_npz, fine-tune at 16 px (posemb 4x4 -> 8x8): far above its start."""
   from vit_jax.checkpoint import save_npz
@@ -515,6 +531,7 @@ def _write_npz_of_testing_model(path):
   save_npz(randomize(stats.param_shapes(get_model('testing', num_classes=21843), 224)), path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dataset', ['cifar10', 'imagenet2012'])
 def test_mock_data_fine_tuning_configs_run_end_to_end(tmp_path, dataset):
   _write_npz_of_testing_model(str(tmp_path / 'testing.npz'))
@@ -571,6 +588,7 @@ def _two_steps_on_mock_imagenet(config: ml_collections.ConfigDict, tmp_path) -> 
   return result
 
 
+@pytest.mark.slow
 def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
   """The i21k recipe (Adam, weight decay, pre_logits, sigmoid loss, head bias -10) on mock data."""
   from configs import pretrain
@@ -586,6 +604,7 @@ def test_mock_data_pretraining_config_runs_end_to_end(tmp_path):
   np.testing.assert_allclose(head_bias, -10.0, atol=0.01)  # initialised at -10, 2 small steps
 
 
+@pytest.mark.slow
 def test_mock_data_s16_imagenet_recipe_runs_end_to_end(tmp_path):
   """configs/vit_s16_i1k.py (RandAugment, mixup, gap, pre_logits, Adam with a bfloat16 first
   moment) for 2 steps on mock ImageNet, the model made tiny."""
@@ -601,6 +620,7 @@ def test_mock_data_s16_imagenet_recipe_runs_end_to_end(tmp_path):
   assert 'posembed_input' not in result['params']['Transformer']  # fixed sin-cos
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_parameters_and_optimizer_state(tmp_path):
   one = jax.devices()[:1]
   f32 = train.train_and_evaluate(tiny_config(total_steps=3), str(tmp_path / 'f32'), devices=one)
@@ -664,6 +684,7 @@ def _bad_image_config(tmp_path, bad_split: str, **overrides):
   return tiny_config(**{**defaults, **overrides}), str(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_unreadable_training_images_are_skipped_counted_and_resume_alike(tmp_path, capsys):
   config, workdir = _bad_image_config(tmp_path, 'train', total_steps=3, checkpoint_every=0)
   first = train.train_and_evaluate(config, workdir, stop_after=2)
@@ -684,6 +705,7 @@ def test_unreadable_training_images_are_skipped_counted_and_resume_alike(tmp_pat
   assert '\n' not in str(e.value)
 
 
+@pytest.mark.slow
 def test_unreadable_test_images_are_a_one_line_error_unless_skipped(tmp_path):
   # The training test's schedule and batches: its compiled programs.
   config, workdir = _bad_image_config(tmp_path, 'test', total_steps=3, checkpoint_every=0)
@@ -718,6 +740,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
   train_error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   ('flags', 'message'),
   [
@@ -739,6 +762,7 @@ def test_command_line_errors_are_one_line(tmp_path, flags, message):
   assert not os.path.exists(tmp_path / 'run')
 
 
+@pytest.mark.slow
 def test_bfloat16_activations_policy_is_recorded_and_resumes_exactly(tmp_path):
   """config.precision='activations' with the fused attention call: config.json records the
   policy, and a run resumed from its step-2 checkpoint ends at step 4 exactly as it did (one

@@ -79,6 +79,7 @@ def _registered_shapes(name):
   return stats.param_shapes(model, model.pp['size'], model.pp['max_len'])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(LIT_PARAMS))
 def test_lit_exact_counts_and_the_registry_names_its_shapes(name):
   shapes = _registered_shapes(name)  # jax.eval_shape: nothing allocated
@@ -91,6 +92,7 @@ SIGLIP = {'B': (16, 224, 64), 'L': (16, 256, 64), 'So400m': (14, 224, 16)}
 BV_SIZES = {'B': (768, 12, 3072, 12), 'L': (1024, 24, 4096, 16), 'So400m': (1152, 27, 4304, 16)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('variant', sorted(SIGLIP))
 def test_siglip_counts_by_hand_and_by_transformers(variant):
   import torch
@@ -180,6 +182,7 @@ def _inputs(seed=0, pad=0):
   return images, tokens
 
 
+@pytest.mark.slow
 def test_the_call_embeds_normalised_and_either_input_may_be_none():
   model = model_from_config(tiny_config('SigLIP-B16-224', (None, 32)))
   scalars = model.init(jax.random.key(0))['params']  # without inputs: t and b alone

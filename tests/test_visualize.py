@@ -146,6 +146,7 @@ def _png_size(path):
     return im.size
 
 
+@pytest.mark.slow
 def test_cli_writes_every_figure_at_its_size(tmp_path, random_params):
   path = _tiny_checkpoint(tmp_path, random_params)
   rng = np.random.default_rng(1)

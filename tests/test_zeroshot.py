@@ -198,6 +198,7 @@ def _numpy_scores(flat, paths, names, templates):
   return np.exp(2.0) * l2_normalize(vit(_tower(flat, 'img/'), pixels)) @ zcls.T
 
 
+@pytest.mark.slow
 def test_command_prints_classes_and_probabilities_of_the_numpy_towers(lit, tmp_path):
   """`python -m vit_jax.zeroshot` on a released-layout file with its `.model` beside it:
   each image's classes and LiT probabilities (softmax of exp(t) cos), an unreadable image a

@@ -21,11 +21,12 @@ import flax.linen as nn
 import ml_collections
 from absl import logging
 
-from vit_jax import files
+from vit_jax import families, files
 from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
-from vit_jax.models import get_config, is_mixer, is_two_tower, model_from_config, stats
+from vit_jax.families import two_towers as two_towers_family
+from vit_jax.models import get_config, model_from_config, stats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Fitted:
 
 def _image_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A ViT's config, or an image-text model's image tower."""
-  return config.image if is_two_tower(config) else config
+  return families.of_config(config).image_config(config)
 
 
 def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | None]:
@@ -102,9 +103,7 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
       raise CheckpointError(e.args[0]) from None
   fields = model.to_dict() if isinstance(model, ml_collections.ConfigDict) else dict(model)
   config = ml_collections.ConfigDict(fields)
-  if is_two_tower(config):
-    return config, two_towers.match_registry(config) if 'pp' in config else None
-  return config, tree.match_registry(config)
+  return config, families.of_config(config).match_registry(config)
 
 
 def _read(
@@ -205,7 +204,8 @@ def _fitted_config(
     config.update(fields)  # the registry's architecture, computed as the file says
   else:
     _warn_unlike(config, fields, source)
-  if not isinstance(model, Mapping | ml_collections.ConfigDict) and not is_mixer(config):
+  given_config = isinstance(model, Mapping | ml_collections.ConfigDict)
+  if not given_config and families.of_config(config).pre_logits:
     config.representation_size = found.config.representation_size
   return config, name
 
@@ -251,7 +251,7 @@ def fit(
   source = str(path)
   path, tower = two_towers.split_tower(path)
   config, name = _model_config(model)
-  image_text = config is not None and is_two_tower(config)
+  image_text = config is not None and families.of_config(config).image_text
   if image_text and tower is not None:
     raise CheckpointError(
       f'{source}: the image-text model {name or "given"} takes the whole file; drop ":img"'
@@ -260,9 +260,10 @@ def fit(
   heads = transformer.num_heads if transformer else None
   restored, description, fields = _read(path, tower, heads, params_entry)
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
-  if two_towers.is_tree(restored):
+  holds = families.of_tree(restored)
+  if holds is not None and holds.image_text:
     if config is None or image_text:
-      return _fit_two_towers(restored, description, config, name, request)
+      return _fit_two_towers(restored, description, fields, config, name, request)
     restored, description = two_towers.image_tower(restored, description)
   elif image_text:
     raise CheckpointError(
@@ -318,11 +319,14 @@ def _fit_vit(
 def _fit_two_towers(
   restored: dict,
   description: str,
+  fields: dict[str, Any],
   config: ml_collections.ConfigDict | None,
   name: str | None,
   request: _Request,
 ) -> Fitted:
-  """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept."""
+  """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept;
+  `fields`: what the file states beyond the shapes (a training run: its text tower's heads,
+  its preprocessing and tokenizer)."""
   source = request.source
   if request.num_classes is not None or request.surgery:
     raise CheckpointError(
@@ -330,10 +334,11 @@ def _fit_two_towers(
       f' heads are out_dim); for a classifier on its image tower read {source}:img'
     )
   flat = tree.flatten(restored)
-  found_config = two_towers.infer_config(restored)
+  found_config = two_towers_family.infer_config(restored)
+  found_config.update(fields)
   found = Found(
     config=found_config,
-    name=two_towers.match_registry(found_config),
+    name=two_towers_family.match_registry(found_config),
     resolution=found_config.pp.size,
     arrays=len(flat),
     parameters=tree.count_params(flat),
@@ -341,11 +346,11 @@ def _fit_two_towers(
   )
   if config is None:
     config, name = ml_collections.ConfigDict(found_config.to_dict()), found.name
-  elif two_towers.architecture(config) != two_towers.architecture(found_config):
+  elif two_towers_family.architecture(config) != two_towers_family.architecture(found_config):
     raise CheckpointError(
       f'--model {name or "(the config given)"} does not fit the checkpoint, which holds'
       f' {found.name or "an unregistered image-text model"}'
-      f' ({two_towers.describe(found_config)}); leave --model out to use that.'
+      f' ({two_towers_family.describe(found_config)}); leave --model out to use that.'
     )
   init, resolution = request.init_params, request.resolution
   if init is not None:  # the tree is the model: its image grid

@@ -5,8 +5,9 @@ with (a partial restore: optimizer state is not read). `path` may be the run dir
 `checkpoints/` directory (the latest finished step is taken), one step directory, or one item
 directory. The parameters are the item named `params`, or the `params` entry of an item's tree
 (e.g. a train state `{'params': ..., 'opt_state': ..., 'step': ...}`), or an item whose tree
-is itself a ViT parameter tree. The layout is generic on purpose: it assumes nothing of the
-training loop beyond orbax's own directory structure.
+is itself a parameter tree of a model family (ViT, Mixer, image-text). The layout is generic on
+purpose: it assumes nothing of the training loop beyond orbax's own directory structure; a
+training run's config.json adds what the shapes cannot say (`fields`).
 """
 
 import contextlib
@@ -21,7 +22,7 @@ import jax
 import numpy as np
 from etils.epath import Path
 
-from vit_jax import files, rundir
+from vit_jax import families, files, rundir
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import CheckpointError, flatten
 
@@ -53,24 +54,42 @@ def detect(path: Path) -> bool:
   return path.is_dir() and bool(_resolve(path)[0])
 
 
-def _is_vit(tree: Any) -> bool:
-  return isinstance(tree, Mapping) and 'embedding' in tree
+def _is_params(tree: Any) -> bool:
+  """A parameter tree of any model family (a training run's `params` entry is one by its
+  place; a bare item is asked of the families)."""
+  return isinstance(tree, Mapping) and families.of_tree(tree) is not None
 
 
 def _find_params(name: str, tree: Any, entry: str = 'params') -> tuple[str, ...] | None:
   """The path of the parameter tree `entry` ('params', or a training state's 'polyak')
   inside an item's tree, or None."""
-  if name == entry and _is_vit(tree):
+  if name == entry and _is_params(tree):
     return ()
   if isinstance(tree, Mapping) and entry in tree:
     sub = tree[entry]
-    if _is_vit(sub):
+    if _is_params(sub):
       return (entry,)
-    if isinstance(sub, Mapping) and _is_vit(sub.get('params')):  # {'params': {'params': ...}}
+    if isinstance(sub, Mapping) and _is_params(sub.get('params')):  # {'params': {'params': ...}}
       return (entry, 'params')
-  if _is_vit(tree) and entry == 'params':
+  if _is_params(tree) and entry == 'params':
     return ()
   return None
+
+
+def fields(path: Path) -> dict[str, Any]:
+  """What a training run's config.json states of its model beyond the shapes (its family's
+  `stated_fields`: an image-text model's text heads and tokenizer); {} outside a run."""
+  run = rundir.find_run(path)
+  if run is None:
+    return {}
+  model = rundir.read_config(run).get('model')
+  if not isinstance(model, Mapping):  # a registered name: the registry states it
+    return {}
+  try:
+    family = families.of_config(model)
+  except ValueError:
+    return {}
+  return family.stated_fields(model)
 
 
 @contextlib.contextmanager
@@ -217,6 +236,6 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
       'keeps its Polyak average only with --config.polyak_decay > 0'
     )
   raise CheckpointError(
-    f'{path}: no ViT parameters in the orbax items ({names}); expected an item named params or a'
+    f'{path}: no model parameters in the orbax items ({names}); expected an item named params or a'
     " tree with a 'params' entry"
   )

@@ -25,7 +25,6 @@ our (Linen) names with the image tower's `Transformer/posembed_input`, `txt/`, `
 a LiT file read and written back has its own keys, shapes and values.
 """
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -36,26 +35,18 @@ from etils.epath import Path
 
 from vit_jax import files
 from vit_jax.checkpoint import npz
-from vit_jax.checkpoint import tree as tree_lib
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
-from vit_jax.checkpoint.tree import SEP, CheckpointError, flatten, shape_str, unflatten
-from vit_jax.models import TWO_TOWER_CONFIGS, model_from_config, stats
-from vit_jax.models.text import TEXT_MODELS
+from vit_jax.checkpoint.tree import CheckpointError, flatten, shape_str, unflatten
+from vit_jax.families.two_towers import TOWERS, owns_tree, text_length, text_model_of
+from vit_jax.flat import as_flat
+from vit_jax.models import model_from_config, stats
 from vit_jax.models.two_towers import out_dims
 
-TOWERS = ('img', 'txt')
 SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
 PREFIXES = ('', 'params/')
 # Image-text files can be read for one tower alone: `PATH:img` is the image ViT.
 _TOWER_SUFFIX = re.compile(r'^(?P<path>.+):(?P<tower>img)$')
-_BERT = 'BertEncoder_0'
-_LAYER_RE = re.compile(r'layers_(\d+)$')
-_BERT_HEAD_DIM = 64  # BERT's head width; its (D, D) attention kernels do not store the heads
 # The text tower fields its parameter shapes show.
-_TEXT_SHAPE_FIELDS = {
-  'bert': ('hidden_size', 'num_layers', 'mlp_dim', 'vocab_size', 'max_length', 'num_segments'),
-  'text_transformer': ('width', 'num_layers', 'mlp_dim', 'num_heads', 'vocab_size'),
-}
 
 
 def split_tower(path: Any) -> tuple[Any, str | None]:
@@ -64,21 +55,6 @@ def split_tower(path: Any) -> tuple[Any, str | None]:
   if match is None:
     return path, None
   return match.group('path'), match.group('tower')
-
-
-def is_tree(params: Mapping[str, Any]) -> bool:
-  """The params of an image-text model (`img` and `txt` towers)."""
-  return all(isinstance(params.get(t), Mapping) for t in TOWERS)
-
-
-def text_model_of(flat: Mapping[str, Any], prefix: str = '') -> str | None:
-  """'bert' or 'text_transformer' for the text tower under `prefix`, None if there is none."""
-  if any(k.startswith(f'{prefix}{_BERT}/') for k in flat):
-    return 'bert'
-  blocks = f'{prefix}Encoder_0/encoderblock'
-  if f'{prefix}Embed_0/embedding' in flat and any(k.startswith(blocks) for k in flat):
-    return 'text_transformer'
-  return None
 
 
 def _layout_prefix(flat: Mapping[str, Any]) -> str | None:
@@ -195,144 +171,11 @@ def save_npz(
 ) -> None:
   """Writes `params` as an .npz, atomically: an image-text tree in the LiT layout, any other
   tree in the released ViT layout (`npz.save_npz`); `dtype` as there."""
-  if not is_tree(params):
+  if not owns_tree(as_flat(params)):
     npz.save_npz(params, path, groupnorm_4d, dtype)
     return
   flat = to_flat(params, dtype)
   files.atomic_write(path, lambda f: np.savez(f, **flat))
-
-
-def _shape(flat: Mapping[str, Any], key: str) -> tuple[int, ...]:
-  if key not in flat:
-    raise CheckpointError(f"the txt tower lacks {key!r}; the file is incomplete or not LiT's")
-  return tuple(int(d) for d in flat[key].shape)
-
-
-def _bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  embedder = f'{_BERT}/embedder'
-  vocab, hidden = _shape(flat, f'{embedder}/embedders_token_ids/embedding')
-  layers = f'{_BERT}/encoder_block/layer_sequence'
-  names = {k.split(SEP)[3] for k in flat if k.startswith(f'{layers}/')}
-  numbers = sorted(int(m.group(1)) for n in names if (m := _LAYER_RE.match(n)))
-  if not numbers or numbers != list(range(len(numbers))):
-    raise CheckpointError(f'txt/{layers} layers {numbers} are not numbered 0..N-1')
-  return ml_collections.ConfigDict(
-    {
-      'hidden_size': hidden,
-      'num_layers': len(numbers),
-      'num_heads': max(1, hidden // _BERT_HEAD_DIM),
-      'mlp_dim': _shape(flat, f'{layers}/layers_0/mlp_block/mlp/dense_layer/kernel')[1],
-      'vocab_size': vocab,
-      'max_length': _shape(flat, f'{embedder}/embedders_position_ids/embedding')[0],
-      'num_segments': _shape(flat, f'{embedder}/embedders_segment_ids/embedding')[0],
-    }
-  )
-
-
-def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  vocab, width = _shape(flat, 'Embed_0/embedding')
-  blocks = {k.split(SEP)[1] for k in flat if k.startswith('Encoder_0/encoderblock_')}
-  block = 'Encoder_0/encoderblock_0'
-  return ml_collections.ConfigDict(
-    {
-      'width': width,
-      'num_layers': len(blocks),
-      'mlp_dim': _shape(flat, f'{block}/MlpBlock_0/Dense_0/kernel')[-1],
-      'num_heads': _shape(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')[1],
-      'vocab_size': vocab,
-    }
-  )
-
-
-def _head_width(flat: Mapping[str, Any]) -> int | None:
-  return int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
-
-
-def text_length(params: Mapping[str, Any]) -> int | None:
-  """The token positions a text transformer was trained with (its `pos_embedding` rows)."""
-  posemb = params['txt'].get('pos_embedding')
-  return None if posemb is None else int(posemb.shape[1])
-
-
-def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `TwoTowerModel` fields an image-text tree implies, read off its shapes.
-
-  The image tower's are `tree.infer_config`'s; BERT's head count is not stored (its attention
-  kernels are (D, D)) and taken as D / 64, BERT's. The init-only fields (temperature_init,
-  bias_init) and `pp` are SigLIP's when the tree has a bias `b`, else LiT's; `pp.size` is the
-  image tower's resolution and `pp.max_len` the text transformer's positions (BERT: 16).
-  """
-  image = tree_lib.infer_config(params['img'])
-  text_flat = flatten(params['txt'])
-  text_model = text_model_of(text_flat)
-  if text_model is None:
-    raise CheckpointError('the txt tower is neither a BERT nor a text transformer tree')
-  text = _bert_config(text_flat) if text_model == 'bert' else _text_transformer_config(text_flat)
-  out_dim = (image.num_classes, _head_width(text_flat))
-  del image['num_classes']  # the image head's width is out_dim[0]
-  siglip = 'b' in params
-  config = ml_collections.ConfigDict()
-  config.image = image
-  config.text_model = text_model
-  config.text = text
-  config.out_dim = out_dim
-  config.temperature_init = 10.0 if siglip else 1.0
-  config.bias_init = -10.0 if siglip else None
-  resolution = tree_lib.native_resolution(params['img'], image)
-  config.pp = ml_collections.ConfigDict(
-    {
-      'tokenizer_name': 'bert' if text_model == 'bert' else 'sentencepiece',
-      'size': resolution,
-      'max_len': text_length(params) or 16,
-    }
-  )
-  if siglip:
-    config.pp.lower_case = True
-  return config
-
-
-def architecture(config: Mapping[str, Any] | ml_collections.ConfigDict) -> tuple:
-  """The fields that decide an image-text model's parameter shapes, but for the image
-  resolution and the text length: the towers (BERT's head count is not among them), their
-  heads, the bias."""
-  text_model = config['text_model']
-  defaults = {f.name: f.default for f in dataclasses.fields(TEXT_MODELS[text_model])}
-  text = {k: config['text'].get(k, defaults[k]) for k in _TEXT_SHAPE_FIELDS[text_model]}
-  return (
-    tree_lib.architecture(config['image']),
-    text_model,
-    tuple(text.items()),
-    tuple(config['out_dim']),
-    config.get('bias_init') is not None,
-  )
-
-
-def match_registry(config: ml_collections.ConfigDict) -> str | None:
-  """The registered image-text model of this architecture, image size and text length."""
-  arch, pp = architecture(config), config.pp
-  for name, registered in TWO_TOWER_CONFIGS.items():
-    same_pp = registered.pp.size == pp.size and (
-      config.text_model == 'bert' or registered.pp.max_len == pp.max_len
-    )
-    if same_pp and architecture(registered) == arch:
-      return name
-  return None
-
-
-def describe(config: Mapping[str, Any] | ml_collections.ConfigDict) -> str:
-  """An image-text model in one phrase: both towers, the heads, the bias."""
-  text = config['text']
-  if config['text_model'] == 'bert':
-    txt = f'BERT hidden_size {text["hidden_size"]}, {text["num_layers"]} layers'
-  else:
-    txt = f'text transformer width {text["width"]}, {text["num_layers"]} layers'
-  txt += f', {text["num_heads"]} heads, mlp_dim {text["mlp_dim"]}, vocab {text["vocab_size"]}'
-  image_dim, text_dim = config['out_dim']
-  bias = ', logit bias b' if config['bias_init'] is not None else ''
-  return (
-    f'image tower ({tree_lib.describe(config["image"])}); text tower ({txt});'
-    f' out_dim ({image_dim}, {text_dim}){bias}'
-  )
 
 
 def _add_report(report: LoadReport, part: LoadReport, tower: str) -> None:

@@ -83,8 +83,8 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from vit_jax import cli, files, hugepages, optim, parallel, profiling, torch_compat
-from vit_jax.models import blocks, get_config, is_mixer, model_from_config, precision, stats
+from vit_jax import cli, families, files, hugepages, optim, parallel, profiling, torch_compat
+from vit_jax.models import blocks, get_config, model_from_config, precision, stats
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -325,11 +325,16 @@ SCHEDULE_STEPS = 10_000
 
 
 def _trainer(model: Any, batch: int, accum_steps: int = 1):
-  """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec,
-  with `accum_steps` micro-batches; step(state, {'image', 'label'}) -> (state, metrics)."""
-  run = spec_lib.RunSpec(step=spec_lib.Step(accum_steps=accum_steps))
+  """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec's
+  classification, with `accum_steps` micro-batches; step(state, {'image', 'label'}) ->
+  (state, metrics)."""
+  from vit_jax.tasks import classification
+
+  data = spec_lib.Data(batch=batch, num_classes=model.num_classes)
+  run = spec_lib.RunSpec(data=data, step=spec_lib.Step(accum_steps=accum_steps))
   tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)
-  return tx, train_steps.make_train_step(model, tx, schedule, run.step, model.num_classes, batch)
+  task = classification.Task(run, model)
+  return tx, train_steps.make_train_step(task, tx, schedule, run)
 
 
 def _train_state(params: Any, tx: Any) -> dict[str, Any]:
@@ -511,14 +516,8 @@ def accum_steps_to_fit(
 
 
 def _check_comparable(name: str, config: Any) -> None:
-  if is_mixer(config) or config.get('distilled'):
-    what = 'is an MLP-Mixer' if is_mixer(config) else 'is distilled (DeiT: two heads)'
-  elif config.resnet is not None or config.classifier != 'token' or config.representation_size:
-    what = (
-      f'has resnet={config.resnet is not None}, classifier={config.classifier!r},'
-      f' representation_size={config.representation_size}'
-    )
-  else:
+  what = families.of_config(config).unlike_hugging_face(config)
+  if what is None:
     return
   raise ValueError(
     f'--compare needs a plain ViT with the token classifier and no pre_logits (Hugging Face'

@@ -22,21 +22,19 @@ from collections.abc import Callable, Sequence
 
 from absl import flags, logging
 
-from vit_jax import checkpoint, cli
+from vit_jax import checkpoint, cli, families
 from vit_jax.checkpoint import catalog, tree, two_towers
-from vit_jax.models import is_mixer, is_two_tower
 
 USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf,timm} (or --list [QUERY])'
 
 
 def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
   checkpoint.save_npz(fitted.params, dst)
-  if is_two_tower(fitted.config):
+  family = families.of_config(fitted.config)
+  if family.image_text:
     scalars = ', '.join(k for k in two_towers.SCALARS if k in fitted.params)
     return f'npz (LiT layout: img/, txt/, {scalars})'
-  return (
-    'npz (Mixer layout)' if is_mixer(fitted.config) else 'npz (vit_jax layout, pre-Linen names)'
-  )
+  return f'npz ({family.npz_layout})'
 
 
 def _write_hf(fitted: checkpoint.Fitted, dst: str) -> str:
@@ -66,16 +64,17 @@ WRITERS: dict[str, Callable[[checkpoint.Fitted, str], str]] = {
 
 
 def _read_line(src: str, found: checkpoint.Found) -> str:
-  if is_two_tower(found.config):
+  family = families.of_config(found.config)
+  if family.image_text:
     return (
       f'read {src}: {found.description}; {found.arrays} arrays, {found.parameters:,} parameters;'
-      f' model {found.name or "(unregistered)"} ({two_towers.describe(found.config)})'
+      f' model {found.name or "(unregistered)"} ({family.describe(found.config)})'
       + (f', {found.resolution} px' if found.resolution else '')
     )
   head = f'head {found.config.num_classes} classes' if found.config.num_classes else 'no head'
   return (
     f'read {src}: {found.description}; {found.arrays} arrays, {found.parameters:,} parameters;'
-    f' model {found.name or "(unregistered)"} ({tree.describe(found.config)}); {head},'
+    f' model {found.name or "(unregistered)"} ({family.describe(found.config)}); {head},'
     f' pre_logits {"yes" if found.config.get("representation_size") else "no"}'
     + (f', {found.resolution} px' if found.resolution else '')
   )
@@ -116,7 +115,8 @@ def convert(
       f'--num_classes={num_classes}: must be >= 0 (0 drops the head)'
     )
   fitted = checkpoint.fit(src, model, num_classes, resolution, params_entry=params_entry)
-  if is_two_tower(fitted.config) and to != 'npz':
+  family = families.of_config(fitted.config)
+  if family.image_text and to not in family.writes:
     raise checkpoint.CheckpointError(
       f'--to={to}: an image-text model converts to npz only; for its image tower alone'
       f' convert {src}:img'

@@ -5,34 +5,23 @@ python -m vit_jax.models [--resolution 224] [--num_classes 1000] [--xla_flops]
 
 from absl import flags
 
-from vit_jax import cli
-from vit_jax.models import MODEL_CONFIGS, get_model, is_mixer, stats
+from vit_jax import cli, families
+from vit_jax.models import MODEL_CONFIGS, get_model, stats
 
 # The paper's Table 1 "Params" column, per variant (hidden size D).
 PAPER_PARAMS_M = {768: ('ViT-Base', 86), 1024: ('ViT-Large', 307), 1280: ('ViT-Huge', 632)}
-
-
-def _architecture(config) -> dict:
-  """The table's shape columns; for a Mixer, MLP is the channel MLP (tokens MLP in the note)."""
-  if is_mixer(config):
-    arch = (config.num_blocks, config.hidden_dim, config.channels_mlp_dim, '-')
-    note = f'Mixer, tokens MLP {config.tokens_mlp_dim}'
-  else:
-    t = config.transformer
-    arch = (t.num_layers, config.hidden_size, t.mlp_dim, t.num_heads)
-    note = 'distillation token and head' if config.get('distilled') else ''
-  return {**dict(zip(('layers', 'hidden', 'mlp', 'heads'), arch, strict=True)), 'note': note}
 
 
 def table_rows(resolution: int = 224, num_classes: int = 1000, xla_flops: bool = False):
   """One dict per registered model with its size, exact count and forward GFLOPs."""
   rows = []
   for name, config in MODEL_CONFIGS.items():
+    family = families.of_config(config)
     model = get_model(name, num_classes=num_classes)
     params = stats.count_params(stats.param_shapes(model, resolution))
     row = {
       'model': name,
-      **_architecture(config),
+      **family.table_columns(config),
       'patch': config.patches.size[0],
       'params': params,
       'gflops': stats.forward_flops(config, resolution, num_classes) / 1e9,
@@ -40,8 +29,7 @@ def table_rows(resolution: int = 224, num_classes: int = 1000, xla_flops: bool =
     }
     if xla_flops:
       row['xla_gflops'] = stats.xla_forward_flops(model, resolution) / 1e9
-    plain_vit = not is_mixer(config) and config.resnet is None and not config.get('distilled')
-    if plain_vit and config.hidden_size in PAPER_PARAMS_M:
+    if family.is_plain(config) and config.hidden_size in PAPER_PARAMS_M:
       variant, paper = PAPER_PARAMS_M[config.hidden_size]
       row['paper'] = f'{paper}M'
       diff = params / 1e6 - paper

@@ -43,12 +43,11 @@ from etils import epath
 from PIL import Image
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import cli, data, files, rundir
+from vit_jax import cli, data, families, files, rundir
 from vit_jax.data.preprocess import decode_bytes, eval_image
-from vit_jax.models import blocks, is_mixer, is_two_tower, vit
+from vit_jax.models import blocks
 
 IMAGENET_NUM_CLASSES = 1000
-CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
 
 
 class ImageError(ValueError):
@@ -211,17 +210,6 @@ def class_names_for(
 # The model a checkpoint holds.
 
 
-def _check_pooled(config: Any, name: str) -> None:
-  """A ViT whose output is one pooled vector (a Mixer's always is)."""
-  if is_mixer(config):
-    return
-  if config.transformer is None or config.classifier not in CLASSIFIERS_WITH_POOLING:
-    raise ValueError(
-      f'{name} has classifier={config.classifier!r} and transformer={config.transformer}: '
-      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
-    )
-
-
 def _classifier(head: Any, head_dist: Any) -> tuple[np.ndarray | None, np.ndarray | None]:
   """(kernel, bias) of the linear map from the features to the logits: the head, or for a
   distilled model the mean of its two heads on the two tokens side by side."""
@@ -245,14 +233,14 @@ def load(
   """
   fitted = ckpt.fit(checkpoint, model_name, resolution=resolution)
   config = fitted.config
-  if is_two_tower(config):
+  family = families.of_config(config)
+  if family.image_text:
     raise ckpt.CheckpointError(
       f'{checkpoint}: an image-text model (LiT, SigLIP) has no classes to predict; its image'
       f" tower's features: {checkpoint}:img"
     )
-  found = ckpt.tree.describe(config)
-  name = fitted.name or (found if is_mixer(config) else f'ViT ({found})')
-  _check_pooled(config, name)
+  name = fitted.name or family.label(config)
+  family.check_pooled(config, name)
   params = dict(fitted.params)
   kernel, bias = _classifier(params.pop('head', None), params.pop('head_dist', None))
   loaded = LoadedModel(
@@ -289,8 +277,7 @@ class Prediction:
 
 def _apply(model: nn.Module, params: dict[str, Any], images: jax.Array, **kwargs: Any) -> Any:
   """`model.apply`; a distilled model gives its two tokens' features (`both_heads`)."""
-  if getattr(model, 'distilled', False):
-    kwargs['both_heads'] = True
+  kwargs.update(families.of_module(model).feature_kwargs(model))
   return model.apply({'params': params}, images, train=False, **kwargs)
 
 
@@ -318,7 +305,7 @@ def _features_and_block(
 def feature_block(loaded: LoadedModel, block: int) -> int:
   """`block` (negative from the end) as the index of one of the model's encoder blocks."""
   transformer = getattr(loaded.model, 'transformer', None)
-  if not isinstance(loaded.model, vit.VisionTransformer) or transformer is None:
+  if transformer is None:  # a Mixer, or a ViT of the patch embedding alone
     raise ValueError(f'--features_block: {loaded.model_name} has no transformer encoder blocks')
   return blocks.block_indices((block,), transformer['num_layers'])[0]
 

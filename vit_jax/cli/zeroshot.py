@@ -45,8 +45,7 @@ import numpy as np
 from absl import flags, logging
 
 from vit_jax import checkpoint as ckpt
-from vit_jax import cli, files
-from vit_jax.models import is_two_tower
+from vit_jax import cli, families, files
 
 VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model'}
 
@@ -82,7 +81,7 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
 
   fitted = ckpt.fit(checkpoint)
   config = fitted.config
-  if not is_two_tower(config):
+  if not families.of_config(config).image_text:
     raise ValueError(
       'not an image-text (LiT, SigLIP) checkpoint: it holds no text tower; classify with '
       'python -m vit_jax.predict'

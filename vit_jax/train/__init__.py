@@ -1,11 +1,11 @@
 """The trainer in parts, each testable alone.
 
   spec.py     the run spec: every config key's type, default and meaning; `from_config`
-  setup.py    the spec resolved against the data, the devices and the files (`prepare`)
+  setup.py    the spec resolved against the data, the devices and the files, and the run's
+              task (vit_jax/tasks) built once (`prepare`)
   state.py    the train state: shapes, shardings, init (scratch or pretrained), checkpoints
-  steps.py    the compiled training steps: `make_train_step` (jit),
+  steps.py    the compiled training steps around the task's loss: `make_train_step` (jit),
               `make_shard_map_train_step`
-  distill.py  DeiT distillation: the teacher read once, its logits and the loss in the step
   actions.py  the loop's periodic actions: progress and metrics, the evaluators
               (vit_jax/evals), checkpoints, profiling, the non-finite guard, preemption
   loop.py     `train_and_evaluate(config, workdir)`

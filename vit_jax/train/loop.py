@@ -22,7 +22,7 @@ import ml_collections
 
 from vit_jax import data as data_lib
 from vit_jax import distributed, files, optim, parallel, rundir
-from vit_jax.train import actions, distill, image_text, steps
+from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
 from vit_jax.train.setup import Setup, prepare
@@ -62,7 +62,7 @@ def _write_config(workdir: str, setup: Setup) -> None:
     'devices': setup.mesh.size,
     'processes': jax.process_count(),
     'pretrained_path': setup.pretrained_path,
-    'teacher': setup.teacher.description if setup.teacher else None,
+    **setup.task.resolved(),
   }
   rundir.write_config(workdir, spec_lib.to_dict(setup.spec), resolved)
 
@@ -147,14 +147,9 @@ def _why(notes: dict[int, str]) -> str:
 def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   start = int(meta['step'])
-  teacher_params = None
-  if setup.teacher is not None:
-    teacher_params = distill.place(setup.teacher_params, mesh, spec.step.sharding)
-    _say(f'Distilling from {setup.teacher.description}.')
-  train_step = steps.train_step_for(
-    spec, setup.model, tx, schedule, setup.num_classes, mesh, lay.shardings,
-    setup.teacher, teacher_params,
-  )  # fmt: skip
+  if setup.task.describe():
+    _say(setup.task.describe())
+  train_step = steps.train_step_for(spec, setup.task, tx, schedule, mesh, lay.shardings)
   bad = data_lib.BadExamples('training')
   guard = actions.NonFiniteGuard(
     checkpoints, bad, int(meta.get('bad_images', 0)), spec.data.skip_bad_images
@@ -192,7 +187,7 @@ def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
 def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
   """Restores or initialises the state, then trains with the actions; the result."""
   tx, schedule = optim.for_training(setup.spec.optim, setup.total_steps)
-  tx = image_text.lock(tx, setup.spec.step)  # LiT: no update, no state for a locked tower
+  tx = setup.task.optimizer(tx)  # LiT: no update, no state for a locked tower
   lay = state_lib.layout(setup, tx, jax.random.key(setup.spec.init.seed))
   state, meta = _start_state(setup, tx, lay, checkpoints)
   start, data = int(meta['step']), setup.spec.data

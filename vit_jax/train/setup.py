@@ -3,9 +3,10 @@
 `prepare` is the one way from a config to a run: it resolves the config into the run spec
 (spec.py, `from_config`), does every check that needs the data or the files, before any
 compute, and fills in what the spec leaves to them (the number of classes, the steps of
-`total_epochs`, a distillation teacher read from its checkpoint, the evaluators and their
-data). Errors are one-line ValueErrors. `Setup.spec` is the resolved spec: what the run
-uses and what its config.json holds.
+`total_epochs`, the evaluators and their data, and the run's task, vit_jax/tasks: resolved
+here once, with what it reads, such as a distillation teacher's checkpoint). Errors are
+one-line ValueErrors. `Setup.spec` is the resolved spec: what the run uses and what its
+config.json holds.
 """
 
 import csv
@@ -21,11 +22,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import files, parallel, rundir
+from vit_jax import files, parallel, rundir, tasks
 from vit_jax.evals import common as evals_common
 from vit_jax.evals import registry as evals_registry
 from vit_jax.models import VisionTransformer, is_two_tower, model_from_config
-from vit_jax.train import distill
 from vit_jax.train import spec as spec_lib
 
 DOWNLOAD_ROOTS = {'augreg': 'gs://vit_models/augreg', 'default': 'gs://vit_models/imagenet21k'}
@@ -41,9 +41,8 @@ class Setup:
   model: Any
   mesh: jax.sharding.Mesh
   pretrained_path: str | None
-  # The distillation teacher and its parameters on the host (float32), or None.
-  teacher: distill.Teacher | None = None
-  teacher_params: Any = None
+  # The run's task (vit_jax/tasks), built on `model`: the trainer's one view of it.
+  task: tasks.common.Task
   # The evaluators the spec asks for, by name (vit_jax/evals/registry.py), their data checked.
   evaluators: Mapping[str, evals_common.Evaluator] = dataclasses.field(default_factory=dict)
 
@@ -178,16 +177,6 @@ def _check_batches(spec: spec_lib.RunSpec, mesh: jax.sharding.Mesh) -> None:
   parallel.check_batch(data.batch_eval, mesh, 1, 'batch_eval')
 
 
-def _check_locked(spec: spec_lib.RunSpec, pretrained_path: str | None, resuming: bool) -> None:
-  c = spec.step.contrastive
-  if spec.step.task == 'contrastive' and c.lock_image and not pretrained_path and not resuming:
-    raise ValueError(
-      'config.contrastive.lock_image=True locks the image tower, but no pretrained file is '
-      'given: set --config.pretrained_path=FILE (any format; PATH:img for an image-text '
-      'file), or --config.contrastive.lock_image=False to train both towers.'
-    )
-
-
 def prepare(
   config: spec_lib.RunSpec | ml_collections.ConfigDict | Mapping[str, Any],
   workdir: str,
@@ -210,22 +199,13 @@ def prepare(
     loop=dataclasses.replace(spec.loop, total_steps=total_steps),
   )
   context = evals_common.Context(spec.evals, spec.data, model, mesh, source)
-  # The classification evaluators measure class logits: a contrastive run has none.
-  names = ('zeroshot',) if spec.step.task == 'contrastive' else None
-  evaluators = evals_registry.build(context, names)
-  _check_locked(spec, pretrained_path, resuming)
-  teacher, teacher_params = None, None
-  if spec.step.distill.enabled:
-    teacher, teacher_params = distill.load(
-      spec.step.distill, num_classes, spec.data.pp.crop, spec.model.dtype
-    )
+  evaluators = evals_registry.build(context, tasks.get_task(spec).default_evals)
   return Setup(
     spec=spec,
     source=source,
     model=model,
     mesh=mesh,
     pretrained_path=pretrained_path,
-    teacher=teacher,
-    teacher_params=teacher_params,
+    task=tasks.build(spec, model, pretrained_path, resuming),
     evaluators=evaluators,
   )

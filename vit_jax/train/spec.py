@@ -10,9 +10,10 @@ the fields of each section below are its top-level keys, a nested section (`pp`)
 dict, and `config.model` holds the model's constructor fields (checked by the model).
 `configs/common.py` starts every experiment from `default_config()`, these defaults.
 
-Two sections are defined below the trainer, beside the code they configure: `Data` (with
-`Pp`) in vit_jax/data/spec.py, which the input pipeline takes whole, and `Evals` (with
-`Fewshot`) in vit_jax/evals/spec.py, which the evaluators are built from. `from_config` is
+Some sections are defined below the trainer, beside the code they configure: `Data` (with
+`Pp`) in vit_jax/data/spec.py, which the input pipeline takes whole, `Evals` (with
+`Fewshot`) in vit_jax/evals/spec.py, which the evaluators are built from, and the tasks'
+`Distill` and `Contrastive` in vit_jax/tasks/, whose checks are theirs. `from_config` is
 the config's one way in; vit_jax/train/setup.py (`prepare`) then resolves the spec against
 the data and the devices.
 """
@@ -26,20 +27,20 @@ from typing import Any
 
 import ml_collections
 
-from vit_jax import optim, parallel
+from vit_jax import optim, parallel, tasks
 from vit_jax.data import spec as data_spec
 from vit_jax.data.spec import Data
 from vit_jax.evals import spec as evals_spec
 from vit_jax.evals.spec import Evals
 from vit_jax.models import precision as precision_lib
 from vit_jax.optim import Optim  # the optimizer section, defined beside the optimizer
+from vit_jax.tasks.contrastive import Contrastive  # the tasks' sections, beside their tasks
+from vit_jax.tasks.distillation import Distill
 
 DTYPES = ('float32', 'bfloat16')
 PRECISIONS = precision_lib.POLICIES
 LOSSES = ('softmax_xent', 'sigmoid_xent')
 STEPS = ('jit', 'shard_map')
-DISTILL_KINDS = ('hard', 'soft')
-TASKS = ('classification', 'contrastive')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,60 +82,6 @@ class Init:
 
 
 @dataclasses.dataclass(frozen=True)
-class Distill:
-  """`config.distill`: DeiT's knowledge distillation (Touvron et al., arXiv:2012.12877).
-
-  The teacher runs in inference mode inside the training step, on the same augmented batch;
-  its parameters are an input of the step (sharded like the student's), never trained nor
-  saved: a resumed run reads them again from `teacher_checkpoint`. A distilled student
-  (`distilled=True`) learns the labels through its class head and the teacher through its
-  distillation head; any other student takes both terms on its one head. Defaults: DeiT's.
-  """
-
-  # The teacher's checkpoint, any format vit_jax.checkpoint reads (.npz, a Hugging Face or timm
-  # file or folder, an orbax run directory). Empty: no distillation.
-  teacher_checkpoint: str = ''
-  # The teacher's registry name (checked against the checkpoint), or '' for the architecture
-  # the checkpoint holds (read off its shapes).
-  teacher: str = ''
-  # Or its constructor fields (a dict, as config.model), used as given; None: as `teacher`.
-  teacher_model: Mapping[str, Any] | None = None
-  # 'hard': (1 - alpha) CE(class head, labels) + alpha CE(distillation head, teacher's argmax),
-  # the paper's eq. 3 at alpha 1/2. 'soft': (1 - alpha) CE + alpha tau^2 KL(teacher || student)
-  # at temperature tau, eq. 2 (alpha is the paper's lambda).
-  kind: str = 'hard'
-  alpha: float = 0.5
-  temperature: float = 1.0
-  # The teacher's input size in pixels; 0: the resolution its checkpoint was trained at. The
-  # batch's images are resized to it (bilinear, antialiased) inside the step where it differs
-  # from pp.crop.
-  teacher_resolution: int = 0
-
-  @property
-  def enabled(self) -> bool:
-    return bool(self.teacher_checkpoint)
-
-
-@dataclasses.dataclass(frozen=True)
-class Contrastive:
-  """`config.contrastive`: image-text training of a two-tower model (`task='contrastive'`).
-
-  LiT (Zhai et al., arXiv:2111.07991) locks the image tower: it is read from the pretrained
-  file (any format vit_jax.checkpoint reads; `pretrained_path`), gets no gradient and has no
-  optimizer state; only the text tower (and `t`, `b`) train. The losses are
-  vit_jax/train/contrastive.py's, over every device's embeddings.
-  """
-
-  # 'softmax' (CLIP, LiT: symmetric cross-entropy) or 'sigmoid' (SigLIP; the model's
-  # bias_init sets the learned bias b).
-  loss: str = 'softmax'
-  # Lock the image tower (LiT); False trains both towers.
-  lock_image: bool = True
-  # With the image tower locked, train its head (out_dim[0] set) all the same.
-  train_image_head: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
 class Step:
   """The compiled training step: loss, micro-batches, parallelism."""
 
@@ -153,14 +100,14 @@ class Step:
   step: str = 'jit'
   # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
   sharding: Any = 'replicate'
-  distill: Distill = Distill()
+  distill: Distill = dataclasses.field(default_factory=Distill)
   # Polyak averaging: an exponential moving average of the parameters with this decay, kept
   # in the state beside them and evaluated as `polyak/...` (0 = off; the paper's 0.9999).
   polyak_decay: float = 0.0
-  # 'classification' (images and labels), or 'contrastive' (image-text pairs, a two-tower
-  # model: `contrastive`).
+  # 'classification' (images and labels; with `distill.teacher_checkpoint` it distils), or
+  # 'contrastive' (image-text pairs, a two-tower model: `contrastive`); vit_jax/tasks.
   task: str = 'classification'
-  contrastive: Contrastive = Contrastive()
+  contrastive: Contrastive = dataclasses.field(default_factory=Contrastive)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,59 +271,8 @@ def check(spec: RunSpec) -> None:
     raise ValueError(f'config.profile_steps={spec.loop.profile_steps}; expected >= 0.')
   if not 0.0 <= spec.step.polyak_decay < 1.0:
     raise ValueError(f'config.polyak_decay={spec.step.polyak_decay}; expected 0 <= decay < 1.')
-  _check_distill(spec.step)
-  _check_contrastive(spec)
+  tasks.check(spec)
   evals_spec.check(spec.evals)
-
-
-def _check_contrastive(spec: RunSpec) -> None:
-  step = spec.step
-  _one_of('task', step.task, TASKS)
-  if step.task != 'contrastive':
-    return
-  _one_of('contrastive.loss', step.contrastive.loss, ('softmax', 'sigmoid'))
-  if 'image' not in spec.model.fields or 'text' not in spec.model.fields:
-    raise ValueError(
-      "config.task='contrastive' trains an image-text model: set config.model to a two-tower "
-      "model's fields (image, text, ...; vit_jax.models.get_config('LiT-B16B_2'))."
-    )
-  if step.accum_steps != 1:
-    raise ValueError(
-      f'config.accum_steps={step.accum_steps}: a contrastive batch does not split into '
-      'micro-batches (each would be its own set of negatives); use --config.accum_steps=1.'
-    )
-  if step.mixup or step.cutmix or step.label_smoothing or step.distill.enabled:
-    raise ValueError(
-      "config.task='contrastive' has no labels to mix, smooth or distill: set mixup, cutmix "
-      'and label_smoothing to 0 and no distill.teacher_checkpoint.'
-    )
-  if not spec.data.pp.tokenizer or not spec.data.pp.vocab:
-    raise ValueError(
-      "config.task='contrastive' tokenizes captions: set --config.pp.tokenizer=bert|"
-      'sentencepiece and --config.pp.vocab=FILE.'
-    )
-
-
-def _check_distill(step: Step) -> None:
-  d = step.distill
-  _one_of('distill.kind', d.kind, DISTILL_KINDS)
-  if not d.enabled:
-    if d.teacher or d.teacher_model is not None:
-      raise ValueError(
-        'config.distill names a teacher but not its weights: set '
-        '--config.distill.teacher_checkpoint=PATH.'
-      )
-    return
-  if step.loss != 'softmax_xent':
-    raise ValueError(
-      f"config.loss={step.loss!r}: distillation trains softmax heads; use 'softmax_xent'."
-    )
-  if not 0.0 <= d.alpha <= 1.0:
-    raise ValueError(f'config.distill.alpha={d.alpha}; expected a weight in [0, 1].')
-  if d.temperature <= 0:
-    raise ValueError(f'config.distill.temperature={d.temperature}; expected > 0.')
-  if d.teacher_resolution < 0:
-    raise ValueError(f'config.distill.teacher_resolution={d.teacher_resolution}; expected >= 0.')
 
 
 # ----------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import distributed, parallel, rundir
 from vit_jax.checkpoint.orbax import drop_abandoned_read_tracebacks
-from vit_jax.train import checkpoint_faults, image_text
+from vit_jax.train import checkpoint_faults
 from vit_jax.train.setup import Setup
 
 
@@ -36,7 +36,7 @@ class Layout:
 def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
   """Shapes of the state under `jax.eval_shape`, placed by the spec's sharding rules."""
   mesh = setup.mesh
-  params = jax.eval_shape(image_text.init_fn(setup.spec, setup.model), init_rng)
+  params = jax.eval_shape(setup.task.init_fn(), init_rng)
   abstract = {
     'params': params,
     'opt_state': jax.eval_shape(tx.init, params),
@@ -59,15 +59,10 @@ def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
 
 
 def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
-  """The pretrained file fitted to the model (checkpoint surgery), placed on the mesh."""
-  from vit_jax.checkpoint import load_pretrained
-
+  """The pretrained file fitted to the model by the task (checkpoint surgery), placed on the
+  mesh."""
   host_params = jax.device_get(jax.jit(init)(init_rng))
-  model_config = setup.spec.model.fields
-  if image_text.is_contrastive(setup.spec):  # the file is the image tower's
-    loaded = image_text.pretrained_params(setup.pretrained_path, host_params, model_config)
-  else:
-    loaded = load_pretrained(setup.pretrained_path, host_params, model_config, keep_head=False)
+  loaded = setup.task.pretrained(setup.pretrained_path, host_params)
   abstract = lay.abstract['params']
   loaded = jax.tree.map(lambda x, a: np.asarray(x, dtype=a.dtype), loaded, abstract)
   return parallel.place(loaded, lay.shardings['params'])
@@ -76,7 +71,7 @@ def _pretrained_params(setup: Setup, init, init_rng, lay: Layout):
 def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[str, Any]:
   """A fresh state on the mesh: initialised from scratch, or a pretrained file merged in."""
   shardings = lay.shardings
-  init = image_text.init_fn(setup.spec, setup.model)
+  init = setup.task.init_fn()
 
   if setup.pretrained_path is None:
 

@@ -1,0 +1,208 @@
+"""The image-text family: `TwoTowerModel`, LiT's and SigLIP's two towers (an image ViT, a
+BERT or text-transformer text tower, the temperature `t` and SigLIP's bias `b`).
+
+Its parameter tree is `{'img': a ViT tree, 'txt': a text tower's tree, 't', 'b'}`. The
+architecture is read off the shapes (`infer_config`), but for what they cannot say: BERT's head
+count (its attention kernels are (D, D)), taken as D / 64, BERT's, unless the file states it
+(a training run's config.json does); the init-only fields and `pp` are SigLIP's when the tree
+has a bias `b`, else LiT's. `pp` holds the model's preprocessing and its tokenizer's settings
+(`tokenizer_name`, `max_len`, SigLIP's `lower_case`): the one spelling of them.
+"""
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from vit_jax.families import vit
+from vit_jax.flat import SEP, CheckpointError, flatten
+from vit_jax.models.configs import TWO_TOWER_CONFIGS
+from vit_jax.models.text import TEXT_MODELS
+from vit_jax.models.two_towers import TwoTowerModel
+
+TOWERS = ('img', 'txt')
+_BERT = 'BertEncoder_0'
+_LAYER_RE = re.compile(r'layers_(\d+)$')
+_BERT_HEAD_DIM = 64  # BERT's head width; its (D, D) attention kernels do not store the heads
+_TEXT_SHAPE_FIELDS = {
+  'bert': ('hidden_size', 'num_layers', 'mlp_dim', 'vocab_size', 'max_length', 'num_segments'),
+  'text_transformer': ('width', 'num_layers', 'mlp_dim', 'num_heads', 'vocab_size'),
+}
+
+Config = Mapping[str, Any] | ml_collections.ConfigDict
+
+
+def owns_config(config: Config) -> bool:
+  """An image-text model's config (it has an `image` and a `text` tower)."""
+  return 'image' in config and 'text' in config
+
+
+def owns_tree(flat: Mapping[str, Any]) -> bool:
+  """The flat params of an image-text model: an `img` and a `txt` tower."""
+  return all(any(k.startswith(f'{t}{SEP}') for k in flat) for t in TOWERS)
+
+
+def image_config(config: Config) -> Config:
+  """The image tower's ViT config."""
+  return config['image']
+
+
+def text_model_of(flat: Mapping[str, Any], prefix: str = '') -> str | None:
+  """'bert' or 'text_transformer' for the text tower under `prefix`, None if there is none."""
+  if any(k.startswith(f'{prefix}{_BERT}/') for k in flat):
+    return 'bert'
+  blocks = f'{prefix}Encoder_0/encoderblock'
+  if f'{prefix}Embed_0/embedding' in flat and any(k.startswith(blocks) for k in flat):
+    return 'text_transformer'
+  return None
+
+
+def _shape(flat: Mapping[str, Any], key: str) -> tuple[int, ...]:
+  if key not in flat:
+    raise CheckpointError(f"the txt tower lacks {key!r}; the file is incomplete or not LiT's")
+  return tuple(int(d) for d in flat[key].shape)
+
+
+def _bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  embedder = f'{_BERT}/embedder'
+  vocab, hidden = _shape(flat, f'{embedder}/embedders_token_ids/embedding')
+  layers = f'{_BERT}/encoder_block/layer_sequence'
+  names = {k.split(SEP)[3] for k in flat if k.startswith(f'{layers}/')}
+  numbers = sorted(int(m.group(1)) for n in names if (m := _LAYER_RE.match(n)))
+  if not numbers or numbers != list(range(len(numbers))):
+    raise CheckpointError(f'txt/{layers} layers {numbers} are not numbered 0..N-1')
+  return ml_collections.ConfigDict(
+    {
+      'hidden_size': hidden,
+      'num_layers': len(numbers),
+      'num_heads': max(1, hidden // _BERT_HEAD_DIM),
+      'mlp_dim': _shape(flat, f'{layers}/layers_0/mlp_block/mlp/dense_layer/kernel')[1],
+      'vocab_size': vocab,
+      'max_length': _shape(flat, f'{embedder}/embedders_position_ids/embedding')[0],
+      'num_segments': _shape(flat, f'{embedder}/embedders_segment_ids/embedding')[0],
+    }
+  )
+
+
+def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  vocab, width = _shape(flat, 'Embed_0/embedding')
+  blocks = {k.split(SEP)[1] for k in flat if k.startswith('Encoder_0/encoderblock_')}
+  block = 'Encoder_0/encoderblock_0'
+  return ml_collections.ConfigDict(
+    {
+      'width': width,
+      'num_layers': len(blocks),
+      'mlp_dim': _shape(flat, f'{block}/MlpBlock_0/Dense_0/kernel')[-1],
+      'num_heads': _shape(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')[1],
+      'vocab_size': vocab,
+    }
+  )
+
+
+def text_length(params: Mapping[str, Any]) -> int | None:
+  """The token positions a text transformer was trained with (its `pos_embedding` rows)."""
+  posemb = params['txt'].get('pos_embedding')
+  return None if posemb is None else int(posemb.shape[1])
+
+
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `TwoTowerModel` fields an image-text tree implies, read off its shapes; `pp.size` is
+  the image tower's resolution and `pp.max_len` the text transformer's positions (BERT: 16)."""
+  img = flatten(params['img'])
+  image = vit.infer_config(img)
+  text_flat = flatten(params['txt'])
+  text_model = text_model_of(text_flat)
+  if text_model is None:
+    raise CheckpointError('the txt tower is neither a BERT nor a text transformer tree')
+  text = _bert_config(text_flat) if text_model == 'bert' else _text_transformer_config(text_flat)
+  head = text_flat.get('head/kernel')
+  out_dim = (image.num_classes, None if head is None else int(head.shape[-1]))
+  del image['num_classes']  # the image head's width is out_dim[0]
+  siglip = 'b' in params
+  config = ml_collections.ConfigDict()
+  config.image = image
+  config.text_model = text_model
+  config.text = text
+  config.out_dim = out_dim
+  config.temperature_init = 10.0 if siglip else 1.0
+  config.bias_init = -10.0 if siglip else None
+  config.pp = ml_collections.ConfigDict(
+    {
+      'tokenizer_name': 'bert' if text_model == 'bert' else 'sentencepiece',
+      'size': vit.native_resolution(img, image),
+      'max_len': text_length(params) or 16,
+    }
+  )
+  if siglip:
+    config.pp.lower_case = True
+  return config
+
+
+def architecture(config: Config) -> tuple:
+  """The fields that decide an image-text model's parameter shapes, but for the image
+  resolution and the text length: the towers (BERT's head count is not among them), their
+  heads, the bias."""
+  text_model = config['text_model']
+  defaults = {f.name: f.default for f in dataclasses.fields(TEXT_MODELS[text_model])}
+  text = {k: config['text'].get(k, defaults[k]) for k in _TEXT_SHAPE_FIELDS[text_model]}
+  return (
+    vit.architecture(config['image']),
+    text_model,
+    tuple(text.items()),
+    tuple(config['out_dim']),
+    config.get('bias_init') is not None,
+  )
+
+
+def match_registry(config: Config) -> str | None:
+  """The registered image-text model of this architecture, image size and text length."""
+  if 'pp' not in config:
+    return None
+  arch, pp = architecture(config), config['pp']
+  for name, registered in TWO_TOWER_CONFIGS.items():
+    same_pp = registered.pp.size == pp['size'] and (
+      config['text_model'] == 'bert' or registered.pp.max_len == pp['max_len']
+    )
+    if same_pp and architecture(registered) == arch:
+      return name
+  return None
+
+
+def describe(config: Config) -> str:
+  """An image-text model in one phrase: both towers, the heads, the bias."""
+  text = config['text']
+  if config['text_model'] == 'bert':
+    txt = f'BERT hidden_size {text["hidden_size"]}, {text["num_layers"]} layers'
+  else:
+    txt = f'text transformer width {text["width"]}, {text["num_layers"]} layers'
+  txt += f', {text["num_heads"]} heads, mlp_dim {text["mlp_dim"]}, vocab {text["vocab_size"]}'
+  image_dim, text_dim = config['out_dim']
+  bias = ', logit bias b' if config.get('bias_init') is not None else ''
+  return (
+    f'image tower ({vit.describe(config["image"])}); text tower ({txt});'
+    f' out_dim ({image_dim}, {text_dim}){bias}'
+  )
+
+
+def stated_fields(model_config: Config) -> dict[str, Any]:
+  """What a run's model config states that the shapes cannot: BERT's head count, and the
+  preprocessing and tokenizer settings (`pp`)."""
+  stated: dict[str, Any] = {'text': {'num_heads': model_config['text']['num_heads']}}
+  if model_config.get('pp'):
+    pp = model_config['pp']
+    stated['pp'] = dict(pp.to_dict() if hasattr(pp, 'to_dict') else pp)
+  return stated
+
+
+def label(config: Config) -> str:
+  """An unregistered model's name in the commands' output."""
+  return describe(config)
+
+
+def model_kind(config: Config) -> str:
+  return 'SigLIP' if config.get('bias_init') is not None else 'LiT'
+
+
+MODULE = TwoTowerModel

@@ -1,0 +1,251 @@
+"""The ViT family: `VisionTransformer` with its hybrids (a ResNet stem) and DeiT's distilled
+models, as the original vit_jax registry, AugReg, big_vision and DeiT name them.
+
+Its parameter tree has the patch embedding `embedding/kernel`; the architecture is read off
+the shapes (`infer_config`): dropout rates are not stored in weights and come back as 0; a tree
+without `cls` is taken as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with
+a `MAPHead_0`; `dist_token` gives `distilled=True`, and an encoder without a position embedding
+`posemb='sincos2d'` (these two fields only appear when set).
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from vit_jax.flat import (
+  SEP,
+  CheckpointError,
+  get,
+  numbered,
+  patch_embedding,
+  shape_str,
+  square_side,
+)
+from vit_jax.models.configs import MODEL_CONFIGS
+from vit_jax.models.vit import VisionTransformer
+
+POSEMB = 'Transformer/posembed_input/pos_embedding'
+PATCH_KERNEL = 'embedding/kernel'
+_BLOCK_RE = re.compile(r'encoderblock_(\d+)$')
+_UNIT_RE = re.compile(r'unit(\d+)$')
+_STAGE_RE = re.compile(r'block(\d+)$')
+
+Config = Mapping[str, Any] | ml_collections.ConfigDict
+
+
+def owns_config(config: Config) -> bool:
+  """A `VisionTransformer`'s fields (it has `hidden_size` and `transformer`)."""
+  return 'hidden_size' in config and 'transformer' in config
+
+
+def owns_tree(flat: Mapping[str, Any]) -> bool:
+  return PATCH_KERNEL in flat
+
+
+def num_prefix_tokens(flat: Mapping[str, Any]) -> int:
+  """Tokens before the patches, each with a position-embedding row: `cls`, DeiT's `dist_token`."""
+  return int('cls' in flat) + int('dist_token' in flat)
+
+
+def block_numbers(flat: Mapping[str, Any]) -> list[int]:
+  """The numbers i of the `Transformer/encoderblock_{i}` groups of a flat dict, checked 0..N-1."""
+  return numbered(flat, _BLOCK_RE, 'Transformer')
+
+
+def infer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `VisionTransformer` fields a flat ViT tree implies, read off its shapes."""
+  patch, width = patch_embedding(flat, PATCH_KERNEL)
+  config = ml_collections.ConfigDict()
+  config.patches = ml_collections.ConfigDict({'size': patch})
+  config.hidden_size = width
+  config.transformer = _infer_transformer(flat)
+  config.resnet = _infer_resnet(flat)
+  config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
+  if 'dist_token' in flat:
+    config.distilled = True
+  if config.transformer is not None and POSEMB not in flat:
+    config.posemb = 'sincos2d'
+  config.representation_size = (
+    int(flat['pre_logits/kernel'].shape[-1]) if 'pre_logits/kernel' in flat else None
+  )
+  config.num_classes = int(flat['head/kernel'].shape[-1]) if 'head/kernel' in flat else None
+  return config
+
+
+def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
+  blocks = block_numbers(flat)
+  if not blocks:
+    return None
+  block = 'Transformer/encoderblock_0'
+  query = get(flat, f'{block}/MultiHeadDotProductAttention_0/query/kernel')
+  if len(query.shape) != 3:
+    raise CheckpointError(
+      f'{block}/MultiHeadDotProductAttention_0/query/kernel has shape {shape_str(query.shape)};'
+      ' expected (hidden, heads, head_dim)'
+    )
+  return ml_collections.ConfigDict(
+    {
+      'num_layers': len(blocks),
+      'mlp_dim': int(get(flat, f'{block}/MlpBlock_0/Dense_0/kernel').shape[-1]),
+      'num_heads': int(query.shape[1]),
+      'dropout_rate': 0.0,
+      'attention_dropout_rate': 0.0,
+      'drop_path_rate': 0.0,
+    }
+  )
+
+
+def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+  """The hybrid stem's units per stage and width; None for a plain ViT."""
+  if 'conv_root/kernel' not in flat:
+    return None
+  stages = sorted({int(m.group(1)) for k in flat if (m := _STAGE_RE.match(k.split(SEP)[0]))})
+  if stages != list(range(1, len(stages) + 1)):
+    raise CheckpointError(f'ResNet stages {stages} are not numbered block1..block{len(stages)}')
+  units = []
+  for s in stages:
+    names = {k.split(SEP)[1] for k in flat if k.startswith(f'block{s}/')}
+    units.append(sum(bool(_UNIT_RE.match(n)) for n in names))
+  width = int(flat['conv_root/kernel'].shape[-1])
+  return ml_collections.ConfigDict(
+    {'num_layers': tuple(units), 'width_factor': width // 64 if width % 64 == 0 else width / 64}
+  )
+
+
+def architecture(config: Config) -> tuple:
+  """The fields that decide the parameter shapes (not dropout, not the head, not pre_logits)."""
+  t = config['transformer']
+  r = config['resnet']
+  return (
+    tuple(config['patches']['size']),
+    config['hidden_size'],
+    None if t is None else (t['num_layers'], t['mlp_dim'], t['num_heads']),
+    None if r is None else (tuple(r['num_layers']), r['width_factor']),
+    config['classifier'] in ('token', 'token_unpooled'),
+    config['classifier'] == 'map',
+    bool(config.get('distilled', False)),
+    config.get('posemb', 'learn'),
+  )
+
+
+def match_registry(config: Config) -> str | None:
+  """The registered ViT with the architecture of `config`, or None."""
+  arch = architecture(config)
+  for name, registered in MODEL_CONFIGS.items():
+    if owns_config(registered) and architecture(registered) == arch:
+      return name
+  return None
+
+
+def describe(config: Config) -> str:
+  """The architecture in one phrase, e.g. 'hidden_size 768, 12 layers, 12 heads, mlp_dim 3072,
+  patch 16x16, classifier token'."""
+  t, r = config['transformer'], config['resnet']
+  parts = [f'hidden_size {config["hidden_size"]}']
+  if t is not None:
+    parts.append(f'{t["num_layers"]} layers, {t["num_heads"]} heads, mlp_dim {t["mlp_dim"]}')
+  parts.append('patch ' + 'x'.join(map(str, config['patches']['size'])))
+  if r is not None:
+    parts.append(f'resnet {tuple(r["num_layers"])}')
+  parts.append(f'classifier {config["classifier"]}')
+  if config.get('distilled'):
+    parts.append('distillation token')
+  if config.get('posemb', 'learn') != 'learn':
+    parts.append(f'posemb {config["posemb"]}')
+  if not config.get('gelu_approximate', True):
+    parts.append('exact GELU')
+  return ', '.join(parts)
+
+
+def feature_stride(config: Config) -> int:
+  """Downsampling of the ResNet stem before the patch embedding (1 for a plain ViT)."""
+  if config.get('resnet') is None:
+    return 1
+  return 4 * 2 ** max(0, len(config['resnet']['num_layers']) - 1)
+
+
+def patch_pixels(config: Config) -> int:
+  """The side in input pixels of the patch one token sees (patch size x the stem's stride)."""
+  return config['patches']['size'][0] * feature_stride(config)
+
+
+def native_resolution(flat: Mapping[str, Any], config: Config) -> int | None:
+  """The square image size of a square grid of learned position embeddings (after the
+  `cls`/`dist_token` rows); None otherwise (sincos2d position embeddings fit any size)."""
+  if POSEMB not in flat:
+    return None
+  side = square_side(flat[POSEMB].shape[1] - num_prefix_tokens(flat))
+  return None if side is None else side * patch_pixels(config)
+
+
+def token_grid(config: Config, image_size: int | tuple[int, int]) -> tuple[int, int]:
+  """(rows, cols) of patch tokens for an image of `image_size` pixels."""
+  h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+  if config.get('resnet') is not None:
+    steps = 2 + max(0, len(config['resnet']['num_layers']) - 1)  # root conv, max-pool, stages
+    for _ in range(steps):
+      h, w = -(-h // 2), -(-w // 2)
+  ph, pw = config['patches']['size']
+  return h // ph, w // pw
+
+
+CLASSIFIERS_WITH_POOLING = ('token', 'gap', 'map')
+
+
+def check_pooled(config: Config, name: str) -> None:
+  """Predictions and embeddings need one pooled vector per image (a one-line ValueError)."""
+  if config['transformer'] is None or config['classifier'] not in CLASSIFIERS_WITH_POOLING:
+    raise ValueError(
+      f'{name} has classifier={config["classifier"]!r} and transformer={config["transformer"]}: '
+      f'predictions and embeddings need a pooled encoder output ({CLASSIFIERS_WITH_POOLING}).'
+    )
+
+
+def feature_kwargs(model: VisionTransformer) -> dict[str, Any]:
+  """`apply` options for the features: a distilled model gives both tokens' (`both_heads`)."""
+  return {'both_heads': True} if model.distilled else {}
+
+
+def is_plain(config: Config) -> bool:
+  """A ViT of the paper's Table 1: no ResNet stem, no distillation token."""
+  return config['resnet'] is None and not config.get('distilled')
+
+
+def table_columns(config: Config) -> dict[str, Any]:
+  """The model table's shape columns (`vit-models`)."""
+  t = config['transformer']
+  arch = (t['num_layers'], config['hidden_size'], t['mlp_dim'], t['num_heads'])
+  note = 'distillation token and head' if config.get('distilled') else ''
+  return {**dict(zip(('layers', 'hidden', 'mlp', 'heads'), arch, strict=True)), 'note': note}
+
+
+def unlike_hugging_face(config: Config) -> str | None:
+  """Why Hugging Face's ViTForImageClassification cannot hold the model, or None."""
+  if config.get('distilled'):
+    return 'is distilled (DeiT: two heads)'
+  if (
+    config['resnet'] is not None
+    or config['classifier'] != 'token'
+    or config.get('representation_size')
+  ):
+    return (
+      f'has resnet={config["resnet"] is not None}, classifier={config["classifier"]!r},'
+      f' representation_size={config.get("representation_size")}'
+    )
+  return None
+
+
+def label(config: Config) -> str:
+  """An unregistered model's name in the commands' output."""
+  return f'ViT ({describe(config)})'
+
+
+def model_kind(config: Config) -> str:
+  """What the model is, for the commands' one-line summaries."""
+  return 'DeiT (distilled)' if config.get('distilled') else 'ViT'
+
+
+MODULE = VisionTransformer

@@ -1,0 +1,100 @@
+"""The classification task (`config.task='classification'`, the default): images and labels.
+
+  init         the model initialised on one image of the run's crop;
+  pretrained   the file (any format vit_jax.checkpoint reads) fitted as fine-tuning fits it:
+               a fresh head, position embeddings resized (checkpoint surgery);
+  loss         softmax cross-entropy (label smoothing on the targets) or per-class sigmoid
+               cross-entropy, summed over classes; the labels are class indices (B,) or soft
+               targets (B, num_classes) after mixup/CutMix (mixed by the step, before);
+  gradient     the mean loss and its gradient over `accum_steps` micro-batches
+               (`optim.accumulate_gradient`); inside `jax.shard_map` each device's, and
+               `reduce` is their `lax.pmean`, as the original's pmapped `update_fn`.
+
+With dropout, each example gets its own key fold_in(rng, global example id), so the masks do
+not depend on how the batch is split over devices or micro-batches. DeiT's distillation
+(vit_jax/tasks/distillation.py) is this task with a teacher's loss.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from vit_jax import optim
+from vit_jax.tasks import common
+
+
+def uses_dropout(model) -> bool:
+  """Whether the model drops out (or drops paths) in training: then each example gets its
+  own key."""
+  t = getattr(model, 'transformer', None) or {}
+  rates = ('dropout_rate', 'attention_dropout_rate', 'drop_path_rate')
+  return any(t.get(rate, 0.0) for rate in rates)
+
+
+class Task(common.Task):
+  """Images and labels; the step's batch `{'image': f32 (B, H, W, 3), 'label': int32 (B,)}`."""
+
+  def __init__(self, spec: Any, model: Any):
+    super().__init__(spec, model)
+    self.num_classes = spec.data.num_classes
+    self._dropout = uses_dropout(model)
+
+  def init_fn(self) -> Callable[[jax.Array], Any]:
+    dummy = common.dummy_images(self.spec)
+    return lambda rng: self.model.init(rng, dummy, train=False)['params']
+
+  def pretrained(self, path: str, host_params: Any) -> Any:
+    from vit_jax.checkpoint import load_pretrained
+
+    return load_pretrained(path, host_params, self.spec.model.fields, keep_head=False)
+
+  def heads(self) -> dict[str, bool]:
+    """The model's call arguments in training beside the images: none."""
+    return {}
+
+  def _forward(self, params, images, ids, rng):
+    variables, heads = {'params': params}, self.heads()
+    if not self._dropout:
+      return self.model.apply(variables, images, train=True, **heads)
+
+    def one(image, i):
+      key = jax.random.fold_in(rng, i)
+      out = self.model.apply(variables, image[None], train=True, rngs={'dropout': key}, **heads)
+      return jax.tree.map(lambda x: x[0], out)
+
+    return jax.vmap(one)(images, ids)
+
+  def loss(self, params, images, labels, ids, rng, *inputs) -> jax.Array:
+    """The mean loss of `images` (global example ids `ids`) against `labels`: class indices
+    (B,) or soft targets (B, num_classes); `inputs`: the step's (`inputs`)."""
+    logits = self._forward(params, images, ids, rng)
+    targets = labels if labels.ndim == 2 else jax.nn.one_hot(labels, self.num_classes)
+    step = self.spec.step
+    if step.loss == 'sigmoid_xent':
+      return optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1).mean()
+    if step.label_smoothing:
+      targets = optax.smooth_labels(targets, step.label_smoothing)
+    return self.softmax_loss(logits, targets, images, *inputs)
+
+  def softmax_loss(self, logits, targets, images, *inputs) -> jax.Array:
+    """The mean softmax cross-entropy of `logits` against the (smoothed) `targets`."""
+    del images, inputs
+    return optax.softmax_cross_entropy(logits, targets).mean()
+
+  def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
+    ids = first_id + jnp.arange(batch['label'].shape[0], dtype=jnp.int32)
+
+    def loss_and_grad(params, images, labels, ids):
+      return jax.value_and_grad(self.loss)(params, images, labels, ids, rng, *inputs)
+
+    data = (batch['image'], batch['label'], ids)
+    accum_steps = self.spec.step.accum_steps
+    loss, grads = optim.accumulate_gradient(loss_and_grad, params, data, accum_steps, axis)
+    return loss, grads, {}
+
+  def reduce(self, loss, grads, metrics, axis):
+    loss, grads = jax.lax.pmean((loss, grads), axis)
+    return loss, grads, metrics

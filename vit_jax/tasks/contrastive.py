@@ -1,0 +1,182 @@
+"""The contrastive task (`config.task='contrastive'`): a two-tower model trained on image-text
+pairs with the losses of vit_jax/tasks/contrastive_losses.py, in the same trainer.
+
+What differs from classification, each in one method here:
+  check        a two-tower model, one micro-batch, no labels to mix or distill, a tokenizer;
+  init         the model is initialised on images and tokens (`init_fn`);
+  pretrained   the pretrained file (any format vit_jax.checkpoint reads) is the image
+               tower's: it is fitted to `params['img']` as fine-tuning fits a ViT, the text
+               tower starts from scratch (`pretrained`);
+  locking      LiT: with `contrastive.lock_image` the image tower is `locked` (`labels`):
+               the loss sees it through `stop_gradient`, so no gradient is computed for it,
+               and the optimizer is an `optax.multi_transform` that gives it
+               `optax.set_to_zero()`, so the optimizer state holds no leaf of it and its
+               parameters stay bit-identical (`optimizer`); `train_image_head` leaves
+               `img/head` trainable;
+  loss         the model's embeddings of the batch's images and texts `{'image', 'text'}`,
+               and the loss over every device's embeddings, with its metrics. The towers run
+               without dropout (`train=False`), as LiT's and SigLIP's recipes train them: a
+               locked tower is in inference mode anyway, and the jit and shard_map steps then
+               compute the same numbers;
+  reduce       inside `jax.shard_map` the loss is already the global one on every device;
+               the gradients of each device's own terms are summed (`lax.psum`), and the
+               metrics' `lax.pmean` types them replicated;
+  evaluators   zero-shot classification only: the model has no class logits.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from vit_jax.models import two_towers
+from vit_jax.tasks import common, contrastive_losses
+
+TRAIN, LOCKED = 'train', 'locked'
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrastive:
+  """`config.contrastive`: image-text training of a two-tower model (`task='contrastive'`).
+
+  LiT (Zhai et al., arXiv:2111.07991) locks the image tower: it is read from the pretrained
+  file (any format vit_jax.checkpoint reads; `pretrained_path`), gets no gradient and has no
+  optimizer state; only the text tower (and `t`, `b`) train. The losses are
+  vit_jax/tasks/contrastive_losses.py's, over every device's embeddings.
+  """
+
+  # 'softmax' (CLIP, LiT: symmetric cross-entropy) or 'sigmoid' (SigLIP; the model's
+  # bias_init sets the learned bias b).
+  loss: str = 'softmax'
+  # Lock the image tower (LiT); False trains both towers.
+  lock_image: bool = True
+  # With the image tower locked, train its head (out_dim[0] set) all the same.
+  train_image_head: bool = False
+
+
+def _locked(path: tuple, c: Contrastive) -> bool:
+  keys = [str(getattr(k, 'key', k)) for k in path]
+  if not c.lock_image or keys[0] != 'img':
+    return False
+  return not (c.train_image_head and len(keys) > 1 and keys[1] == 'head')
+
+
+def labels(params: Any, c: Contrastive) -> Any:
+  """The tree of 'train' / 'locked' of each parameter."""
+  return jax.tree_util.tree_map_with_path(lambda p, _: LOCKED if _locked(p, c) else TRAIN, params)
+
+
+def frozen(params: Any, c: Contrastive) -> Any:
+  """`params` with the locked ones behind `stop_gradient`: no gradient is computed for them."""
+  return jax.tree_util.tree_map_with_path(
+    lambda p, x: jax.lax.stop_gradient(x) if _locked(p, c) else x, params
+  )
+
+
+def image_config(fields: Mapping[str, Any]) -> dict[str, Any]:
+  """The image tower's ViT config (its head: out_dim[0])."""
+  image_dim, _ = two_towers.out_dims(fields.get('out_dim', (None, 768)))
+  image = fields['image']
+  image = image.to_dict() if hasattr(image, 'to_dict') else dict(image)
+  return {**image, 'num_classes': image_dim}
+
+
+def _check_labels_free(spec: Any) -> None:
+  step = spec.step
+  if step.accum_steps != 1:
+    raise ValueError(
+      f'config.accum_steps={step.accum_steps}: a contrastive batch does not split into '
+      'micro-batches (each would be its own set of negatives); use --config.accum_steps=1.'
+    )
+  if step.mixup or step.cutmix or step.label_smoothing or step.distill.enabled:
+    raise ValueError(
+      "config.task='contrastive' has no labels to mix, smooth or distill: set mixup, cutmix "
+      'and label_smoothing to 0 and no distill.teacher_checkpoint.'
+    )
+
+
+class Task(common.Task):
+  """Image-text pairs; the step's batch `{'image': f32 (B, H, W, 3), 'text': int32 (B, L)}`."""
+
+  batch_keys = ('image', 'text')
+  # The classification evaluators measure class logits: a contrastive run has none.
+  default_evals = ('zeroshot',)
+
+  @classmethod
+  def check(cls, spec: Any) -> None:
+    common.one_of('contrastive.loss', spec.step.contrastive.loss, contrastive_losses.LOSSES)
+    if 'image' not in spec.model.fields or 'text' not in spec.model.fields:
+      raise ValueError(
+        "config.task='contrastive' trains an image-text model: set config.model to a two-tower "
+        "model's fields (image, text, ...; vit_jax.models.get_config('LiT-B16B_2'))."
+      )
+    _check_labels_free(spec)
+    if not spec.data.pp.tokenizer or not spec.data.pp.vocab:
+      raise ValueError(
+        "config.task='contrastive' tokenizes captions: set --config.pp.tokenizer=bert|"
+        'sentencepiece and --config.pp.vocab=FILE.'
+      )
+
+  @classmethod
+  def build(cls, spec, model, pretrained_path=None, resuming=False) -> 'Task':
+    """A locked image tower needs its file (a resumed run has it in its checkpoint)."""
+    if spec.step.contrastive.lock_image and not pretrained_path and not resuming:
+      raise ValueError(
+        'config.contrastive.lock_image=True locks the image tower, but no pretrained file is '
+        'given: set --config.pretrained_path=FILE (any format; PATH:img for an image-text '
+        'file), or --config.contrastive.lock_image=False to train both towers.'
+      )
+    return cls(spec, model)
+
+  def init_fn(self) -> Callable[[jax.Array], Any]:
+    inputs = {
+      'images': common.dummy_images(self.spec),
+      'tokens': jnp.zeros((1, self.spec.data.pp.max_len), jnp.int32),
+    }
+    return lambda rng: self.model.init(rng, **inputs, train=False)['params']
+
+  def pretrained(self, path: str, host_params: Any) -> Any:
+    """`host_params` with the image tower from the file at `path`, fitted as fine-tuning
+    fits a ViT (a fresh head; `PATH:img` takes an image-text file's image tower)."""
+    from vit_jax.checkpoint import load_pretrained
+
+    config = image_config(self.spec.model.fields)
+    img = load_pretrained(path, host_params['img'], config, keep_head=False)
+    like = host_params['img']
+    img = jax.tree.map(lambda x, a: np.asarray(x, dtype=np.asarray(a).dtype), img, like)
+    return {**host_params, 'img': img}
+
+  def optimizer(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`tx` on the trainable parameters; the locked ones get zero updates and no state."""
+    c = self.spec.step.contrastive
+    if not c.lock_image:
+      return tx
+    transforms = {TRAIN: tx, LOCKED: optax.set_to_zero()}
+    return optax.multi_transform(transforms, lambda p: labels(p, c))
+
+  def loss(self, params, batch, axis: str | None = None):
+    """(loss, metrics) of the batch's pairs, every device's embeddings the negatives
+    (`axis`: the mesh axis inside `jax.shard_map`)."""
+    c = self.spec.step.contrastive
+    params = frozen(params, c)
+    inputs = {'images': batch['image'], 'tokens': batch['text']}
+    zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
+    return contrastive_losses.loss(c.loss, zimg, ztxt, params['t'], params.get('b'), axis=axis)
+
+  def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
+    del rng, first_id, inputs  # no dropout, no inputs
+    grad_fn = jax.value_and_grad(functools.partial(self.loss, axis=axis), has_aux=True)
+    (loss, metrics), grads = grad_fn(params, batch)
+    return loss, grads, metrics
+
+  def reduce(self, loss, grads, metrics, axis):
+    grads = jax.lax.psum(grads, axis)
+    # The metrics of the parameters alone (the temperature, the bias) are the same on every
+    # device but typed device-varying: their mean is the value, typed replicated (the mean
+    # of the others, already replicated, is themselves).
+    return loss, grads, jax.lax.pmean(metrics, axis)
