@@ -5,9 +5,9 @@ commit a24f8ac, kept as that code left it after step 2 of 4 (its config.json, me
 and the step-2 orbax checkpoint; the machine paths in config.json, the pretrained image
 tower's and the vocabulary's, replaced by the config's own); `lit_digits_a24f8ac.metrics.jsonl`
 is what that run, left uninterrupted, logged for all 4 steps. Both were made as this test
-resumes the run, in the tests' environment (8 simulated CPU devices, the run on the first; XLA's CPU programs
-differ in their last bits with the device count): `train.train_and_evaluate` of
-configs/lit_digits.py with total_steps=4, checkpoint_every=2, keep_checkpoints=5,
+resumes the run, in the tests' environment (8 simulated CPU devices, the run on the first;
+XLA's CPU programs differ in their last bits with the device count): `train.train_and_evaluate`
+of configs/lit_digits.py with total_steps=4, checkpoint_every=2, keep_checkpoints=5,
 progress_every=1 and a 4-step digits ViT run as its pretrained_path.
 """
 
