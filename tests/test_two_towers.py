@@ -14,8 +14,9 @@ from jax.sharding import PartitionSpec as P
 from numpy_models import l2_normalize, text_transformer, vit
 
 from vit_jax import checkpoint, parallel
-from vit_jax.checkpoint import tree, two_towers
+from vit_jax.checkpoint import tree
 from vit_jax.cli import convert, predict
+from vit_jax.families import two_towers
 from vit_jax.models import (
   MODEL_CONFIGS,
   TWO_TOWER_CONFIGS,
