@@ -1,6 +1,6 @@
-"""Distillation in the trainer (DeiT): the step's loss against vit_jax/tasks/distillation_losses.py on logits
-computed here, no gradient to the teacher, exact resume, and one-line errors for a teacher that
-does not fit. jit == shard_map with a teacher is in test_steps.py."""
+"""Distillation in the trainer (DeiT): the step's loss against vit_jax.tasks.distillation_losses
+on logits computed here, no gradient to the teacher, exact resume, and one-line errors for a
+teacher that does not fit. jit == shard_map with a teacher is in test_steps.py."""
 
 import json
 import os
@@ -79,7 +79,8 @@ def _oracle(run, model, params, teacher_params, images, labels):
 )
 def test_the_step_loss_is_the_losses_module_on_both_models_logits(tmp_path, kind, distilled, extra):
   path = write_teacher(tmp_path / 'teacher.npz')
-  run = spec.from_config(distill_config(path, distilled, **{'distill.kind': kind, **extra}))
+  overrides = {'num_classes': 10, 'distill.kind': kind, **extra}  # as setup resolves it
+  run = spec.from_config(distill_config(path, distilled, **overrides))
   model, params = _student(run)
   task = distillation.Task.build(run, model)
   assert task.teacher.resolution == (16, 16)
@@ -95,7 +96,7 @@ def test_the_teacher_gets_no_gradient_and_stays_as_loaded(tmp_path):
   """The gradient reaches the student only; the compiled step (8 devices, 2 micro-batches)
   reports the same loss, leaves the teacher's arrays as loaded and keeps it out of the state."""
   path = write_teacher(tmp_path / 'teacher.npz')
-  config = distill_config(path, **{'distill.kind': 'soft', 'distill.alpha': 0.9})
+  config = distill_config(path, num_classes=10, **{'distill.kind': 'soft', 'distill.alpha': 0.9})
   run = spec.from_config(with_overrides(config, {'accum_steps': 2}))
   model, params = _student(run)
   task = distillation.Task.build(run, model)

@@ -22,7 +22,7 @@ FLOORS = {
   # 4: the entry points, and the shims that keep `python -m vit_jax.<tool>` working.
   **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot'], 4),
   # 3: what runs an experiment, and the experiment configs.
-  **dict.fromkeys(['train', 'evals', 'reproduce', 'fewshot', 'configs'], 3),
+  **dict.fromkeys(['train', 'tasks', 'evals', 'reproduce', 'fewshot', 'configs'], 3),
   # 2: models and their families, checkpoints, data, text.
   **dict.fromkeys(['models', 'families', 'checkpoint', 'data', 'text'], 2),
   # 1: the shared services.

@@ -19,13 +19,13 @@ from conftest import assert_run_reads_back, jpeg_bytes, randomize
 from scipy.special import log_expit, logsumexp
 
 from configs import lit_coco, lit_digits, siglip_lit_coco
-from vit_jax import checkpoint, distributed, optim, parallel, rundir, train
+from vit_jax import checkpoint, distributed, optim, parallel, rundir, text, train
 from vit_jax import data as data_lib
 from vit_jax.checkpoint import save_npz
 from vit_jax.data import captions, digits_text
-from vit_jax.models import model_from_config, stats
-from vit_jax.train import image_text, setup, steps
+from vit_jax.models import get_config, model_from_config, stats
 from vit_jax.train import loop as loop_lib
+from vit_jax.train import setup, steps
 from vit_jax.train import state as state_lib
 from vit_jax.train.spec import with_overrides
 
@@ -195,7 +195,7 @@ def _first_step(config, devices):
   """(state, batch, setup) of step 0 on `devices`: the fresh state and the first batch."""
   s = setup.prepare(config, '/nonexistent', devices)
   tx, _ = optim.for_training(s.spec.optim, s.total_steps)
-  tx = image_text.lock(tx, s.spec.step)
+  tx = s.task.optimizer(tx)
   lay = state_lib.layout(s, tx, jax.random.key(0))
   init_rng, dropout_rng = jax.random.split(jax.random.key(0))
   state = state_lib.initial_state(s, tx, lay, init_rng, dropout_rng)
@@ -220,7 +220,7 @@ def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_
   for kind in ('jit', 'shard_map'):
     spec = dataclasses.replace(s.spec, step=dataclasses.replace(s.spec.step, step=kind))
     _, schedule = optim.for_training(spec.optim, s.total_steps)
-    fn = steps.train_step_for(spec, s.model, tx, schedule, 0, s.mesh, lay.shardings)
+    fn = steps.train_step_for(spec, s.task, tx, schedule, s.mesh, lay.shardings)
     fresh = jax.tree.map(jnp.copy, state)
     new_state, metrics = fn(fresh, batch)
     results[kind] = (float(metrics['loss']), _flat(new_state['params']))
@@ -263,6 +263,103 @@ def test_captions_folder_draws_one_caption_per_position(tmp_path, image_file):
       drawn[image].add(row)
   assert all(len(d) >= 2 for d in drawn), drawn  # several captions drawn over the epochs
   assert sum(map(len, drawn)) > 4
+
+
+# ----------------------------------------------------------------------------------------
+# One tokenizer: training's captions, the in-run zero-shot evaluator, vit-zeroshot (its
+# classes and its retrieval) and the reproduction's retrieval tokenize a caption alike.
+# ----------------------------------------------------------------------------------------
+
+CAPTIONS = (
+  'A photo of the digit 7.',
+  'THE Digit Seven, written BY hand ' + 'and scanned twice ' * 6,  # clipped: the last </s>
+)
+SP_MODEL = os.path.join(REPO, 'tests', 'data', 'sp_bpe.model')  # 1,200 pieces, </s> = 2
+
+
+def _retrieval_tokens(loaded, tmp_path, monkeypatch) -> np.ndarray:
+  """The tokens of CAPTIONS that vit-zeroshot's retrieval (--captions) embeds."""
+  from vit_jax.cli import zeroshot as zeroshot_cli
+  from vit_jax.evals import zeroshot
+
+  (tmp_path / 'image.jpg').write_bytes(jpeg_bytes(np.random.default_rng(0), 16, 16))
+  listing = tmp_path / 'captions.tsv'
+  listing.write_text(''.join(f'image.jpg\t{c}\n' for c in CAPTIONS))
+  seen, embed_tokens = [], zeroshot.embed_tokens
+  monkeypatch.setattr(
+    zeroshot, 'embed_tokens', lambda *args: seen.append(args[2]) or embed_tokens(*args)
+  )
+  zeroshot_cli.retrieval_recalls(loaded, str(listing), batch_size=2)
+  return seen[0]
+
+
+def _ids_on_every_path(config, checkpoint_path, vocab, tmp_path, monkeypatch) -> dict:
+  """The ids of CAPTIONS through each path that tokenizes texts, from the training config
+  `config` (its run's model) and a file of that model (for vit-zeroshot)."""
+  from vit_jax.cli import zeroshot as zeroshot_cli
+  from vit_jax.evals import common as evals_common
+  from vit_jax.evals import zeroshot
+
+  spec = setup.spec_lib.from_config(config)
+  model = setup.build_model(spec.model, 10)
+  context = evals_common.Context(spec.evals, spec.data, model, None, None)
+  loaded = zeroshot_cli.load(str(checkpoint_path), vocab=str(vocab))
+  tokenizers = {
+    'training captions': captions.tokenizer_of(spec.data.pp, spec.model.fields['pp']),
+    'in-run zero-shot': zeroshot.prompt_tokenizer(context),
+    'vit-zeroshot': loaded.tokenizer,
+  }
+  ids = {name: tokenizer(list(CAPTIONS)) for name, tokenizer in tokenizers.items()}
+  ids['vit-zeroshot retrieval'] = _retrieval_tokens(loaded, tmp_path, monkeypatch)
+  return ids
+
+
+def _assert_all_equal(ids: dict) -> np.ndarray:
+  (first, want), *others = ids.items()
+  for name, got in others:
+    np.testing.assert_array_equal(got, want, err_msg=f'{name} != {first}')
+  return want
+
+
+def test_a_caption_is_tokenized_alike_on_every_path_bert(lit_run, tmp_path, monkeypatch):
+  """The digits LiT (BERT, 12 tokens): its run directory for vit-zeroshot, the digits
+  reproduction's retrieval, and the pipeline's tokenizer as it is called today."""
+  from vit_jax.reproduce import lit_digits as reproduce
+
+  workdir, _ = lit_run
+  config = tiny_digits(os.path.join(workdir, 'unused.npz'))
+  ids = _ids_on_every_path(config, workdir, digits_text.VOCAB, tmp_path, monkeypatch)
+  spec = setup.spec_lib.from_config(config)
+  ids['pipeline'] = captions.tokenizer_of(spec.data.pp)(list(CAPTIONS))
+  model = setup.build_model(spec.model, 10)
+  ids['reproduction retrieval'] = reproduce.caption_tokenizer(model, 12)(list(CAPTIONS))
+  want = _assert_all_equal(ids)
+  cls = digits_text.vocabulary().index('[CLS]')
+  assert want.shape == (2, 12) and (want[:, 0] == cls).all() and want[0, -1] == 0  # pad 0
+
+
+def test_a_caption_is_tokenized_alike_on_every_path_siglip(tmp_path, monkeypatch):
+  """A tiny SigLIP (sentencepiece, `lower_case`): every path lower-cases and pads with 1,
+  the clipped caption keeps its </s> (big_vision's options), from the model's `pp` alone."""
+  fields = get_config('SigLIP-B16-224')
+  fields.image.update({'patches': {'size': (8, 8)}, 'hidden_size': 32})
+  fields.image.transformer.update({'num_layers': 1, 'mlp_dim': 64, 'num_heads': 4})
+  fields.text.update({'width': 32, 'num_layers': 1, 'num_heads': 4, 'mlp_dim': 64})
+  fields.text.vocab_size, fields.out_dim = 1200, (None, 32)
+  fields.pp.size, fields.pp.max_len = 32, 16
+  config = lit_digits.get_config('sigmoid')
+  config.model = fields.to_dict()
+  config.pp.tokenizer, config.pp.vocab, config.pp.max_len = 'sentencepiece', SP_MODEL, 16
+  config.zeroshot.vocab = ''  # the captions' vocabulary
+  params = randomize(stats.param_shapes(model_from_config(fields), 32, 16), seed=3)
+  params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
+  save_npz(params, tmp_path / 'siglip.npz')
+  ids = _ids_on_every_path(config, tmp_path / 'siglip.npz', SP_MODEL, tmp_path, monkeypatch)
+  want = _assert_all_equal(ids)
+  assert want.shape == (2, 16) and (want[0, -1], want[1, -1]) == (1, 2)  # padding 1; </s>
+  lowered = text.get_tokenizer('sentencepiece', SP_MODEL, 16, eos='sticky', pad_value=1)
+  np.testing.assert_array_equal(want, lowered([c.lower() for c in CAPTIONS]))
+  assert (want != text.get_tokenizer('sentencepiece', SP_MODEL, 16)(list(CAPTIONS))).any()
 
 
 def _mock_coco(self, *args, **kwargs):

@@ -11,9 +11,8 @@ import pytest
 from conftest import TINY, write_teacher
 
 from configs import digits as digits_config
-from vit_jax import optim, parallel
+from vit_jax import optim, parallel, tasks
 from vit_jax.models import stats
-from vit_jax import tasks
 from vit_jax.tasks import distillation
 from vit_jax.train import setup, spec, steps
 

@@ -1,14 +1,14 @@
 """Tokenizers of the image-text models: the ids of the original's (tensorflow_text), without it.
 
-`get_tokenizer(name, vocab_path, max_len)` gives a callable from a list of texts to an int32
-array (len, max_len); its `preprocess_tf` does the same to a string tensor inside a TensorFlow
-graph (a `tf.data` map), one text (shape ()) or a batch (shape (n,)).
+`get_tokenizer` (a name, a vocabulary path, max_len) gives a callable from a list of texts to
+an int32 array (len, max_len); its `preprocess_tf` does the same to a string tensor inside a
+TensorFlow graph (a `tf.data` map), one text (shape ()) or a batch (shape (n,)).
 
-`model_tokenizer(pp, vocab)` is THE tokenizer of a two-tower model, and the one caller of
+`model_tokenizer(pp, vocab)` is the tokenizer of a two-tower model, and the one caller of
 `get_tokenizer` in vit_jax: the model config's `pp` (`tokenizer_name`, `max_len`, SigLIP's
-`lower_case`) is the only spelling of its settings, the vocabulary file the one thing a run
-gives beside it. Training's captions (vit_jax/data/captions.py), the in-run zero-shot
-evaluator, `vit-zeroshot` (its classes and its retrieval) and the LiT reproduction all get it.
+`lower_case`) is the only spelling of its settings; a run gives the vocabulary file beside it.
+Training's captions (vit_jax/data/captions.py), the in-run zero-shot evaluator, `vit-zeroshot`
+(its classes and its retrieval) and the LiT reproduction all take it.
 
 - 'bert' (LiT's BERT towers): `tensorflow_text.BertTokenizer(lower_case=True)` written out:
   texts folded as ICU's NFKC_Casefold (case, compatibility forms and default-ignorable
@@ -140,7 +140,7 @@ def model_settings(
   name, max_len = model_name or name, model_len or int(max_len or 0)
   if not name or not max_len:
     raise ValueError(
-      "the model names no tokenizer (its pp.tokenizer_name, pp.max_len): give the tokenizer "
+      'the model names no tokenizer (its pp.tokenizer_name, pp.max_len): give the tokenizer '
       "('bert' or 'sentencepiece') and max_len"
     )
   if name not in TOKENIZERS:
@@ -151,7 +151,7 @@ def model_settings(
 def model_tokenizer(
   pp: Mapping[str, Any] | None, vocab: files.PathLike, *, name: str = '', max_len: int = 0
 ) -> Tokenizer:
-  """THE tokenizer of a two-tower model (its config's `pp`, see `model_settings`) on the
+  """The tokenizer of a two-tower model (its config's `pp`, see `model_settings`) on the
   vocabulary file `vocab` (a local or a gs:// path); one-line errors."""
   name, max_len, options = model_settings(pp, name=name, max_len=max_len)
   return get_tokenizer(name, vocab, max_len, **options)

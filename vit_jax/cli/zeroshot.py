@@ -77,7 +77,7 @@ def vocab_beside(checkpoint: str, tokenizer_name: str) -> str:
 
 def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   """The image-text model of `checkpoint` and its tokenizer; one-line ValueErrors."""
-  from vit_jax.evals import zeroshot  # the evaluators import TensorFlow
+  from vit_jax import text  # sentencepiece only when texts are tokenized
 
   fitted = ckpt.fit(checkpoint)
   config = fitted.config
@@ -94,7 +94,7 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
       f'no tokenizer vocabulary beside the checkpoint: expected {path} (a {name} vocabulary); '
       'give it with --vocab'
     )
-  tokenizer = zeroshot.model_tokenizer(pp, path)
+  tokenizer = text.model_tokenizer(pp, path)
   rows = dict(config.text)['vocab_size']
   if tokenizer.vocab_size > rows:
     raise ValueError(
@@ -104,7 +104,7 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   params = fitted.params
   t = float(np.exp(np.asarray(params['t']).reshape(())))
   b = float(np.asarray(params['b']).reshape(())) if 'b' in params else None
-  label = fitted.name or ckpt.two_towers.describe(config)
+  label = fitted.name or families.of_config(config).describe(config)
   return Loaded(fitted.model(), params, tokenizer, label, int(pp.get('size', 224)), path, t, b)
 
 

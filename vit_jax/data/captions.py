@@ -6,7 +6,10 @@ data has none) and `texts`: the example's captions as one string, joined by newl
 image may have several). The training pipeline draws one of them per example with `draw`,
 keyed by the example's position in the stream (itself a function of the seed, the epoch and
 the record's index), so a resumed run draws the same captions; it then tokenizes the drawn
-caption with the run's tokenizer (`config.pp.tokenizer`, `pp.vocab`, `pp.max_len`).
+caption with the run's tokenizer, `tokenizer_of`: the model's (`text.model_tokenizer` on
+`config.model.pp`: `tokenizer_name`, `max_len`, SigLIP's `lower_case`) on the vocabulary file
+`config.pp.vocab`, the same tokenizer the zero-shot evaluator and `vit-zeroshot` use.
+`config.pp.tokenizer` and `config.pp.max_len` must be the model's (a one-line error if not).
 
   folder   ROOT/<split>/captions.tsv, lines `path<TAB>caption`; a path relative to the split
            folder or absolute; an image's lines (in any order) are its captions, kept in the
@@ -18,7 +21,8 @@ caption with the run's tokenizer (`config.pp.tokenizer`, `pp.vocab`, `pp.max_len
            an example are the templates filled with its class name.
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -41,14 +45,23 @@ def draw(texts: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   return parts[i]
 
 
-def tokenizer_of(pp: Pp) -> text.Tokenizer:
-  """The run's tokenizer: `pp.tokenizer` ('bert' or 'sentencepiece') on `pp.vocab`."""
-  if not pp.tokenizer or not pp.vocab:
-    raise ValueError(
-      'Image-text data needs a tokenizer: set --config.pp.tokenizer=bert|sentencepiece and '
-      '--config.pp.vocab=FILE.'
-    )
-  return text.get_tokenizer(pp.tokenizer, pp.vocab, pp.max_len)
+def check_tokenizer(pp: Pp, model_pp: Mapping[str, Any] | None = None) -> None:
+  """The checks of `tokenizer_of` that read no file (for the run spec's resolution):
+  one-line ValueErrors naming the keys."""
+  if not pp.vocab:
+    raise ValueError('Image-text data needs a tokenizer vocabulary: set --config.pp.vocab=FILE.')
+  try:
+    text.model_settings(model_pp, name=pp.tokenizer, max_len=pp.max_len)
+  except ValueError as e:
+    raise ValueError(f'config.pp: {e}') from None
+
+
+def tokenizer_of(pp: Pp, model_pp: Mapping[str, Any] | None = None) -> text.Tokenizer:
+  """The run's tokenizer: the model's (its config's `pp`, `model_pp`) on `pp.vocab`;
+  `pp.tokenizer` and `pp.max_len` stand in where the model's pp is silent (no `model_pp`)
+  and must equal it where it speaks."""
+  check_tokenizer(pp, model_pp)
+  return text.model_tokenizer(model_pp, pp.vocab, name=pp.tokenizer, max_len=pp.max_len)
 
 
 def has_captions(root: str) -> bool:

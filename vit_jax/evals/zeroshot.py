@@ -20,7 +20,7 @@ once.
 """
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -185,22 +185,23 @@ class Evaluator(common.Evaluator):
     return results
 
 
-def model_tokenizer(
-  pp: Mapping[str, Any] | None, vocab: str, name: str = '', max_len: int = 0
-) -> Callable:
-  """The tokenizer of a two-tower model's `pp` (`tokenizer_name`, `max_len`; SigLIP's
-  `lower_case` with big_vision's sticky `</s>` and padding 1) on `vocab`; `name` and
-  `max_len` override the model's."""
+def prompt_tokenizer(context: common.Context) -> Any:
+  """The run's tokenizer, for the prompts: the model's (`text.model_tokenizer` on its `pp`)
+  on `config.zeroshot.vocab`, else on the captions' `config.pp.vocab`;
+  `config.zeroshot.tokenizer` and `max_len`, where set, must be the model's. One-line errors."""
   from vit_jax import text  # sentencepiece only when texts are tokenized
 
-  pp = dict(pp or {})
-  name, max_len = name or pp.get('tokenizer_name', ''), max_len or pp.get('max_len', 0)
-  if not name or not max_len:
+  zeroshot = context.evals.zeroshot
+  vocab = zeroshot.vocab or context.data.pp.vocab
+  if not vocab:
     raise ValueError(
-      "the model names no tokenizer: give the tokenizer ('bert' or 'sentencepiece') and max_len."
+      'config.zeroshot_every is set but config.zeroshot.vocab is empty, and so is config.pp.vocab.'
     )
-  options = {'eos': 'sticky', 'pad_value': 1, 'lower': True} if pp.get('lower_case') else {}
-  return text.get_tokenizer(name, vocab, int(max_len), **options)
+  pp = getattr(context.model, 'pp', None)
+  try:
+    return text.model_tokenizer(pp, vocab, name=zeroshot.tokenizer, max_len=zeroshot.max_len)
+  except (ValueError, FileNotFoundError) as e:
+    raise ValueError(f'config.zeroshot: {e}') from None
 
 
 def build(context: common.Context) -> Evaluator | None:
@@ -209,13 +210,5 @@ def build(context: common.Context) -> Evaluator | None:
   evals = context.evals
   if not evals.zeroshot_every:
     return None
-  zeroshot = evals.zeroshot
-  if not zeroshot.vocab:
-    raise ValueError('config.zeroshot_every is set but config.zeroshot.vocab is empty.')
-  try:
-    tokenizer = model_tokenizer(
-      getattr(context.model, 'pp', None), zeroshot.vocab, zeroshot.tokenizer, zeroshot.max_len
-    )
-  except (ValueError, FileNotFoundError) as e:
-    raise ValueError(f'config.zeroshot: {e}') from None
-  return Evaluator(context, open_tasks(zeroshot, context.data.tfds_data_dir or None, tokenizer))
+  tasks = open_tasks(evals.zeroshot, context.data.tfds_data_dir or None, prompt_tokenizer(context))
+  return Evaluator(context, tasks)

@@ -39,9 +39,14 @@ def _test_images(config) -> tuple[np.ndarray, np.ndarray]:
   return images, np.concatenate([b['label'] for b in batches])[keep]
 
 
+def caption_tokenizer(model, max_len: int = 0) -> text.Tokenizer:
+  """The captions' tokenizer: the model's (its `pp`) on the digits vocabulary, as training's."""
+  return text.model_tokenizer(model.pp, digits_text.VOCAB, max_len=max_len)
+
+
 def retrieval_of(model, params, images, labels, max_len: int) -> dict[str, float]:
   """Recall@1 both ways between the test images and the held-out captions of the classes."""
-  tokenizer = text.get_tokenizer('bert', digits_text.VOCAB, max_len)
+  tokenizer = caption_tokenizer(model, max_len)
   captions = zeroshot.prompt_texts(digits_text.CLASS_NAMES, digits_text.HELD_OUT_TEMPLATES)
   zimg = np.asarray(model.apply({'params': params}, images=images)[0])
   ztxt = np.asarray(model.apply({'params': params}, tokens=tokenizer(captions))[1])

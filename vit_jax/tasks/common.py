@@ -1,7 +1,7 @@
 """The task interface: what the trainer asks of the kind of training a run does.
 
 A task (vit_jax/tasks/__init__.py lists them) is resolved from the run spec once, in
-vit_jax/train/setup.py (`tasks.get_task(spec).build(...)`), and the trainer then calls it
+vit_jax/train/setup.py (`tasks.build`), and the trainer then calls it
 without asking which one it is:
 
   check           its config checks that need no data, device or file (`spec.check`)
