@@ -4,7 +4,8 @@ import difflib
 
 import ml_collections
 
-from vit_jax.models import MODEL_CONFIGS, get_config
+from vit_jax import families
+from vit_jax.models import get_config
 
 
 def short_name(name: str) -> str:
@@ -13,14 +14,16 @@ def short_name(name: str) -> str:
   return short.replace('_16', '16').replace('_32', '32').replace('_14', '14').replace('_8', '8')
 
 
-SHORT_NAMES = {short_name(name): name for name in MODEL_CONFIGS}
+# The classifiers: an image-text model is fine-tuned through configs of its own.
+CLASSIFIERS = families.classifiers()
+SHORT_NAMES = {short_name(name): name for name in CLASSIFIERS}
 
 
 def registry_name(model: str) -> str:
   """The registry name of `model`, a short name ('b16') or a registry name ('ViT-B_16')."""
   name = SHORT_NAMES.get(model, model)
-  if name not in MODEL_CONFIGS:
-    options = sorted(SHORT_NAMES) + sorted(MODEL_CONFIGS)
+  if name not in CLASSIFIERS:
+    options = sorted(SHORT_NAMES) + sorted(CLASSIFIERS)
     close = difflib.get_close_matches(model, options, n=4, cutoff=0.5)
     hint = f' Did you mean: {", ".join(close)}?' if close else ''
     raise ValueError(f'Unknown model {model!r}.{hint} Known: {", ".join(sorted(SHORT_NAMES))}.')

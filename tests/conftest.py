@@ -25,21 +25,6 @@ from vit_jax.torch_compat import allow_torchvision_import
 allow_torchvision_import()
 
 
-# What `make test-fast` leaves out (`-m 'not slow'`): files whose tests start subprocesses,
-# servers or kernels. Elsewhere every test measured at 3.5 s or more on 2 cores and the tests
-# that share a costly fixture with one (`--durations`, docs/testing.md) carry
-# `@pytest.mark.slow` (or their file's `pytestmark`) where they are written.
-SLOW_FILES = {
-  'test_checkpoint_faults.py',
-  'test_cloud_paths.py',
-  'test_lit.py',
-  'test_multihost.py',
-  'test_notebook.py',
-  'test_packaging.py',
-  'test_reproduce_vtab.py',
-}
-
-
 # The costliest files, in descending order of their measured seconds (docs/testing.md). The
 # workers of `make test` take whole files in collection order (`--dist loadfile
 # --no-loadscope-reorder`), so these go first and the short files fill the end.
@@ -58,9 +43,6 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(items):
-  for item in items:
-    if item.path.name in SLOW_FILES:
-      item.add_marker(pytest.mark.slow)
   rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
 
@@ -134,10 +116,11 @@ TEACHER = {
 
 def write_teacher(path, classes: int = 10, seed: int = 3) -> str:
   """An npz of TEACHER with random weights, whose logits prefer different classes."""
+  from vit_jax import families
   from vit_jax.checkpoint import save_npz
-  from vit_jax.models import model_from_config, stats
+  from vit_jax.models import model_from_config
 
-  shapes = stats.param_shapes(model_from_config(TEACHER, num_classes=classes), 16)
+  shapes = families.param_shapes(model_from_config(TEACHER, num_classes=classes), 16)
   params = randomize(shapes, seed=seed, scale=0.5)
   params['head']['bias'] *= 0  # else the bias decides: pooled features vary little
   save_npz(params, path)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from vit_jax import families
 from vit_jax.cli import benchmark
 from vit_jax.models import blocks, stats
 
@@ -65,7 +66,7 @@ def test_tiny_run_measures_every_variant(tiny_run):
 def test_forward_flops_match_the_analytic_formula(tiny_run):
   result, _ = tiny_run
   config = benchmark.model_config('ViT-Ti_16', TINY)
-  analytic = stats.forward_flops(config, 32, 10)
+  analytic = families.forward_flops(config, 32, 10)
   assert result['analytic_forward_flops_per_image'] == analytic
   xla = _rows(result, 'inference')[('float32', 'none')]['flops_per_image']
   # XLA also counts the elementwise work (norms, softmax, GELU) the formula leaves out.
@@ -219,7 +220,7 @@ def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
   config = benchmark.model_config('ViT-Ti_16', TINY)
   fixed, per_image = benchmark.memory_line(config, 10, benchmark.Variant(), 32)
   model = benchmark._model(config, 10, benchmark.Variant())
-  n = stats.count_params(stats.param_shapes(model, 32))
+  n = stats.count_params(families.param_shapes(model, 32))
   assert 12 * n <= fixed < 20 * n and per_image > 0
   # 512 images on 8 devices (64 each), 1 GB fixed, 0.1 GB per image, 90% of the device:
   # 16 GB holds 134 images (1 pass), 4 GB 26 (64 / 4 = 16 per pass), 1.05 GB none.
@@ -300,7 +301,7 @@ def test_model_flops_count_attention_explicitly_or_analytically(monkeypatch):
   # and a training step as 3 forward passes.
   monkeypatch.setattr(benchmark, '_flops', lambda lowered: float('nan'))
   result = _attention_run()
-  analytic = stats.forward_flops(benchmark.model_config('ViT-Ti_16', TINY), 32, 10)
+  analytic = families.forward_flops(benchmark.model_config('ViT-Ti_16', TINY), 32, 10)
   for row in result['rows']:
     assert row['flops_per_image'] is None
     assert row['model_flops_per_image'] == analytic * (3 if row['mode'] == 'train' else 1)

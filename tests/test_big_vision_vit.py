@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from numpy_models import big_vision_vit, gelu_exact, sincos2d
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, families
 from vit_jax.checkpoint import tree
 from vit_jax.cli import predict
 from vit_jax.models import get_config, get_model, model_from_config, posemb, stats
@@ -179,7 +179,7 @@ def test_inline_map_head_of_early_checkpoints_moves_into_maphead(tmp_path):
 
 def test_model_names_and_no_position_parameter():
   model = get_model('ViT-B_16', num_classes=1000, classifier='map', posemb='sincos2d')
-  flat = tree.flatten(stats.param_shapes(model, 224))
+  flat = tree.flatten(families.param_shapes(model, 224))
   assert 'cls' not in flat and tree.POSEMB not in flat
   assert flat['MAPHead_0/probe'].shape == (1, 1, 768)
   assert flat['MAPHead_0/MultiHeadDotProductAttention_0/query/kernel'].shape == (768, 12, 64)
@@ -195,8 +195,8 @@ def test_model_names_and_no_position_parameter():
 def test_analytic_flops_of_the_map_head_match_xla():
   config = get_config('ViT-B_16')
   config.classifier = 'map'
-  analytic = stats.forward_flops(config, 224, 1000)
-  xla = stats.xla_forward_flops(model_from_config(config, num_classes=1000), 224)
+  analytic = families.forward_flops(config, 224, 1000)
+  xla = families.xla_forward_flops(model_from_config(config, num_classes=1000), 224)
   assert 0.99 < analytic / xla <= 1.0
 
 

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from vit_jax import families
 from vit_jax.checkpoint import catalog
 from vit_jax.models import MODEL_CONFIGS, get_model, stats
 
@@ -17,7 +18,7 @@ UNITS = {'MiB': 2**20, 'GiB': 2**30, 'MB': 1e6, 'GB': 1e9}
 def _param_count(model: str, resolution: int, num_classes: int, pre_logits: bool) -> int:
   representation = {'representation_size': MODEL_CONFIGS[model].hidden_size} if pre_logits else {}
   net = get_model(model, num_classes=num_classes or None, **representation)
-  return stats.count_params(stats.param_shapes(net, resolution))
+  return stats.count_params(families.param_shapes(net, resolution))
 
 
 # What was released, from the published listings (not from the catalogue): the bucket listing

@@ -11,9 +11,9 @@ import pytest
 import scipy.ndimage
 from absl import flags
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, families
 from vit_jax.cli import convert
-from vit_jax.models import get_model, stats
+from vit_jax.models import get_model
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
@@ -22,7 +22,7 @@ POSEMB = 'Transformer/posembed_input/pos_embedding'
 def testing_npz(tmp_path, random_params):
   """A checkpoint of the registered 'testing' architecture (hidden 10, patch 16) at 32 px."""
   model = get_model('testing', num_classes=7)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.save_npz(params, tmp_path / 'testing.npz')
   return tmp_path / 'testing.npz', model, params
 
@@ -97,7 +97,7 @@ def test_num_classes_replaces_or_drops_the_head(tmp_path, capsys, testing_npz):
 
 def test_in21k_checkpoint_exports_as_vitmodel_with_pooler(tmp_path, capsys, random_params):
   model = get_model('testing', num_classes=21843, representation_size=10)
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'in21k.npz')
+  checkpoint.save_npz(random_params(families.param_shapes(model, 32)), tmp_path / 'in21k.npz')
   status, _, err = _run(capsys, tmp_path / 'in21k.npz', tmp_path / 'hf', '--to=hf')
   assert status == 1 and 'both pre_logits' in err and '--num_classes=0' in err
   assert not (tmp_path / 'hf').exists()
@@ -117,7 +117,7 @@ def test_hybrid_converts_to_npz_at_another_resolution(tmp_path, capsys, random_p
     hidden_size=16,
     transformer={'num_layers': 1, 'num_heads': 2, 'mlp_dim': 32},
   )
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 64)), tmp_path / 'r.npz')
+  checkpoint.save_npz(random_params(families.param_shapes(model, 64)), tmp_path / 'r.npz')
   status, out, err = _run(
     capsys, tmp_path / 'r.npz', tmp_path / 'r96.npz', '--to=npz', '--resolution=96'
   )
@@ -205,5 +205,5 @@ def test_keys_of_a_conversion_are_exactly_the_models(tmp_path, capsys, testing_n
   src, model, _ = testing_npz
   _run(capsys, src, tmp_path / 'o.npz', '--to=npz', '--model=testing')
   loaded = checkpoint.load(tmp_path / 'o.npz')
-  chex.assert_trees_all_equal_shapes_and_dtypes(loaded, stats.param_shapes(model, 32))
+  chex.assert_trees_all_equal_shapes_and_dtypes(loaded, families.param_shapes(model, 32))
   assert jax.tree.leaves(loaded)  # not empty

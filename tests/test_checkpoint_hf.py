@@ -15,8 +15,8 @@ import transformers
 from conftest import SMALL
 from safetensors.numpy import load_file
 
-from vit_jax import checkpoint
-from vit_jax.models import get_config, get_model, stats
+from vit_jax import checkpoint, families
+from vit_jax.models import get_config, get_model
 
 
 @functools.cache
@@ -75,7 +75,7 @@ def _assert_same_tensors(a, b):
 @pytest.mark.slow
 def test_b16_export_loads_with_from_pretrained_and_equal_logits(tmp_path, random_params):
   model = get_model('ViT-B_16', num_classes=1000)
-  params = random_params(stats.param_shapes(model, 224), scale=0.05)
+  params = random_params(families.param_shapes(model, 224), scale=0.05)
   checkpoint.export_hf(params, get_config('ViT-B_16'), tmp_path / 'hf')
 
   config = json.loads((tmp_path / 'hf' / 'config.json').read_text())
@@ -95,7 +95,7 @@ def test_b16_export_loads_with_from_pretrained_and_equal_logits(tmp_path, random
 
 def test_features_model_exports_as_vitmodel_whose_pooler_is_pre_logits(tmp_path, random_params):
   model = get_model('testing', num_classes=None, representation_size=24, **SMALL)
-  params = random_params(stats.param_shapes(model, 32), scale=0.2)
+  params = random_params(families.param_shapes(model, 32), scale=0.2)
   checkpoint.export_hf(params, None, tmp_path / 'hf')
 
   assert json.loads((tmp_path / 'hf' / 'config.json').read_text())['architectures'] == ['ViTModel']
@@ -117,7 +117,7 @@ def test_save_pretrained_model_loads_into_ours_with_equal_logits(tmp_path):
 
   model = get_model('testing', num_classes=5, **SMALL)
   fitted, report = checkpoint.merge_pretrained(
-    params, stats.param_shapes(model, 32), get_config('testing'), keep_head=True
+    params, families.param_shapes(model, 32), get_config('testing'), keep_head=True
   )
   assert not report.missing and not report.unexpected and len(report.loaded) == 40
   images = _images(32)
@@ -199,7 +199,7 @@ def test_hf_round_trip_is_bit_exact(tmp_path, cls):
 
 def test_our_tree_survives_ours_hf_ours_bit_exact(tmp_path, random_params):
   model = get_model('testing', num_classes=6, **SMALL)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.export_hf(params, get_config('testing'), tmp_path / 'hf')
   back = checkpoint.flatten(checkpoint.load(tmp_path / 'hf'))
   for key, value in checkpoint.flatten(params).items():
@@ -327,14 +327,14 @@ def test_unexportable_models_fail_and_write_nothing(
 ):
   config = get_config(name)
   config.update(overrides)
-  params = random_params(stats.param_shapes(get_model(name, **overrides), 64))
+  params = random_params(families.param_shapes(get_model(name, **overrides), 64))
   with pytest.raises(checkpoint.CheckpointError, match=match):
     checkpoint.export_hf(params, config, tmp_path / 'out')
   assert not list(tmp_path.iterdir())
 
 
 def test_export_refuses_a_directory_with_other_files(tmp_path, random_params):
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
   (tmp_path / 'out').mkdir()
   (tmp_path / 'out' / 'notes.txt').write_text('keep me')
   with pytest.raises(checkpoint.CheckpointError, match='choose a new or empty directory'):
@@ -344,7 +344,7 @@ def test_export_refuses_a_directory_with_other_files(tmp_path, random_params):
 
 
 def test_export_replaces_an_earlier_export(tmp_path, random_params):
-  shapes = stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32)
+  shapes = families.param_shapes(get_model('testing', num_classes=3, **SMALL), 32)
   checkpoint.export_hf(random_params(shapes, seed=1), None, tmp_path / 'out')
   second = random_params(shapes, seed=2)
   checkpoint.export_hf(second, None, tmp_path / 'out')
@@ -353,12 +353,12 @@ def test_export_replaces_an_earlier_export(tmp_path, random_params):
 
 
 def test_labels_name_the_head_classes_in_transformers(tmp_path, random_params):
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
   checkpoint.export_hf(params, None, tmp_path / 'hf', labels=['cat', 'dog', 'fox'])
   config = transformers.AutoConfig.from_pretrained(tmp_path / 'hf')
   assert config.id2label == {0: 'cat', 1: 'dog', 2: 'fox'}
   assert config.label2id == {'cat': 0, 'dog': 1, 'fox': 2}
-  features = random_params(stats.param_shapes(get_model('testing', num_classes=0, **SMALL), 32))
+  features = random_params(families.param_shapes(get_model('testing', num_classes=0, **SMALL), 32))
   for p, labels in ((params, ['cat', 'dog']), (features, ['cat'])):
     with pytest.raises(checkpoint.CheckpointError, match=f'^{len(labels)} labels for a head of'):
       checkpoint.export_hf(p, None, tmp_path / 'bad', labels=labels)
@@ -366,7 +366,7 @@ def test_labels_name_the_head_classes_in_transformers(tmp_path, random_params):
 
 
 def test_export_writes_the_formats_of_the_table_and_refuses_others(tmp_path, random_params):
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
   checkpoint.export_hf(params, None, tmp_path / 'hf')
   checkpoint.export(params, None, tmp_path / 'by_name', to='hf')
   for name in ('model.safetensors', 'config.json'):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import scipy.ndimage
 
-from vit_jax import checkpoint
-from vit_jax.models import get_config, get_model, model_from_config, stats
+from vit_jax import checkpoint, families
+from vit_jax.models import get_config, get_model, model_from_config
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
@@ -15,7 +15,7 @@ POSEMB = 'Transformer/posembed_input/pos_embedding'
 @pytest.fixture
 def testing_npz(tmp_path, random_params):
   """The registered 'testing' architecture (hidden 10, patch 16, 7 classes) at 32 px."""
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=7), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=7), 32))
   checkpoint.save_npz(params, tmp_path / 'testing.npz')
   return tmp_path / 'testing.npz', params
 
@@ -84,7 +84,7 @@ def test_fine_tuning_fits_an_initialised_tree_of_its_config(tmp_path, random_par
   # An imagenet21k-like file (pre_logits, 21843 classes) into a fine-tuning model without a
   # representation layer, 4 classes, head bias -10, at 48 px: the trainer's pretrained path.
   upstream = get_model('testing', num_classes=21843, representation_size=10)
-  source = random_params(stats.param_shapes(upstream, 32))
+  source = random_params(families.param_shapes(upstream, 32))
   checkpoint.save_npz(source, tmp_path / 'in21k.npz')
   config = get_config('testing')
   config.head_bias_init = -10.0
@@ -110,7 +110,7 @@ def test_fine_tuning_fits_an_initialised_tree_of_its_config(tmp_path, random_par
 def test_a_hybrid_resolution_counts_the_stem(tmp_path, random_params):
   overrides = {'hidden_size': 16, 'transformer': {'num_layers': 1, 'num_heads': 2, 'mlp_dim': 32}}
   model = get_model('R+ViT-Ti_16', num_classes=3, **overrides)  # /32: 64 px -> 2x2 tokens
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 64)), tmp_path / 'r.npz')
+  checkpoint.save_npz(random_params(families.param_shapes(model, 64)), tmp_path / 'r.npz')
   fitted = checkpoint.fit(tmp_path / 'r.npz')
   assert (fitted.name, fitted.resolution, fitted.patch_pixels, fitted.grid) == (
     None,

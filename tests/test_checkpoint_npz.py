@@ -10,9 +10,9 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, families
 from vit_jax.checkpoint import npz
-from vit_jax.models import get_model, stats
+from vit_jax.models import get_model
 
 # Linen name -> the pre-Linen name on disk, inside each encoder block (reference §1.3).
 ON_DISK = {
@@ -65,7 +65,7 @@ def big_vision_layout(params, prefix: str = 'params/', scan: bool = True) -> dic
 
 def _model_and_params(random_params, name, size, seed=0, **overrides):
   model = get_model(name, **overrides)
-  params = random_params(stats.param_shapes(model, size), seed=seed, scale=0.1)
+  params = random_params(families.param_shapes(model, size), seed=seed, scale=0.1)
   return model, params
 
 
@@ -91,7 +91,7 @@ def _assert_trees_equal(a, b):
 def test_original_release_b16_in21k_loads_with_equal_logits(tmp_path, random_params):
   # Full-size ViT-B/16 as in the imagenet21k release: pre_logits and a 21843-class head.
   model = get_model('ViT-B_16', num_classes=21843, representation_size=768)
-  params = random_params(stats.param_shapes(model, 224), scale=0.05)
+  params = random_params(families.param_shapes(model, 224), scale=0.05)
   on_disk = released_layout(params)
   assert len(on_disk) == 202  # 200 + pre_logits (reference §1.2)
   assert on_disk[

@@ -7,8 +7,8 @@ import orbax.checkpoint as ocp
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vit_jax import checkpoint
-from vit_jax.models import get_model, stats
+from vit_jax import checkpoint, families
+from vit_jax.models import get_model
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def run_dir(tmp_path, random_params):
     hidden_size=16,
     transformer={'num_layers': 2, 'num_heads': 2, 'mlp_dim': 32},
   )
-  shapes = stats.param_shapes(model, 32)
+  shapes = families.param_shapes(model, 32)
   mesh = Mesh(np.array(jax.devices()[:8]), ('data',))
   sharded = lambda x: jax.device_put(
     x, NamedSharding(mesh, PartitionSpec('data') if x.shape[0] % 8 == 0 else PartitionSpec())

@@ -8,9 +8,9 @@ import pytest
 import scipy.ndimage
 from conftest import NARROW
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, families
 from vit_jax.checkpoint import surgery
-from vit_jax.models import get_config, get_model, stats
+from vit_jax.models import get_config, get_model
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
@@ -60,7 +60,7 @@ def test_posemb_resize_non_square_grids():
 def _in21k_file(tmp_path, random_params, size=32, **overrides):
   """An imagenet21k-style checkpoint of a small ViT: pre_logits and a zero 21843-class head."""
   model = get_model('testing', num_classes=21843, representation_size=16, **{**NARROW, **overrides})
-  params = random_params(stats.param_shapes(model, size))
+  params = random_params(families.param_shapes(model, size))
   params['head'] = jax.tree.map(np.zeros_like, params['head'])
   checkpoint.save_npz(params, tmp_path / 'in21k.npz')
   return tmp_path / 'in21k.npz', checkpoint.flatten(params)
@@ -94,7 +94,7 @@ def test_fine_tuning_surgery_follows_the_original(tmp_path, random_params):
 
 def test_report_lists_every_decision(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
-  init = stats.param_shapes(get_model('testing', num_classes=10, **NARROW), 48)
+  init = families.param_shapes(get_model('testing', num_classes=10, **NARROW), 48)
   params, report = checkpoint.merge_pretrained(checkpoint.load(path), init, get_config('testing'))
   assert sorted(report.fresh) == ['head/bias', 'head/kernel']
   assert sorted(report.dropped) == [
@@ -116,7 +116,9 @@ def test_head_bias_init_for_an_abstract_init(tmp_path, random_params):
   path, _ = _in21k_file(tmp_path, random_params)
   config = get_config('testing')
   config.head_bias_init = -10.0
-  init = stats.param_shapes(get_model('testing', num_classes=4, head_bias_init=-10.0, **NARROW), 32)
+  init = families.param_shapes(
+    get_model('testing', num_classes=4, head_bias_init=-10.0, **NARROW), 32
+  )
   params, _ = checkpoint.merge_pretrained(checkpoint.load(path), init, config)
   np.testing.assert_array_equal(params['head']['bias'], np.full(4, -10.0, np.float32))
 
@@ -125,7 +127,7 @@ def test_keep_head_and_representation_layer(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
   model = get_model('testing', num_classes=21843, representation_size=16, **NARROW)
   params, report = checkpoint.merge_pretrained(
-    checkpoint.load(path), stats.param_shapes(model, 32), get_config('testing'), keep_head=True
+    checkpoint.load(path), families.param_shapes(model, 32), get_config('testing'), keep_head=True
   )
   flat = checkpoint.flatten(params)
   assert flat.keys() == ckpt.keys() and not report.fresh and not report.dropped
@@ -144,7 +146,7 @@ def _misfit(path, init, config=None, **kw) -> str:
 
 def test_keep_head_with_another_class_count_fails(tmp_path, random_params):
   path, _ = _in21k_file(tmp_path, random_params)
-  init = stats.param_shapes(get_model('testing', num_classes=10, **NARROW), 32)
+  init = families.param_shapes(get_model('testing', num_classes=10, **NARROW), 32)
   message = _misfit(path, init, keep_head=True)
   assert 'head/kernel (16, 21843)' in message and "model's (16, 10)" in message
   assert 'keep_head=False' in message
@@ -152,8 +154,8 @@ def test_keep_head_with_another_class_count_fails(tmp_path, random_params):
 
 def test_missing_representation_layer_names_the_fix(tmp_path, random_params):
   model = get_model('testing', num_classes=3, **NARROW)
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'c.npz')
-  init = stats.param_shapes(
+  checkpoint.save_npz(random_params(families.param_shapes(model, 32)), tmp_path / 'c.npz')
+  init = families.param_shapes(
     get_model('testing', num_classes=3, representation_size=16, **NARROW), 32
   )
   message = _misfit(tmp_path / 'c.npz', init)
@@ -162,7 +164,7 @@ def test_missing_representation_layer_names_the_fix(tmp_path, random_params):
 
 def test_layer_count_mismatch_is_reported_both_ways(tmp_path, random_params):
   path, _ = _in21k_file(tmp_path, random_params)
-  fewer = stats.param_shapes(
+  fewer = families.param_shapes(
     get_model(
       'testing',
       num_classes=3,
@@ -174,7 +176,7 @@ def test_layer_count_mismatch_is_reported_both_ways(tmp_path, random_params):
   message = _misfit(path, fewer)
   assert 'no place in the model' in message and 'encoderblock_2' in message
   assert 'strict=False' in message
-  more = stats.param_shapes(
+  more = families.param_shapes(
     get_model(
       'testing',
       num_classes=3,
@@ -195,8 +197,8 @@ def test_layer_count_mismatch_is_reported_both_ways(tmp_path, random_params):
 def test_wrong_model_names_the_checkpoints_model(tmp_path, random_params):
   # A checkpoint of the registered 'testing' architecture read into ViT-Ti/16.
   model = get_model('testing', num_classes=5)
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 't.npz')
-  init = stats.param_shapes(get_model('ViT-Ti_16', num_classes=5), 224)
+  checkpoint.save_npz(random_params(families.param_shapes(model, 32)), tmp_path / 't.npz')
+  init = families.param_shapes(get_model('ViT-Ti_16', num_classes=5), 224)
   message = _misfit(tmp_path / 't.npz', init, get_config('ViT-Ti_16'))
   assert 'embedding/kernel has shape (16, 16, 3, 10) in the checkpoint but (16, 16, 3, 192)' in (
     message
@@ -207,7 +209,7 @@ def test_wrong_model_names_the_checkpoints_model(tmp_path, random_params):
 def test_dont_load_keeps_initial_values(tmp_path, random_params):
   path, ckpt = _in21k_file(tmp_path, random_params)
   model = get_model('testing', num_classes=10, **NARROW)
-  init = random_params(stats.param_shapes(model, 32), seed=5)
+  init = random_params(families.param_shapes(model, 32), seed=5)
   params, report = checkpoint.merge_pretrained(
     checkpoint.load(path), init, get_config('testing'), dont_load=[r'encoder_norm/']
   )
@@ -221,7 +223,7 @@ def test_dont_load_keeps_initial_values(tmp_path, random_params):
 def test_token_unpooled_keeps_its_class_row(tmp_path, random_params):
   # The original treated only 'token' as having a class row; ours follows the tree.
   path, ckpt = _in21k_file(tmp_path, random_params)
-  init = stats.param_shapes(
+  init = families.param_shapes(
     get_model('testing', num_classes=None, classifier='token_unpooled', **NARROW), 48
   )
   config = get_config('testing')
@@ -234,10 +236,10 @@ def test_token_unpooled_keeps_its_class_row(tmp_path, random_params):
 def test_hybrid_posemb_on_a_non_square_image(tmp_path, random_params):
   overrides = {'num_classes': 3, **NARROW}
   model = get_model('R+ViT-Ti_16', **overrides)  # /32: 64 px -> 2x2 tokens
-  ckpt = random_params(stats.param_shapes(model, 64))
+  ckpt = random_params(families.param_shapes(model, 64))
   checkpoint.save_npz(ckpt, tmp_path / 'r.npz')
   config = get_config('R+ViT-Ti_16')
-  init = stats.param_shapes(model, (96, 160))  # 3x5 tokens
+  init = families.param_shapes(model, (96, 160))  # 3x5 tokens
   params, _ = checkpoint.merge_pretrained(
     checkpoint.load(tmp_path / 'r.npz'), init, config, keep_head=True, image_size=(96, 160)
   )
@@ -277,8 +279,8 @@ def test_flexivit_patch_resize_keeps_embeddings_of_resized_patches():
 
 def test_patch_size_change_needs_resize_patch_embedding(tmp_path, random_params):
   model = get_model('testing', num_classes=3, patches={'size': (16, 16)}, **NARROW)
-  checkpoint.save_npz(random_params(stats.param_shapes(model, 32)), tmp_path / 'p16.npz')
-  init = stats.param_shapes(
+  checkpoint.save_npz(random_params(families.param_shapes(model, 32)), tmp_path / 'p16.npz')
+  init = families.param_shapes(
     get_model('testing', num_classes=3, patches={'size': (8, 8)}, **NARROW), 16
   )
   message = _misfit(tmp_path / 'p16.npz', init, keep_head=True)
@@ -297,13 +299,13 @@ def test_patch_size_change_needs_resize_patch_embedding(tmp_path, random_params)
 
 def test_load_pretrained_reads_a_bare_safetensors_with_the_models_heads(tmp_path, random_params):
   model = get_model('testing', num_classes=3, **NARROW)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.export_hf(params, None, tmp_path / 'hf')
   (tmp_path / 'hf' / 'config.json').unlink()  # the heads now come from model_config
   config = get_config('testing')
   config.transformer.update(NARROW['transformer'])
   loaded = checkpoint.load_pretrained(
-    tmp_path / 'hf' / 'model.safetensors', stats.param_shapes(model, 32), config, keep_head=True
+    tmp_path / 'hf' / 'model.safetensors', families.param_shapes(model, 32), config, keep_head=True
   )
   for key, value in checkpoint.flatten(params).items():
     np.testing.assert_array_equal(checkpoint.flatten(loaded)[key], value, err_msg=key)

@@ -14,9 +14,9 @@ import timm  # an oracle pinned in requirements-test.txt: missing, these tests f
 import torch
 from conftest import SMALL
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, families
 from vit_jax.cli import convert
-from vit_jax.models import get_config, get_model, stats
+from vit_jax.models import get_config, get_model
 
 # ViT-B/16's widths at two blocks; SMALL (conftest) for everything that does not need them.
 B16_SHALLOW = {'transformer': {'num_layers': 2, 'num_heads': 12, 'mlp_dim': 3072}}
@@ -70,7 +70,7 @@ def _config(name, **overrides):
 
 def test_b16_shaped_export_loads_in_timm_with_equal_logits(tmp_path, random_params):
   model = get_model('ViT-B_16', num_classes=1000, **B16_SHALLOW)
-  params = random_params(stats.param_shapes(model, 224), scale=0.05)
+  params = random_params(families.param_shapes(model, 224), scale=0.05)
   checkpoint.export_timm(params, get_config('ViT-B_16'), tmp_path / 'timm')
 
   config = json.loads((tmp_path / 'timm' / 'config.json').read_text())
@@ -91,7 +91,7 @@ def test_b16_shaped_export_loads_in_timm_with_equal_logits(tmp_path, random_para
 
 def test_gap_model_exports_with_the_norm_before_pooling(tmp_path, random_params):
   model = get_model('testing', num_classes=5, classifier='gap', **SMALL)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.export_timm(params, _config('testing', classifier='gap'), tmp_path / 'timm')
 
   config = json.loads((tmp_path / 'timm' / 'config.json').read_text())
@@ -107,7 +107,7 @@ def test_gap_model_exports_with_the_norm_before_pooling(tmp_path, random_params)
 
 def test_unpooled_model_exports_with_no_pooling(tmp_path, random_params):
   model = get_model('testing', num_classes=None, classifier='token_unpooled', **SMALL)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   config = _config('testing', classifier='token_unpooled')
   checkpoint.export_timm(params, config, tmp_path / 'timm')
   theirs_model = timm.create_model(f'local-dir:{tmp_path / "timm"}', pretrained=True)
@@ -119,7 +119,7 @@ def test_unpooled_model_exports_with_no_pooling(tmp_path, random_params):
 
 def test_intermediate_blocks_equal_timm_forward_intermediates(tmp_path, random_params):
   model = get_model('testing', num_classes=5, **SMALL)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.export_timm(params, None, tmp_path / 'timm')
   theirs_model = timm.create_model(f'local-dir:{tmp_path / "timm"}', pretrained=True).eval()
   images = _images(32)
@@ -212,7 +212,7 @@ def test_timm_ours_timm_round_trip_is_bit_exact(tmp_path, timm_args):
 
 
 def test_ours_timm_ours_round_trip_is_bit_exact(tmp_path, random_params):
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=6, **SMALL), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=6, **SMALL), 32))
   checkpoint.export_timm(params, None, tmp_path / 'timm')
   back = checkpoint.flatten(checkpoint.load(tmp_path / 'timm'))
   assert back.keys() == checkpoint.flatten(params).keys()
@@ -267,7 +267,7 @@ def test_deit_tiny_with_timm_default_exact_gelu_both_ways(tmp_path, random_param
   model = get_model(
     'DeiT-Ti_16-distilled', num_classes=10, gelu_approximate=False, transformer={'num_layers': 2}
   )
-  params = random_params(stats.param_shapes(model, 224), scale=0.1)
+  params = random_params(families.param_shapes(model, 224), scale=0.1)
   config = get_config('DeiT-Ti_16-distilled')
   config.gelu_approximate = False
   checkpoint.export_timm(params, config, tmp_path / 'out')
@@ -305,11 +305,11 @@ def test_deit_file_into_a_vit_without_distillation_token(tmp_path):
   path = _save(state, tmp_path / 'deit.safetensors')
   model = get_model('testing', num_classes=4, **SMALL)
   with pytest.raises(checkpoint.CheckpointError, match=r'dist_token \(1, 1, 32\)') as e:
-    checkpoint.load_pretrained(path, stats.param_shapes(model, 32), _config('testing', **SMALL))
+    checkpoint.load_pretrained(path, families.param_shapes(model, 32), _config('testing', **SMALL))
   assert '\n' not in str(e.value)
   # strict=False drops the token, its position row and the second head.
   params = checkpoint.load(path, num_heads=4)
-  shapes = stats.param_shapes(model, 32)
+  shapes = families.param_shapes(model, 32)
   fitted, report = checkpoint.merge_pretrained(params, shapes, get_config('testing'), strict=False)
   posemb = state['pos_embed'].numpy()
   np.testing.assert_array_equal(
@@ -422,7 +422,7 @@ def test_missing_key_is_named(tmp_path):
 def test_unexportable_models_fail_and_write_nothing(
   tmp_path, random_params, name, overrides, match
 ):
-  params = random_params(stats.param_shapes(get_model(name, **overrides), 64))
+  params = random_params(families.param_shapes(get_model(name, **overrides), 64))
   with pytest.raises(checkpoint.CheckpointError, match=match):
     checkpoint.export_timm(params, _config(name, **overrides), tmp_path / 'out')
   assert not list(tmp_path.iterdir())
@@ -430,7 +430,7 @@ def test_unexportable_models_fail_and_write_nothing(
 
 def test_convert_to_timm(tmp_path, random_params):
   model = get_model('testing', num_classes=4, **SMALL)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   checkpoint.save_npz(params, tmp_path / 'src.npz')
   lines = []
   convert.convert(str(tmp_path / 'src.npz'), str(tmp_path / 'timm'), 'timm', out=lines.append)
@@ -442,7 +442,7 @@ def test_convert_to_timm(tmp_path, random_params):
 
 
 def test_labels_are_timm_label_names(tmp_path, random_params):
-  params = random_params(stats.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
+  params = random_params(families.param_shapes(get_model('testing', num_classes=3, **SMALL), 32))
   checkpoint.export_timm(params, None, tmp_path / 'timm', labels=['cat', 'dog', 'fox'])
   theirs_model = timm.create_model(f'local-dir:{tmp_path / "timm"}', pretrained=True)
   assert theirs_model.pretrained_cfg['label_names'] == ['cat', 'dog', 'fox']

@@ -15,11 +15,11 @@ from numpy_models import deit as numpy_deit
 from numpy_models import gelu_exact
 
 from configs import digits as digits_config
-from vit_jax import checkpoint, train
+from vit_jax import checkpoint, families, train
 from vit_jax.checkpoint import tree
 from vit_jax.cli import predict
-from vit_jax.models import get_config, get_model, model_from_config, stats
-from vit_jax.train import losses
+from vit_jax.models import get_config, get_model, model_from_config
+from vit_jax.tasks import distillation_losses as losses
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 
@@ -35,7 +35,7 @@ def _small(classes=7, **overrides):
 
 
 def _params(random_params, model, size=32, seed=0):
-  return random_params(stats.param_shapes(model, size), seed=seed, scale=0.2)
+  return random_params(families.param_shapes(model, size), seed=seed, scale=0.2)
 
 
 def _images(n=2, size=32, seed=1):
@@ -48,7 +48,7 @@ def _numpy(params, images):
 
 
 def test_names_and_shapes_agreed_for_checkpoints():
-  shapes = tree.flatten(stats.param_shapes(get_model('DeiT-B_16-distilled', num_classes=1000)))
+  shapes = tree.flatten(families.param_shapes(get_model('DeiT-B_16-distilled', num_classes=1000)))
   assert shapes['cls'].shape == shapes['dist_token'].shape == (1, 1, 768)
   assert shapes[POSEMB].shape == (1, 2 + 196, 768)
   assert shapes['head_dist/kernel'].shape == shapes['head/kernel'].shape == (768, 1000)
@@ -72,7 +72,7 @@ def test_both_heads_and_their_mean_equal_the_deit_equations(random_params):
 def test_exact_gelu_option_equals_the_deit_equations_with_erf(random_params):
   """DeiT was trained with PyTorch's exact GELU: `gelu_approximate=False` computes it."""
   model = _small(gelu_approximate=False)
-  params, images = random_params(stats.param_shapes(model, 32), scale=0.5), _images()
+  params, images = random_params(families.param_shapes(model, 32), scale=0.5), _images()
   flat = {k: np.asarray(v, np.float64) for k, v in tree.flatten(params).items()}
   want = numpy_deit(flat, images.astype(np.float64), gelu=gelu_exact)
   assert np.abs(want[0] - _numpy(params, images)[0]).max() > 1e-4  # 10x the tolerance
@@ -141,7 +141,7 @@ def test_fine_tuning_at_another_resolution_keeps_both_prefix_rows(tmp_path, rand
   checkpoint.save_npz(params, tmp_path / 'deit.npz')
   model = _small(classes=3)
   fitted, report = checkpoint.merge_pretrained(
-    checkpoint.load(tmp_path / 'deit.npz'), stats.param_shapes(model, 64), {}
+    checkpoint.load(tmp_path / 'deit.npz'), families.param_shapes(model, 64), {}
   )
   old = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
   grid = scipy.ndimage.zoom(old[0, 2:].reshape(4, 4, 32), (2, 2, 1), order=1)

@@ -15,8 +15,8 @@ import tensorflow as tf
 from conftest import TEACHER, TINY, randomize, train_error, write_teacher
 
 from configs import digits as digits_config
-from vit_jax import checkpoint, optim, parallel, rundir, train
-from vit_jax.models import model_from_config, stats
+from vit_jax import checkpoint, families, optim, parallel, rundir, train
+from vit_jax.models import model_from_config
 from vit_jax.tasks import distillation
 from vit_jax.tasks import distillation_losses as losses
 from vit_jax.train import setup, spec, steps
@@ -41,7 +41,7 @@ def _images(n=32, seed=0):
 
 def _student(run):
   model = setup.build_model(run.model, num_classes=10)
-  return model, randomize(stats.param_shapes(model, 8), seed=1)
+  return model, randomize(families.param_shapes(model, 8), seed=1)
 
 
 def _oracle(run, model, params, teacher_params, images, labels):

@@ -800,14 +800,14 @@ def test_an_unknown_entry_point_or_flag_is_reported(copy):
 def test_a_moved_module_or_a_renamed_function_is_reported(copy):
   n = _append(
     copy / 'docs' / 'models.md',
-    'The losses live in `vit_jax/losses.py` (`vit_jax.train.losses.soft_distillation_loss`, and\n'
+    'The losses live in `vit_jax/losses.py` (`vit_jax.tasks.mixing.make_mix`, and\n'
     '`vit_jax.models.vit.no_such_function`).\n'
-    '```python\nfrom vit_jax.train import losses, no_such_module\n```',
+    '```python\nfrom vit_jax.tasks import distillation_losses, no_such_module\n```',
   )
   assert name_problems(copy) == [
     f'docs/models.md:{n}: no file vit_jax/losses.py',
     f'docs/models.md:{n + 1}: no vit_jax.models.vit.no_such_function',
-    f'docs/models.md:{n + 2}: no vit_jax.train.no_such_module',
+    f'docs/models.md:{n + 2}: no vit_jax.tasks.no_such_module',
   ]
 
 

@@ -19,15 +19,17 @@ from conftest import assert_run_reads_back, jpeg_bytes, randomize
 from scipy.special import log_expit, logsumexp
 
 from configs import lit_coco, lit_digits, siglip_lit_coco
-from vit_jax import checkpoint, distributed, optim, parallel, rundir, text, train
+from vit_jax import checkpoint, distributed, families, optim, parallel, rundir, text, train
 from vit_jax import data as data_lib
 from vit_jax.checkpoint import save_npz
 from vit_jax.data import captions, digits_text
-from vit_jax.models import get_config, model_from_config, stats
+from vit_jax.models import get_config, model_from_config
 from vit_jax.train import loop as loop_lib
 from vit_jax.train import setup, steps
 from vit_jax.train import state as state_lib
 from vit_jax.train.spec import with_overrides
+
+pytestmark = pytest.mark.slow  # trained runs, 2-process runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -62,7 +64,7 @@ TINY = {
 
 def image_tower(crop: int = 8) -> dict:
   """IMAGE's parameters, random, with a 10-class head (which LiT drops)."""
-  shapes = stats.param_shapes(model_from_config(IMAGE, num_classes=10), crop)
+  shapes = families.param_shapes(model_from_config(IMAGE, num_classes=10), crop)
   return randomize(shapes, seed=1, scale=0.3)
 
 
@@ -199,7 +201,9 @@ def _first_step(config, devices):
   lay = state_lib.layout(s, tx, jax.random.key(0))
   init_rng, dropout_rng = jax.random.split(jax.random.key(0))
   state = state_lib.initial_state(s, tx, lay, init_rng, dropout_rng)
-  stream = data_lib.host_train_dataset(s.source, s.spec.data, data_shards=1, seed=0)
+  stream = data_lib.host_train_dataset(
+    s.source, s.spec.data, data_shards=1, seed=0, tokenizer=s.task.tokenizer
+  )
   local = data_lib.BadExamples('training').take(next(data_lib.host_batches(stream)))
   return state, parallel.global_batch(local, parallel.batch_sharding(s.mesh)), s, tx, lay
 
@@ -229,9 +233,13 @@ def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_
   assert_trees_close(results['jit'][1], results['shard_map'][1], atol=1e-6)
 
 
-def _stream_tokens(source, data, position: int, rows: int = 4) -> np.ndarray:
-  data = dataclasses.replace(data, batch=rows, input_threads=1)
-  ds = data_lib.train_dataset(source, 'train', data, local_batch=rows, seed=0, position=position)
+def _stream_tokens(s, position: int, rows: int = 4) -> np.ndarray:
+  """The texts of the batch at `position` of the run `s`'s training stream."""
+  data = dataclasses.replace(s.spec.data, batch=rows, input_threads=1)
+  ds = data_lib.train_dataset(
+    s.source, 'train', data, local_batch=rows, seed=0, position=position,
+    tokenizer=s.task.tokenizer,
+  )  # fmt: skip
   return next(iter(ds))['text'].numpy()
 
 
@@ -250,14 +258,14 @@ def test_captions_folder_draws_one_caption_per_position(tmp_path, image_file):
   assert isinstance(source, captions.FolderCaptions) and source.num_examples('train') == 4
   config = tiny_digits(image_file, dataset=str(tmp_path / 'pairs'), caption_templates=())
   config.pp.test = 'train'
-  tokenizer = captions.tokenizer_of(setup.spec_lib.from_config(config).data.pp)
+  s = setup.prepare(config, '/nonexistent', jax.devices()[:1])  # once: 12 streams
+  tokenizer = s.task.tokenizer
   choices = {i: set(map(tuple, tokenizer([f'the number {d}.' for d in range(3 * i, 3 * i + 3)])))
              for i in range(4)}  # fmt: skip
   drawn = [set() for _ in range(4)]
-  data = setup.prepare(config, '/nonexistent', jax.devices()[:1]).spec.data  # once: 12 streams
   for epoch in range(6):
-    tokens = _stream_tokens(source, data, 4 * epoch)
-    np.testing.assert_array_equal(tokens, _stream_tokens(source, data, 4 * epoch))
+    tokens = _stream_tokens(s, 4 * epoch)
+    np.testing.assert_array_equal(tokens, _stream_tokens(s, 4 * epoch))
     for row in map(tuple, tokens):
       image = next(i for i, c in choices.items() if row in c)  # every row one of its captions
       drawn[image].add(row)
@@ -295,21 +303,27 @@ def _retrieval_tokens(loaded, tmp_path, monkeypatch) -> np.ndarray:
 
 def _ids_on_every_path(config, checkpoint_path, vocab, tmp_path, monkeypatch) -> dict:
   """The ids of CAPTIONS through each path that tokenizes texts, from the training config
-  `config` (its run's model) and a file of that model (for vit-zeroshot)."""
+  `config` (its run, as `setup.prepare` resolves it) and a file of that model (for
+  vit-zeroshot)."""
   from vit_jax.cli import zeroshot as zeroshot_cli
   from vit_jax.evals import common as evals_common
   from vit_jax.evals import zeroshot
 
-  spec = setup.spec_lib.from_config(config)
-  model = setup.build_model(spec.model, 10)
-  context = evals_common.Context(spec.evals, spec.data, model, None, None)
+  s = setup.prepare(config, '/nonexistent', jax.devices()[:1])
+  in_run = evals_common.Context(
+    s.spec.evals, s.spec.data, s.model, s.mesh, s.source, s.task.tokenizer
+  )
+  assert zeroshot.prompt_tokenizer(in_run) is s.task.tokenizer  # one object in a run
+  alone = dataclasses.replace(in_run, tokenizer=None)  # resolved from the family again
   loaded = zeroshot_cli.load(str(checkpoint_path), vocab=str(vocab))
   tokenizers = {
-    'training captions': captions.tokenizer_of(spec.data.pp, spec.model.fields['pp']),
-    'in-run zero-shot': zeroshot.prompt_tokenizer(context),
+    'training captions': s.task.tokenizer,
+    'zero-shot prompts, resolved apart': zeroshot.prompt_tokenizer(alone),
     'vit-zeroshot': loaded.tokenizer,
   }
   ids = {name: tokenizer(list(CAPTIONS)) for name, tokenizer in tokenizers.items()}
+  graph = s.task.tokenizer.preprocess_tf(tf.constant(list(CAPTIONS)))
+  ids['training pipeline (TensorFlow)'] = graph.numpy()
   ids['vit-zeroshot retrieval'] = _retrieval_tokens(loaded, tmp_path, monkeypatch)
   return ids
 
@@ -321,17 +335,17 @@ def _assert_all_equal(ids: dict) -> np.ndarray:
   return want
 
 
-def test_a_caption_is_tokenized_alike_on_every_path_bert(lit_run, tmp_path, monkeypatch):
-  """The digits LiT (BERT, 12 tokens): its run directory for vit-zeroshot, the digits
-  reproduction's retrieval, and the pipeline's tokenizer as it is called today."""
+def test_a_caption_is_tokenized_alike_on_every_path_bert(
+  lit_run, image_file, tmp_path, monkeypatch
+):
+  """The digits LiT (BERT, 12 tokens): its run directory for vit-zeroshot, and the digits
+  reproduction's retrieval."""
   from vit_jax.reproduce import lit_digits as reproduce
 
   workdir, _ = lit_run
-  config = tiny_digits(os.path.join(workdir, 'unused.npz'))
+  config = tiny_digits(image_file)
   ids = _ids_on_every_path(config, workdir, digits_text.VOCAB, tmp_path, monkeypatch)
-  spec = setup.spec_lib.from_config(config)
-  ids['pipeline'] = captions.tokenizer_of(spec.data.pp)(list(CAPTIONS))
-  model = setup.build_model(spec.model, 10)
+  model = setup.build_model(setup.spec_lib.from_config(config).model, 10)
   ids['reproduction retrieval'] = reproduce.caption_tokenizer(model, 12)(list(CAPTIONS))
   want = _assert_all_equal(ids)
   cls = digits_text.vocabulary().index('[CLS]')
@@ -351,7 +365,8 @@ def test_a_caption_is_tokenized_alike_on_every_path_siglip(tmp_path, monkeypatch
   config.model = fields.to_dict()
   config.pp.tokenizer, config.pp.vocab, config.pp.max_len = 'sentencepiece', SP_MODEL, 16
   config.zeroshot.vocab = ''  # the captions' vocabulary
-  params = randomize(stats.param_shapes(model_from_config(fields), 32, 16), seed=3)
+  config.contrastive.lock_image = False  # no image tower to read
+  params = randomize(families.param_shapes(model_from_config(fields), 32, 16), seed=3)
   params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
   save_npz(params, tmp_path / 'siglip.npz')
   ids = _ids_on_every_path(config, tmp_path / 'siglip.npz', SP_MODEL, tmp_path, monkeypatch)

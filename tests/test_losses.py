@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax.train import losses
+from vit_jax.tasks import distillation_losses as losses
 
 
 def _log_softmax(z):

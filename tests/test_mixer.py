@@ -13,10 +13,10 @@ from numpy_models import mixer as numpy_mixer
 
 from configs import digits as digits_config
 from configs import vit as vit_config
-from vit_jax import checkpoint, train
+from vit_jax import checkpoint, families, train
 from vit_jax.checkpoint import tree
 from vit_jax.cli import benchmark, convert, predict
-from vit_jax.models import get_config, get_model, model_from_config, stats
+from vit_jax.models import get_config, get_model, model_from_config
 
 # A small Mixer: 64 px images in 16x16 patches, S = 16 patches.
 SMALL = {'hidden_dim': 32, 'num_blocks': 2, 'tokens_mlp_dim': 8, 'channels_mlp_dim': 64}
@@ -77,7 +77,7 @@ def test_logits_equal_the_mixer_equations_in_numpy():
 
 
 def test_tree_has_the_released_names_and_shapes():
-  shapes = stats.param_shapes(get_model('Mixer-B_16', num_classes=1000), 224)
+  shapes = families.param_shapes(get_model('Mixer-B_16', num_classes=1000), 224)
   flat = {k: tuple(v.shape) for k, v in tree.flatten(shapes).items()}
   assert len(flat) == 4 + 12 * 12 + 2  # stem, 12 blocks of 12 arrays, norm, head
   assert flat['stem/kernel'] == (16, 16, 3, 768)
@@ -125,7 +125,7 @@ def test_load_pretrained_gives_a_fresh_head_and_every_other_weight(tmp_path):
   flat = released_layout(21843)
   np.savez(tmp_path / 'Mixer.npz', **flat)
   model = _small_model(10)
-  init = stats.param_shapes(model, SIZE)
+  init = families.param_shapes(model, SIZE)
   params = checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, _small_config())
   out = tree.flatten(params)
   np.testing.assert_array_equal(out['head/kernel'], np.zeros((32, 10)))
@@ -135,7 +135,7 @@ def test_load_pretrained_gives_a_fresh_head_and_every_other_weight(tmp_path):
 
 def test_another_resolution_names_the_token_mixing_mlp(tmp_path):
   np.savez(tmp_path / 'Mixer.npz', **released_layout(1000))
-  init = stats.param_shapes(_small_model(10), 2 * SIZE)
+  init = families.param_shapes(_small_model(10), 2 * SIZE)
   with pytest.raises(checkpoint.CheckpointError, match=r'token-mixing MLP is sized for the 16 pat'):
     checkpoint.load_pretrained(tmp_path / 'Mixer.npz', init, _small_config())
 

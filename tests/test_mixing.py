@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from vit_jax.train import mixing
+from vit_jax.tasks import mixing
 
 K = 7
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import dot_types
 
-from vit_jax.models import attention, blocks, get_model, precision, stats
+from vit_jax import families
+from vit_jax.models import attention, blocks, get_model, precision
 
 
 def _tiny_model(**overrides):
@@ -32,7 +33,7 @@ def _grads(model, params, images, labels):
 def tiny_batch():
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
   labels = jnp.array([3, 7])
-  params = stats.param_shapes(_tiny_model(), 32)
+  params = families.param_shapes(_tiny_model(), 32)
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda x: jnp.asarray(0.05 * rng.standard_normal(x.shape), x.dtype), params)
   return params, images, labels
@@ -133,7 +134,7 @@ def test_scanned_layers_equal_the_unrolled_model(remat, tiny_batch):
     768,
   )
   scanned = _tiny_model(scan_layers=True, remat_policy=remat)
-  init = stats.param_shapes(scanned, 32)
+  init = families.param_shapes(scanned, 32)
   assert jax.tree.map(jnp.shape, init) == jax.tree.map(jnp.shape, stacked)
   np.testing.assert_allclose(
     scanned.apply({'params': stacked}, images, train=False),
@@ -166,7 +167,7 @@ def test_stacking_round_trips_and_checks_the_layout(tiny_batch):
 def test_scanned_dropout_depends_on_the_key(random_params):
   model = get_model('testing', num_classes=5, scan_layers=True, transformer={'num_layers': 3})
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   train = lambda seed: model.apply(
     {'params': params}, images, train=True, rngs={'dropout': jax.random.key(seed)}
   )

@@ -16,7 +16,8 @@ import pytest
 from conftest import dot_types, randomize
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from vit_jax.models import attention, blocks, get_model, precision, stats
+from vit_jax import families
+from vit_jax.models import attention, blocks, get_model, precision
 
 DTYPES = [jnp.float32, jnp.bfloat16]
 # Agreement with float64 differences: float32 rounding, or bfloat16 operands (8-bit mantissas).
@@ -32,7 +33,7 @@ def _model(dtype, **overrides):
 def point():
   """Random weights, images and labels, and a random direction in weights and images."""
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
-  params = randomize(stats.param_shapes(_model(jnp.float32), 32))
+  params = randomize(families.param_shapes(_model(jnp.float32), 32))
   direction = (
     randomize(params, seed=1),
     np.asarray(jax.random.normal(jax.random.key(2), images.shape)),
@@ -220,7 +221,7 @@ def test_bfloat16_gradients_under_shard_map_equal_jit():
   model = _model(jnp.bfloat16)
   images = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3), minval=-1, maxval=1)
   labels = jnp.arange(4)
-  params = randomize(stats.param_shapes(model, 32))
+  params = randomize(families.param_shapes(model, 32))
   loss = functools.partial(_loss, model)
 
   def per_device(p, x, y):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import randomize
 
+from vit_jax import families
 from vit_jax.models import MODEL_CONFIGS, attention, get_model, model_from_config, precision, stats
 
 # Every registered model at 224 px with a 1000-class head: the original vit_jax
@@ -80,19 +81,19 @@ def test_deit_counts_round_to_the_published_ones():
     assert round(EXPECTED_PARAMS[f'DeiT-{size}-distilled'] / 1e6, 2) == millions, size
 
 
-def test_every_registered_model_has_an_expected_count():
-  assert set(MODEL_CONFIGS) == set(EXPECTED_PARAMS)
+def test_every_registered_classifier_has_an_expected_count():
+  assert set(families.classifiers()) == set(EXPECTED_PARAMS)  # image-text: test_two_towers.py
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', sorted(MODEL_CONFIGS))
+@pytest.mark.parametrize('name', sorted(EXPECTED_PARAMS))
 def test_exact_parameter_count(name):
-  shapes = stats.param_shapes(get_model(name, num_classes=1000), 224)
+  shapes = families.param_shapes(get_model(name, num_classes=1000), 224)
   assert stats.count_params(shapes) == EXPECTED_PARAMS[name]
 
 
 def test_b16_tree_names_and_shapes_match_the_released_layout():
-  shapes = stats.param_shapes(get_model('ViT-B_16', num_classes=1000), 224)
+  shapes = families.param_shapes(get_model('ViT-B_16', num_classes=1000), 224)
   flat = {
     '/'.join(k.key for k in path): x.shape
     for path, x in jax.tree_util.tree_flatten_with_path(shapes)[0]
@@ -129,7 +130,7 @@ def test_b16_tree_names_and_shapes_match_the_released_layout():
   ],
 )
 def test_hybrid_stem_layout(name, tokens, embedding):
-  shapes = stats.param_shapes(get_model(name, num_classes=1000), 224)
+  shapes = families.param_shapes(get_model(name, num_classes=1000), 224)
   assert shapes['Transformer']['posembed_input']['pos_embedding'].shape[1] == tokens
   assert shapes['embedding']['kernel'].shape == embedding
   assert shapes['conv_root']['kernel'].shape == (7, 7, 3, 64)
@@ -165,14 +166,14 @@ def test_override_of_a_nested_field():
 def test_output_shape_per_classifier(classifier, out_shape):
   model = get_model('testing', num_classes=7, classifier=classifier)
   images = jnp.zeros((2, 32, 32, 3))
-  params = randomize(stats.param_shapes(model, 32))
+  params = randomize(families.param_shapes(model, 32))
   assert model.apply({'params': params}, images, train=False).shape == out_shape
 
 
 def test_representation_layer_and_features_only():
   model = get_model('testing', num_classes=None, representation_size=6)
   images = jnp.zeros((3, 32, 32, 3))
-  params = randomize(stats.param_shapes(model, 32))
+  params = randomize(families.param_shapes(model, 32))
   assert params['pre_logits']['kernel'].shape == (10, 6)
   assert 'head' not in params
   out = model.apply({'params': params}, images, train=False)
@@ -192,7 +193,7 @@ def test_head_is_zero_initialised_with_bias_init():
 def test_dropout_depends_on_rng_only_in_training(random_params):
   model = get_model('testing', num_classes=5)  # dropout_rate 0.1
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
-  params = random_params(stats.param_shapes(model, 32))
+  params = random_params(families.param_shapes(model, 32))
   train = lambda seed: model.apply(
     {'params': params}, images, train=True, rngs={'dropout': jax.random.key(seed)}
   )
@@ -218,8 +219,8 @@ def test_stochastic_depth_at_rate_0_is_the_plain_model(random_params):
   plain = model_from_config(_without_drop_path('testing'), num_classes=5)
   zero = get_model('testing', num_classes=5, transformer={'num_layers': 3, 'drop_path_rate': 0.0})
   plain = plain.clone(transformer={**plain.transformer, 'num_layers': 3})
-  params = random_params(stats.param_shapes(plain, 32))
-  assert jax.tree.structure(params) == jax.tree.structure(stats.param_shapes(zero, 32))
+  params = random_params(families.param_shapes(plain, 32))
+  assert jax.tree.structure(params) == jax.tree.structure(families.param_shapes(zero, 32))
   rngs = {'dropout': jax.random.key(2)}  # dropout_rate 0.1: the keys are used alike
   np.testing.assert_array_equal(
     zero.apply({'params': params}, images, train=True, rngs=rngs),
@@ -233,7 +234,7 @@ def test_stochastic_depth_is_off_at_evaluation_and_random_in_training(random_par
   no_dropout = {'num_layers': 3, 'dropout_rate': 0.0}
   plain = get_model('testing', num_classes=5, transformer=no_dropout)
   model = get_model('testing', num_classes=5, transformer={**no_dropout, 'drop_path_rate': 0.5})
-  params = {'params': random_params(stats.param_shapes(plain, 32))}
+  params = {'params': random_params(families.param_shapes(plain, 32))}
   evaluated = model.apply(params, images, train=False)
   np.testing.assert_array_equal(evaluated, model.apply(params, images, train=False))
   np.testing.assert_array_equal(evaluated, plain.apply(params, images, train=False))
@@ -258,7 +259,7 @@ def test_stochastic_depth_keeps_block_i_with_probability_one_minus_rate_i_over_l
   images = jax.random.uniform(jax.random.key(1), (n, 16, 16, 3), minval=-1, maxval=1)
   fields = {'num_layers': 4, 'dropout_rate': 0.0, 'drop_path_rate': rate}
   model = get_model('testing', num_classes=5, transformer=fields, scan_layers=scan_layers)
-  params = random_params(stats.param_shapes(model, 16))
+  params = random_params(families.param_shapes(model, 16))
   _, state = model.apply(
     {'params': params}, images, train=True, rngs={'dropout': jax.random.key(3)},
     capture_intermediates=True,
@@ -287,7 +288,7 @@ def test_bfloat16_compute_keeps_float32_params_and_agrees(random_params):
   images = jax.random.uniform(jax.random.key(1), (4, 64, 64, 3), minval=-1, maxval=1)
   f32 = get_model('ViT-Ti_16', num_classes=10)
   bf16 = get_model('ViT-Ti_16', num_classes=10, dtype=jnp.bfloat16)
-  params = stats.param_shapes(bf16, 64)  # what init returns, by jax.eval_shape
+  params = families.param_shapes(bf16, 64)  # what init returns, by jax.eval_shape
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
   params = random_params(params, scale=0.05)
   ref = f32.apply({'params': params}, images, train=False)
@@ -304,8 +305,8 @@ def test_fused_attention_and_remat_leave_logits_unchanged(overrides, random_para
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
   base = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)})
   variant = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)}, **overrides)
-  params = random_params(stats.param_shapes(base, 32), scale=0.05)
-  assert jax.tree.structure(params) == jax.tree.structure(stats.param_shapes(variant, 32))
+  params = random_params(families.param_shapes(base, 32), scale=0.05)
+  assert jax.tree.structure(params) == jax.tree.structure(families.param_shapes(variant, 32))
   np.testing.assert_allclose(
     variant.apply({'params': params}, images, train=False),
     base.apply({'params': params}, images, train=False),
@@ -342,7 +343,7 @@ def test_training_gradients_equal_with_and_without_kept_attention_weights(random
   images = jax.random.uniform(jax.random.key(1), (2, 32, 32, 3), minval=-1, maxval=1)
   two_blocks = {'num_layers': 2}
   model = get_model('ViT-Ti_16', num_classes=10, patches={'size': (8, 8)}, transformer=two_blocks)
-  params = random_params(stats.param_shapes(model, 32), scale=0.05)
+  params = random_params(families.param_shapes(model, 32), scale=0.05)
 
   def loss(p, keep):
     if keep:
@@ -363,8 +364,8 @@ def test_training_gradients_equal_with_and_without_kept_attention_weights(random
 def test_analytic_flops_match_xla_cost_analysis():
   # XLA also counts elementwise work (norms, softmax, GELU); matmuls dominate.
   for name in ('ViT-B_16', 'R50+ViT-B_16'):
-    analytic = stats.forward_flops(MODEL_CONFIGS[name], 224, 1000)
-    xla = stats.xla_forward_flops(get_model(name, num_classes=1000), 224)
+    analytic = families.forward_flops(MODEL_CONFIGS[name], 224, 1000)
+    xla = families.xla_forward_flops(get_model(name, num_classes=1000), 224)
     assert 0.99 < analytic / xla <= 1.0, name
 
 
@@ -373,7 +374,7 @@ def _matmul_flops(name: str, resolution: int = 224, classes: int = 1000, **overr
   meets every patch (embedding), every token (encoder) or the pooled vector (pre_logits,
   head); plus the two attention products q.k and weights.v, T x T x D each per layer."""
   model = get_model(name, num_classes=classes, **overrides)
-  shapes = jax.tree_util.tree_flatten_with_path(stats.param_shapes(model, resolution))[0]
+  shapes = jax.tree_util.tree_flatten_with_path(families.param_shapes(model, resolution))[0]
   patch = model.patches['size'][0]
   patches = (resolution // patch) ** 2
   tokens = patches + (model.classifier == 'token')
@@ -401,7 +402,7 @@ def _matmul_flops(name: str, resolution: int = 224, classes: int = 1000, **overr
 def test_analytic_flops_count_every_matmul(name, overrides):
   config = MODEL_CONFIGS[name].to_dict()
   config.update(overrides)
-  analytic = stats.forward_flops(ml_collections.ConfigDict(config), 224, 1000)
+  analytic = families.forward_flops(ml_collections.ConfigDict(config), 224, 1000)
   assert analytic == _matmul_flops(name, **overrides)
   if name == 'ViT-B_16':  # timm's model card for B/16 at 224 px: 17.6 GMACs (one decimal)
     assert analytic == pytest.approx(2 * 17.6e9, rel=0.003)

@@ -8,8 +8,8 @@ import pytest
 import scipy.ndimage
 from conftest import NARROW
 
-from vit_jax import checkpoint
-from vit_jax.models import blocks, get_config, get_model, stats
+from vit_jax import checkpoint, families
+from vit_jax.models import blocks, get_config, get_model
 from vit_jax.models.posemb import resize_posemb_grid
 
 # Patch 4: 56 px is a 14x14 grid, 96 px 24x24, 64x40 px 16x10.
@@ -68,11 +68,11 @@ def test_model_applied_at_another_size_equals_the_load_pretrained_resized_model(
   random_params, classifier, size
 ):
   trained = _model(classifier=classifier)
-  params = random_params(stats.param_shapes(trained, 56), scale=0.3)
+  params = random_params(families.param_shapes(trained, 56), scale=0.3)
   # The reference: the checkpoint fitted to a model built for `size`, as fine-tuning does.
   resized, report = checkpoint.merge_pretrained(
     params,
-    stats.param_shapes(trained, size),
+    families.param_shapes(trained, size),
     _config(classifier=classifier),
     keep_head=True,
     image_size=size,
@@ -89,16 +89,18 @@ def test_model_applied_at_another_size_equals_the_load_pretrained_resized_model(
 
 def test_posemb_grid_at_the_trained_size_is_the_default_model_bit_for_bit(random_params):
   trained = _model()
-  params = random_params(stats.param_shapes(trained, 56))
+  params = random_params(families.param_shapes(trained, 56))
   dynamic = _model(posemb_grid=(14, 14))
-  assert jax.tree.map(np.shape, stats.param_shapes(dynamic, 96)) == jax.tree.map(np.shape, params)
+  assert jax.tree.map(np.shape, families.param_shapes(dynamic, 96)) == jax.tree.map(
+    np.shape, params
+  )
   images = _images(56, 56)
   np.testing.assert_array_equal(_apply(dynamic)(params, images), _apply(trained)(params, images))
 
 
 def test_the_default_model_still_refuses_another_size(random_params):
   trained = _model()
-  params = random_params(stats.param_shapes(trained, 56))
+  params = random_params(families.param_shapes(trained, 56))
   with pytest.raises(Exception, match=r'pos_embedding.*\(1, 577, 16\).*\(1, 197, 16\)'):
     trained.apply({'params': params}, _images(96, 96), train=False)
 
@@ -127,7 +129,7 @@ def _truncated(params, num_blocks):
 @pytest.mark.parametrize('block', [0, 1])
 def test_block_output_equals_a_model_truncated_after_that_block(random_params, block):
   model = _model()
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   images = _images(56, 56)
   features = _apply(model, (block,))(params, images)
   tokens = np.concatenate(
@@ -153,7 +155,7 @@ def test_block_output_equals_a_model_truncated_after_that_block(random_params, b
 
 def test_embedding_is_the_patch_grid_and_encoded_the_unpooled_output(random_params):
   model = _model(classifier='token')
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   images = _images(56, 56)
   features = _apply(model, (-1,))(params, images)
   assert sorted(features) == [
@@ -179,7 +181,7 @@ def test_embedding_is_the_patch_grid_and_encoded_the_unpooled_output(random_para
 
 def test_one_pass_runs_neither_later_blocks_nor_the_head(random_params):
   model = _model()
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   images = _images(56, 56)
   full = _apply(model, (0, 1))(params, images)
   without_rest = _truncated({k: v for k, v in params.items() if k != 'head'}, 2)
@@ -192,7 +194,7 @@ def test_one_pass_runs_neither_later_blocks_nor_the_head(random_params):
 
 def test_scanned_blocks_give_the_same_features(random_params):
   model = _model(classifier='gap')
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   images = _images(56, 56)
   unrolled = _apply(model, (0, 2))(params, images)
   scanned = _apply(_model(classifier='gap', scan_layers=True), (0, -1))(
@@ -220,7 +222,7 @@ def test_prefix_tokens_and_big_vision_options(random_params, options, prefix):
   """Features split off every prefix token; a posemb_grid model applied at another size equals
   the model fitted to that size (sincos2d, without a learned embedding, fits any size as is)."""
   trained = _model(**options)
-  params = random_params(stats.param_shapes(trained, 56), scale=0.3)
+  params = random_params(families.param_shapes(trained, 56), scale=0.3)
   images = _images(64, 40)
   dynamic = _model(posemb_grid=(14, 14), **options)
   features = _apply(dynamic, (0, -1))(params, images)
@@ -230,7 +232,7 @@ def test_prefix_tokens_and_big_vision_options(random_params, options, prefix):
     assert features['encoderblock_0/prefix'].shape == (2, prefix, 16)
 
   resized, _ = checkpoint.merge_pretrained(
-    params, stats.param_shapes(trained, (64, 40)), _config(**options), True, image_size=(64, 40)
+    params, families.param_shapes(trained, (64, 40)), _config(**options), True, image_size=(64, 40)
   )
   expected = np.asarray(_apply(trained)(resized, images))
   assert np.abs(expected).max() > 0.1
@@ -240,7 +242,7 @@ def test_prefix_tokens_and_big_vision_options(random_params, options, prefix):
 
 def test_features_at_another_size_with_posemb_grid(random_params):
   model = _model(posemb_grid=(14, 14))
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   features = _apply(model, (1,))(params, _images(64, 40))
   assert features['encoderblock_1'].shape == (2, 16, 10, 16)
   assert features['encoderblock_1/prefix'].shape == (2, 1, 16)
@@ -257,7 +259,7 @@ def test_features_at_another_size_with_posemb_grid(random_params):
 )
 def test_bad_block_indices_are_one_line_errors(random_params, blocks, match):
   model = _model()
-  params = random_params(stats.param_shapes(model, 56))
+  params = random_params(families.param_shapes(model, 56))
   with pytest.raises(ValueError, match=match) as e:
     model.apply({'params': params}, _images(56, 56), train=False, intermediate_blocks=blocks)
   assert '\n' not in str(e.value)

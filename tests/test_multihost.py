@@ -27,7 +27,7 @@ from conftest import TINY, assert_trained_params_close, digest, full_tmpfs
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
 from vit_jax import data as data_lib
-from vit_jax import distributed, parallel, rundir, train
+from vit_jax import distributed, families, parallel, rundir, train
 from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.models import model_from_config, stats
 from vit_jax.train import setup, spec
@@ -419,7 +419,7 @@ def test_h14_fsdp_state_fits_16_gb_devices():
   """The memory arithmetic of configs/vit_h14_fsdp.py, from the real parameter shapes."""
   config = vit_h14_fsdp.get_config('imagenet21k')
   assert (config.sharding, config.model.remat_policy, config.dtype) == ('fsdp', 'full', 'bfloat16')
-  shapes = stats.param_shapes(model_from_config(config.model, num_classes=21843), 224)
+  shapes = families.param_shapes(model_from_config(config.model, num_classes=21843), 224)
   n = stats.count_params(shapes)
   assert n == 660_385_363
   mesh = parallel.create_mesh()  # 8 devices

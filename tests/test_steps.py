@@ -11,8 +11,7 @@ import pytest
 from conftest import TINY, write_teacher
 
 from configs import digits as digits_config
-from vit_jax import optim, parallel, tasks
-from vit_jax.models import stats
+from vit_jax import families, optim, parallel, tasks
 from vit_jax.tasks import distillation
 from vit_jax.train import setup, spec, steps
 
@@ -41,7 +40,8 @@ def _state(run: spec.RunSpec, model, tx, seed: int = 0) -> dict:
   # The shapes only (nothing compiled): random weights everywhere (the head starts at zero).
   rng = np.random.default_rng(seed)
   params = jax.tree.map(
-    lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype), stats.param_shapes(model, 8)
+    lambda x: jnp.asarray(0.3 * rng.standard_normal(x.shape), x.dtype),
+    families.param_shapes(model, 8),
   )
   state = {
     'params': params,

@@ -30,7 +30,7 @@ from conftest import (
 from configs import digits as digits_config
 from configs import vit as vit_config
 from vit_jax import data as data_lib
-from vit_jax import parallel, rundir, train
+from vit_jax import families, parallel, rundir, train
 from vit_jax.data import digits as digits_data
 from vit_jax.evals import classification
 from vit_jax.evals import common as evals_common
@@ -526,9 +526,9 @@ def test_fine_tuning_from_npz_at_another_resolution(tmp_path):
 def _write_npz_of_testing_model(path):
   """A file in the pretrained layout at 224 px (random values: the runs check shapes)."""
   from vit_jax.checkpoint import save_npz
-  from vit_jax.models import get_model, stats
+  from vit_jax.models import get_model
 
-  save_npz(randomize(stats.param_shapes(get_model('testing', num_classes=21843), 224)), path)
+  save_npz(randomize(families.param_shapes(get_model('testing', num_classes=21843), 224)), path)
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ import ml_collections
 import pytest
 
 from configs import augreg, common, digits, models, vit, vit_s16_i1k
-from vit_jax.models import MODEL_CONFIGS, is_mixer
+from vit_jax import families
+from vit_jax.models import is_mixer
 from vit_jax.train import setup, spec
 
 
@@ -52,7 +53,7 @@ def test_b16_cifar10_has_the_original_learning_rate():
 
 
 def test_every_registered_model_has_a_short_name():
-  assert sorted(models.SHORT_NAMES.values()) == sorted(MODEL_CONFIGS)
+  assert sorted(models.SHORT_NAMES.values()) == sorted(families.classifiers())
   assert models.SHORT_NAMES['r50_b16'] == 'R50+ViT-B_16'
   assert models.SHORT_NAMES['r_ti16'] == 'R+ViT-Ti_16'
   assert models.SHORT_NAMES['s16_gap_norep'] == 'ViT-S_16-gap-norep'

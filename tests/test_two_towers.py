@@ -13,18 +13,11 @@ from conftest import randomize
 from jax.sharding import PartitionSpec as P
 from numpy_models import l2_normalize, text_transformer, vit
 
-from vit_jax import checkpoint, parallel
+from vit_jax import checkpoint, families, parallel
 from vit_jax.checkpoint import tree
 from vit_jax.cli import convert, predict
 from vit_jax.families import two_towers
-from vit_jax.models import (
-  MODEL_CONFIGS,
-  TWO_TOWER_CONFIGS,
-  get_config,
-  get_model,
-  model_from_config,
-  stats,
-)
+from vit_jax.models import MODEL_CONFIGS, get_config, get_model, model_from_config, stats
 
 # The original vit_jax `models_test.py` counts (224 px, 16 tokens).
 LIT_PARAMS = {
@@ -77,7 +70,7 @@ def test_lit_counts_by_hand_are_the_originals():
 
 def _registered_shapes(name):
   model = get_model(name)
-  return stats.param_shapes(model, model.pp['size'], model.pp['max_len'])
+  return families.param_shapes(model, model.pp['size'], model.pp['max_len'])
 
 
 @pytest.mark.slow
@@ -93,6 +86,17 @@ SIGLIP = {'B': (16, 224, 64), 'L': (16, 256, 64), 'So400m': (14, 224, 16)}
 BV_SIZES = {'B': (768, 12, 3072, 12), 'L': (1024, 24, 4096, 16), 'So400m': (1152, 27, 4304, 16)}
 
 
+def _siglip_by_hand(variant: str) -> int:
+  """The parameters of SIGLIP[variant], counted by hand."""
+  patch, size, length = SIGLIP[variant]
+  width, layers, mlp, _ = BV_SIZES[variant]
+  # The image ViT has no class token; its MAP head: probe, attention, LayerNorm, MLP.
+  image = vit_params(width, mlp, layers, patch, (size // patch) ** 2) - width
+  image += width + 4 * (width * width + width) + 2 * width + 2 * width * mlp + mlp + width
+  text = text_transformer_params(width, mlp, layers, 32_000, length, width)
+  return image + text + 2  # t, b
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('variant', sorted(SIGLIP))
 def test_siglip_counts_by_hand_and_by_transformers(variant):
@@ -103,11 +107,7 @@ def test_siglip_counts_by_hand_and_by_transformers(variant):
   width, layers, mlp, heads = BV_SIZES[variant]
   name = f'SigLIP-{variant}{patch}-{size}'
   shapes = _registered_shapes(name)
-  # The image ViT has no class token; its MAP head: probe, attention, LayerNorm, MLP.
-  image = vit_params(width, mlp, layers, patch, (size // patch) ** 2) - width
-  image += width + 4 * (width * width + width) + 2 * width + 2 * width * mlp + mlp + width
-  text = text_transformer_params(width, mlp, layers, 32_000, length, width)
-  assert stats.count_params(shapes) == image + text + 2  # t, b
+  assert stats.count_params(shapes) == _siglip_by_hand(variant)
   towers = {'hidden_size': width, 'num_hidden_layers': layers, 'intermediate_size': mlp}
   towers['num_attention_heads'] = heads
   config = SiglipConfig(
@@ -120,9 +120,26 @@ def test_siglip_counts_by_hand_and_by_transformers(variant):
   assert two_towers.match_registry(two_towers.infer_config(shapes)) == name
 
 
-def test_image_text_registry_is_apart_from_the_classifiers():
-  assert not set(TWO_TOWER_CONFIGS) & set(MODEL_CONFIGS)
-  assert set(LIT_PARAMS) <= set(TWO_TOWER_CONFIGS)
+def test_vit_models_lists_classifiers_and_image_text_models_with_their_counts():
+  """`vit-models` rows: a classifier at the table's 224 px, an image-text model at its own
+  size (SigLIP L/16 at 256 px), counts from the original's models_test and by hand."""
+  from vit_jax.cli import models as models_cli
+
+  names = ('ViT-B_16', 'LiT-B16B', 'SigLIP-L16-256')
+  rows = {r['model']: r for r in models_cli.table_rows(224, 1000, names=names)}
+  assert rows['ViT-B_16']['params'] == 86_567_656 and not rows['ViT-B_16']['image_text']
+  assert rows['LiT-B16B']['params'] == LIT_PARAMS['LiT-B16B'] and rows['LiT-B16B']['image_text']
+  assert rows['SigLIP-L16-256']['params'] == _siglip_by_hand('L')
+  assert rows['SigLIP-L16-256']['note'].startswith('SigLIP at 256 px; text transformer')
+  assert (rows['SigLIP-L16-256']['layers'], rows['SigLIP-L16-256']['hidden']) == (24, 1024)
+
+
+def test_image_text_models_are_in_the_one_registry_and_not_among_the_classifiers():
+  image_text = {n for n, c in MODEL_CONFIGS.items() if families.of_config(c).image_text}
+  assert set(LIT_PARAMS) <= image_text
+  assert {f'SigLIP-{v}{p}-{s}' for v, (p, s, _) in SIGLIP.items()} <= image_text
+  assert not image_text & set(families.classifiers())
+  assert image_text | set(families.classifiers()) == set(MODEL_CONFIGS)
   config = get_config('LiT-L16S')
   assert (config.text_model, tuple(config.out_dim)) == ('text_transformer', (None, 1024))
   assert config.pp.to_dict() == {'tokenizer_name': 'sentencepiece', 'size': 224, 'max_len': 16}
@@ -190,7 +207,7 @@ def test_the_call_embeds_normalised_and_either_input_may_be_none():
   assert sorted(scalars) == ['b', 't']
   np.testing.assert_allclose(scalars['t'], [np.log(10.0)], rtol=1e-7)
   np.testing.assert_array_equal(scalars['b'], [-10.0])
-  params = randomize(stats.param_shapes(model, SIZE, LEN)) | scalars
+  params = randomize(families.param_shapes(model, SIZE, LEN)) | scalars
   assert sorted(params) == ['b', 'img', 't', 'txt']
   images, tokens = _inputs()
 
@@ -219,7 +236,7 @@ def test_the_call_embeds_normalised_and_either_input_may_be_none():
 
 def test_bert_tower_has_flaxformers_names_and_shapes():
   model = model_from_config(tiny_config('LiT-B16B', (16, 24)))
-  txt = tree.flatten(stats.param_shapes(model, SIZE, LEN)['txt'])
+  txt = tree.flatten(families.param_shapes(model, SIZE, LEN)['txt'])
   e, d, m = 'BertEncoder_0/embedder', 32, 64
   want = {
     f'{e}/embedders_token_ids/embedding': (VOCAB, d),
@@ -290,7 +307,7 @@ def bert_from_hf(sd, layers):
 def _random_vit(seed, head=None):
   """A tiny image ViT's flat tree (our Linen names) with random values."""
   config = tiny_config('LiT-B16B', (head, 24)).image.to_dict()
-  shapes = stats.param_shapes(model_from_config(config, num_classes=head), SIZE)
+  shapes = families.param_shapes(model_from_config(config, num_classes=head), SIZE)
   return tree.flatten(randomize(shapes, seed))
 
 
@@ -557,7 +574,7 @@ def test_image_tower_alone_is_a_plain_vit(lit_text_transformer_file, tmp_path):
   assert fitted.report.fresh == ['head/kernel', 'head/bias']
   # The trainer's path: a ViT model fine-tuned from the file takes its image tower.
   vit_config = {**tiny_config('LiT-B16B', (None, 24)).image.to_dict(), 'num_classes': 5}
-  init = randomize(stats.param_shapes(model_from_config(vit_config), SIZE), seed=9)
+  init = randomize(families.param_shapes(model_from_config(vit_config), SIZE), seed=9)
   loaded = tree.flatten(checkpoint.load_pretrained(path, init, vit_config))
   assert loaded.keys() == tree.flatten(fitted.params).keys()
   for key, value in tree.flatten(fitted.params).items():
@@ -616,7 +633,7 @@ def test_sharding_rules_apply_to_each_towers_paths():
   config = tiny_config('LiT-L16Ti', (None, 24), text={**TEXT, 'vocab_size': 1024})
   config.image.transformer.mlp_dim = 512  # leaves of 32 x 512: large enough to shard
   model = model_from_config(config)
-  params = randomize(stats.param_shapes(model, SIZE, LEN))
+  params = randomize(families.param_shapes(model, SIZE, LEN))
   mesh = parallel.create_mesh()
   rules = [('^txt/', 'replicate'), ('.*', 'fsdp')]  # e.g. LiT: the image tower locked
   shardings = parallel.tree_shardings(params, mesh, rules)

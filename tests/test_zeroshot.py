@@ -14,13 +14,13 @@ from conftest import randomize
 from numpy_models import l2_normalize, text_transformer, vit
 from PIL import Image
 
-from vit_jax import checkpoint, parallel, text
+from vit_jax import checkpoint, families, parallel, text
 from vit_jax import data as data_lib
 from vit_jax.cli import zeroshot as zeroshot_cli
 from vit_jax.data import spec as data_spec
 from vit_jax.evals import common, prompts, zeroshot
 from vit_jax.evals import spec as evals_spec
-from vit_jax.models import get_config, model_from_config, stats
+from vit_jax.models import get_config, model_from_config
 
 DATA = Path(__file__).parent / 'data'
 SP_MODEL = DATA / 'sp_unigram.model'  # 818 pieces, </s> = 1
@@ -42,7 +42,7 @@ def tiny_lit_config():
 def write_lit_file(directory: Path, name='LiT-L16S', seed=0) -> Path:
   """A tiny LiT file in the released layout (`img/`, `txt/`, `t`) and its `.model` beside it."""
   model = model_from_config(tiny_lit_config())
-  params = randomize(stats.param_shapes(model, SIZE, LEN), seed=seed)
+  params = randomize(families.param_shapes(model, SIZE, LEN), seed=seed)
   params['t'] = np.array([2.0], np.float32)
   path = directory / f'{name}.npz'
   checkpoint.save_npz(params, path)
@@ -323,7 +323,7 @@ def test_command_on_a_siglip_tree_gives_sigmoid_probabilities(tmp_path, capsys):
   config = tiny_lit_config()
   config.bias_init, config.temperature_init = -10.0, 10.0
   model = model_from_config(config)
-  params = randomize(stats.param_shapes(model, SIZE, LEN), seed=3)
+  params = randomize(families.param_shapes(model, SIZE, LEN), seed=3)
   params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
   path = tmp_path / 'siglip.npz'
   checkpoint.save_npz(params, path)

@@ -4,11 +4,9 @@
 an int32 array (len, max_len); its `preprocess_tf` does the same to a string tensor inside a
 TensorFlow graph (a `tf.data` map), one text (shape ()) or a batch (shape (n,)).
 
-`model_tokenizer(pp, vocab)` is the tokenizer of a two-tower model, and the one caller of
-`get_tokenizer` in vit_jax: the model config's `pp` (`tokenizer_name`, `max_len`, SigLIP's
-`lower_case`) is the only spelling of its settings; a run gives the vocabulary file beside it.
-Training's captions (vit_jax/data/captions.py), the in-run zero-shot evaluator, `vit-zeroshot`
-(its classes and its retrieval) and the LiT reproduction all take it.
+A model's tokenizer is its family's to choose: `vit_jax.families.two_towers.tokenizer(pp,
+vocab)`, the one caller of `get_tokenizer` in vit_jax, reads the settings off the model
+config's `pp`.
 
 - 'bert' (LiT's BERT towers): `tensorflow_text.BertTokenizer(lower_case=True)` written out:
   texts folded as ICU's NFKC_Casefold (case, compatibility forms and default-ignorable
@@ -34,8 +32,8 @@ import abc
 import functools
 import itertools
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sentencepiece
@@ -46,8 +44,6 @@ if TYPE_CHECKING:
   import tensorflow as tf
 
 TOKENIZERS = ('bert', 'sentencepiece')
-# big_vision's tokenize options for a model whose `pp.lower_case` is set (SigLIP).
-LOWER_CASE_OPTIONS = {'eos': 'sticky', 'pad_value': 1, 'lower': True}
 EOS = ('sticky', 'yes', 'none')  # big_vision's `tokenize(eos=...)`
 MAX_BYTES_PER_WORD = 100  # tensorflow_text's WordpieceTokenizer default: longer words are [UNK]
 
@@ -114,47 +110,6 @@ def get_tokenizer(name: str, vocab_path: files.PathLike, max_len: int, **options
   if name == 'bert':
     return BertTokenizer(vocab_path, int(max_len), **options)
   return SentencepieceTokenizer(vocab_path, int(max_len), **options)
-
-
-def model_settings(
-  pp: Mapping[str, Any] | None, *, name: str = '', max_len: int = 0
-) -> tuple[str, int, dict[str, Any]]:
-  """(name, max_len, options) of the tokenizer of a two-tower model whose config's `pp` is
-  `pp`: `tokenizer_name`, `max_len`, and with `lower_case` SigLIP's options (big_vision's
-  sticky `</s>`, padding 1, lower case). `name` and `max_len` are what a run's config says
-  besides (`config.pp.tokenizer`, `config.pp.max_len`, `config.zeroshot.*`; '' and 0: nothing):
-  they stand in where the model's pp is silent and must equal it where it speaks. Reads no
-  file; one-line ValueErrors."""
-  pp = dict(pp or {})
-  model_name, model_len = pp.get('tokenizer_name') or '', int(pp.get('max_len') or 0)
-  if name and model_name and name != model_name:
-    raise ValueError(
-      f"tokenizer {name!r}, but the model's is {model_name!r} (its pp.tokenizer_name): "
-      'leave it unset or give the same'
-    )
-  if max_len and model_len and int(max_len) != model_len:
-    raise ValueError(
-      f"max_len={max_len}, but the model's is {model_len} (its pp.max_len): leave it unset "
-      'or give the same'
-    )
-  name, max_len = model_name or name, model_len or int(max_len or 0)
-  if not name or not max_len:
-    raise ValueError(
-      'the model names no tokenizer (its pp.tokenizer_name, pp.max_len): give the tokenizer '
-      "('bert' or 'sentencepiece') and max_len"
-    )
-  if name not in TOKENIZERS:
-    raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(TOKENIZERS)}')
-  return name, max_len, dict(LOWER_CASE_OPTIONS) if pp.get('lower_case') else {}
-
-
-def model_tokenizer(
-  pp: Mapping[str, Any] | None, vocab: files.PathLike, *, name: str = '', max_len: int = 0
-) -> Tokenizer:
-  """The tokenizer of a two-tower model (its config's `pp`, see `model_settings`) on the
-  vocabulary file `vocab` (a local or a gs:// path); one-line errors."""
-  name, max_len, options = model_settings(pp, name=name, max_len=max_len)
-  return get_tokenizer(name, vocab, max_len, **options)
 
 
 def _read(vocab_path: files.PathLike) -> bytes:

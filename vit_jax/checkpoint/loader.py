@@ -26,7 +26,7 @@ from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
 from vit_jax.families import two_towers as two_towers_family
-from vit_jax.models import get_config, model_from_config, stats
+from vit_jax.models import get_config, model_from_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +302,7 @@ def _fit_vit(
   if init_params is None:
     config.num_classes = found.config.num_classes if num_classes is None else num_classes or None
     resolution = image_size = _resolution(resolution, config, found.resolution, source)
-    init_params = stats.param_shapes(model_from_config(config), resolution)
+    init_params = families.param_shapes(model_from_config(config), resolution)
   else:  # the tree is the model: its head and its grid
     head = tree.flatten(init_params).get('head/kernel')
     config.num_classes = None if head is None else int(head.shape[-1])

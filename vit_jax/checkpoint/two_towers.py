@@ -33,13 +33,13 @@ import ml_collections
 import numpy as np
 from etils.epath import Path
 
-from vit_jax import files
+from vit_jax import families, files
 from vit_jax.checkpoint import npz
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError, flatten, shape_str, unflatten
 from vit_jax.families.two_towers import TOWERS, owns_tree, text_length, text_model_of
 from vit_jax.flat import as_flat
-from vit_jax.models import model_from_config, stats
+from vit_jax.models import model_from_config
 from vit_jax.models.two_towers import out_dims
 
 SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
@@ -216,7 +216,7 @@ def fit_params(
   BERT's `pp.max_len`).
   """
   if init is None:
-    init = stats.param_shapes(model_from_config(config), resolution, text_length(restored))
+    init = families.param_shapes(model_from_config(config), resolution, text_length(restored))
   image_dim, text_dim = out_dims(config.out_dim)
   report = LoadReport(source=source)
   params = {}

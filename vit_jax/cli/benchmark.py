@@ -84,7 +84,7 @@ import numpy as np
 from absl import flags
 
 from vit_jax import cli, families, files, hugepages, optim, parallel, profiling, torch_compat
-from vit_jax.models import blocks, get_config, model_from_config, precision, stats
+from vit_jax.models import blocks, get_config, model_from_config, precision
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -297,8 +297,7 @@ def init_params(
   N(0, 1/width) noise so that the logits differ between classes (and top-1 means something).
   """
   model = _model(config, num_classes, Variant())
-  images = jnp.zeros((1, resolution, resolution, 3), jnp.float32)
-  params = jax.jit(lambda: model.init(jax.random.key(seed), images, train=False)['params'])()
+  params = jax.jit(lambda: families.init_params(model, jax.random.key(seed), resolution))()
   params = jax.tree.map(np.asarray, params)
   if 'head' in params:
     kernel = params['head']['kernel']
@@ -885,7 +884,7 @@ def _make_job(config, variants, rng, batch, resolution, num_classes, modes, log)
   """The job: random inputs (shapes only under compile_only) and the analytic FLOPs."""
   inference, train, compile_only, accum_steps = modes
   images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)
-  analytic = stats.forward_flops(config, resolution, num_classes)
+  analytic = families.forward_flops(config, resolution, num_classes)
   return _Job(
     config, variants, num_classes, images, labels, inference, train, compile_only, accum_steps,
     analytic, log,

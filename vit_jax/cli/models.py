@@ -1,34 +1,44 @@
-"""Prints the model zoo: the paper's Table 1 reproduced from the code.
+"""Prints the model zoo, every registered model: the classifiers (the paper's Table 1
+reproduced from the code, the hybrids, DeiT, Mixer), then the image-text models, each at its
+own image size.
 
 python -m vit_jax.models [--resolution 224] [--num_classes 1000] [--xla_flops]
 """
 
+import jax.numpy as jnp
 from absl import flags
 
 from vit_jax import cli, families
-from vit_jax.models import MODEL_CONFIGS, get_model, stats
+from vit_jax.models import MODEL_CONFIGS, stats
 
 # The paper's Table 1 "Params" column, per variant (hidden size D).
 PAPER_PARAMS_M = {768: ('ViT-Base', 86), 1024: ('ViT-Large', 307), 1280: ('ViT-Huge', 632)}
 
 
-def table_rows(resolution: int = 224, num_classes: int = 1000, xla_flops: bool = False):
-  """One dict per registered model with its size, exact count and forward GFLOPs."""
+def table_rows(
+  resolution: int = 224, num_classes: int = 1000, xla_flops: bool = False, names=None
+) -> list[dict]:
+  """One dict per registered model (of `names`, default all) with its size, exact count and
+  forward GFLOPs, and `image_text`: whether it belongs to the second table."""
   rows = []
-  for name, config in MODEL_CONFIGS.items():
+  for name in MODEL_CONFIGS if names is None else names:
+    config = MODEL_CONFIGS[name]
     family = families.of_config(config)
-    model = get_model(name, num_classes=num_classes)
-    params = stats.count_params(stats.param_shapes(model, resolution))
+    model = family.build(config, num_classes=num_classes, dtype=jnp.float32, precision='matmul')
+    columns = family.table_columns(config)
+    size = columns.pop('resolution', resolution)
+    params = stats.count_params(families.param_shapes(model, size))
     row = {
       'model': name,
-      **family.table_columns(config),
-      'patch': config.patches.size[0],
+      **columns,
+      'patch': family.image_config(config)['patches']['size'][0],
       'params': params,
-      'gflops': stats.forward_flops(config, resolution, num_classes) / 1e9,
+      'gflops': families.forward_flops(config, size, num_classes) / 1e9,
       'paper': '',
+      'image_text': family.image_text,
     }
     if xla_flops:
-      row['xla_gflops'] = stats.xla_forward_flops(model, resolution) / 1e9
+      row['xla_gflops'] = families.xla_forward_flops(model, size) / 1e9
     if family.is_plain(config) and config.hidden_size in PAPER_PARAMS_M:
       variant, paper = PAPER_PARAMS_M[config.hidden_size]
       row['paper'] = f'{paper}M'
@@ -77,14 +87,19 @@ def main(argv):
   f = flags.FLAGS
   rows = table_rows(f.resolution, f.num_classes, f.xla_flops)
   print(
-    f'Registered models at {f.resolution} px with {f.num_classes} classes '
+    f'Registered classifiers at {f.resolution} px with {f.num_classes} classes '
     '(params exact; GFLOPs: forward, per image, 2 per multiply-add).'
   )
-  print(format_table(rows))
+  print(format_table([r for r in rows if not r['image_text']]))
   print(
     '\nThe paper rounds per variant; "patch" changes only the patch embedding and the '
     'position embeddings. Its 307M for ViT-Large matches no exact count (L/16 is 304.3M).'
   )
+  print(
+    '\nRegistered image-text models, each at its own image size (its pp.size); the columns '
+    "are the image tower's, GFLOPs its forward pass."
+  )
+  print(format_table([r for r in rows if r['image_text']]))
 
 
 def run_cli() -> None:

@@ -77,11 +77,10 @@ def vocab_beside(checkpoint: str, tokenizer_name: str) -> str:
 
 def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   """The image-text model of `checkpoint` and its tokenizer; one-line ValueErrors."""
-  from vit_jax import text  # sentencepiece only when texts are tokenized
-
   fitted = ckpt.fit(checkpoint)
   config = fitted.config
-  if not families.of_config(config).image_text:
+  family = families.of_config(config)
+  if not family.image_text:
     raise ValueError(
       'not an image-text (LiT, SigLIP) checkpoint: it holds no text tower; classify with '
       'python -m vit_jax.predict'
@@ -94,7 +93,7 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
       f'no tokenizer vocabulary beside the checkpoint: expected {path} (a {name} vocabulary); '
       'give it with --vocab'
     )
-  tokenizer = text.model_tokenizer(pp, path)
+  tokenizer = family.tokenizer(pp, path)
   rows = dict(config.text)['vocab_size']
   if tokenizer.vocab_size > rows:
     raise ValueError(
@@ -104,7 +103,7 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   params = fitted.params
   t = float(np.exp(np.asarray(params['t']).reshape(())))
   b = float(np.asarray(params['b']).reshape(())) if 'b' in params else None
-  label = fitted.name or families.of_config(config).describe(config)
+  label = fitted.name or family.describe(config)
   return Loaded(fitted.model(), params, tokenizer, label, int(pp.get('size', 224)), path, t, b)
 
 

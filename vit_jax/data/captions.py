@@ -6,10 +6,9 @@ data has none) and `texts`: the example's captions as one string, joined by newl
 image may have several). The training pipeline draws one of them per example with `draw`,
 keyed by the example's position in the stream (itself a function of the seed, the epoch and
 the record's index), so a resumed run draws the same captions; it then tokenizes the drawn
-caption with the run's tokenizer, `tokenizer_of`: the model's (`text.model_tokenizer` on
-`config.model.pp`: `tokenizer_name`, `max_len`, SigLIP's `lower_case`) on the vocabulary file
-`config.pp.vocab`, the same tokenizer the zero-shot evaluator and `vit-zeroshot` use.
-`config.pp.tokenizer` and `config.pp.max_len` must be the model's (a one-line error if not).
+caption with the tokenizer it is given: the run's task resolves it once, from the model's
+family (`vit_jax.families.two_towers.tokenizer`), the same the zero-shot evaluator and
+`vit-zeroshot` use.
 
   folder   ROOT/<split>/captions.tsv, lines `path<TAB>caption`; a path relative to the split
            folder or absolute; an image's lines (in any order) are its captions, kept in the
@@ -21,14 +20,12 @@ caption with the run's tokenizer, `tokenizer_of`: the model's (`text.model_token
            an example are the templates filled with its class name.
 """
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import tensorflow as tf
 
-from vit_jax import files, text
+from vit_jax import files
 from vit_jax.data.sources import Derived, Reader, Records, Source, TfdsSource, _read_file
-from vit_jax.data.spec import Pp
 
 CAPTIONS_FILE = 'captions.tsv'
 SEPARATOR = '\n'
@@ -43,25 +40,6 @@ def draw(texts: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
   key = tf.random.experimental.stateless_fold_in(seed, _DRAW_KEY)
   i = tf.random.stateless_uniform([], key, minval=0, maxval=n, dtype=tf.int64)
   return parts[i]
-
-
-def check_tokenizer(pp: Pp, model_pp: Mapping[str, Any] | None = None) -> None:
-  """The checks of `tokenizer_of` that read no file (for the run spec's resolution):
-  one-line ValueErrors naming the keys."""
-  if not pp.vocab:
-    raise ValueError('Image-text data needs a tokenizer vocabulary: set --config.pp.vocab=FILE.')
-  try:
-    text.model_settings(model_pp, name=pp.tokenizer, max_len=pp.max_len)
-  except ValueError as e:
-    raise ValueError(f'config.pp: {e}') from None
-
-
-def tokenizer_of(pp: Pp, model_pp: Mapping[str, Any] | None = None) -> text.Tokenizer:
-  """The run's tokenizer: the model's (its config's `pp`, `model_pp`) on `pp.vocab`;
-  `pp.tokenizer` and `pp.max_len` stand in where the model's pp is silent (no `model_pp`)
-  and must equal it where it speaks."""
-  check_tokenizer(pp, model_pp)
-  return text.model_tokenizer(model_pp, pp.vocab, name=pp.tokenizer, max_len=pp.max_len)
 
 
 def has_captions(root: str) -> bool:

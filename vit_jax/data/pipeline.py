@@ -42,6 +42,7 @@ import tensorflow as tf
 from vit_jax.data import captions, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
+from vit_jax.text import Tokenizer
 
 _FOREVER = 2**62
 # The largest group of examples decoded together (it bounds the memory of the groups in flight).
@@ -169,11 +170,17 @@ def _batches(groups, to_batch: Callable, rows: int, size: int, threads: int, the
 # ----------------------------------------------------------------------------------------
 
 
-def _train_example(source: Source, pp: Pp, host_seed: tf.Tensor) -> Callable:
-  """(position, raw record) -> {'image', 'label'} (and 'text', the tokens of a caption
-  drawn from its captions, for image-text data), augmented with the position's seed."""
+def _train_example(
+  source: Source, pp: Pp, host_seed: tf.Tensor, tokenizer: Tokenizer | None
+) -> Callable:
+  """(position, raw record) -> {'image', 'label'} (and with a `tokenizer`, 'text': the tokens
+  of a caption drawn from the example's captions), augmented with the position's seed."""
   whole = source.holds_pixels or pp.subpixel or not pp.decode_window
-  tokenizer = None
+  if tokenizer is not None and not isinstance(source, captions.CAPTIONED):
+    raise ValueError(
+      f'Dataset {source.name!r} has no captions: image-text training needs a captions folder, '
+      'a tfds dataset with captions, or config.caption_templates.'
+    )
 
   def process(position, raw):
     example = source.example(raw)
@@ -185,12 +192,10 @@ def _train_example(source: Source, pp: Pp, host_seed: tf.Tensor) -> Callable:
         source.encoded(example['image']), seed, pp, source.adjust
       )
     out = {'image': image, 'label': tf.cast(example['label'], tf.int32)}
-    if 'texts' in example:
+    if tokenizer is not None:
       out['text'] = tokenizer.preprocess_tf(captions.draw(example['texts'], seed))
     return out
 
-  if isinstance(source, captions.CAPTIONED):
-    tokenizer = captions.tokenizer_of(pp)
   return process
 
 
@@ -249,10 +254,12 @@ def train_dataset(
   position: int = 0,
   process_index: int = 0,
   process_count: int = 1,
+  tokenizer: Tokenizer | None = None,
 ) -> tf.data.Dataset:
   """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1], 'label': int32 (B,),
   'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`,
-  preprocessed as `data.pp` says, by `data.input_threads` threads.
+  preprocessed as `data.pp` says, by `data.input_threads` threads; with a `tokenizer` (of
+  an image-text task), also `'text': int32 (B, max_len)`, a caption of each image.
 
   `position` counts the examples this shard has already given (step x local batch, a
   multiple of `local_batch`); the dataset yields exactly what an uninterrupted stream would
@@ -279,7 +286,7 @@ def train_dataset(
   host_seed = tf.random.experimental.stateless_fold_in(
     tf.constant([seed, 0], tf.int64), process_index
   )
-  process = _train_example(source, data.pp, host_seed)
+  process = _train_example(source, data.pp, host_seed, tokenizer)
 
   @_graph_fn
   def to_batch(g, raw):
@@ -313,6 +320,7 @@ def host_train_dataset(
   step: int = 0,
   process_index: int = 0,
   process_count: int = 1,
+  tokenizer: Tokenizer | None = None,
 ) -> tf.data.Dataset:
   """This host's rows of every global batch (`data.batch` rows of split `data.pp.train`),
   the same whatever the number of hosts.
@@ -339,6 +347,7 @@ def host_train_dataset(
       position=step * rows,
       process_index=k,
       process_count=data_shards,
+      tokenizer=tokenizer,
     )
     for k in range(process_index * per_host, (process_index + 1) * per_host)
   ]

@@ -43,6 +43,8 @@ class Context:
   mesh: Mesh
   # The training dataset (its test split, its class names).
   source: sources.Source
+  # The run's tokenizer (its task's, for the batch's texts), or None.
+  tokenizer: Any = None
 
 
 class Evaluator(abc.ABC):

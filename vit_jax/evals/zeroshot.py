@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import data as data_lib
-from vit_jax import files, parallel
+from vit_jax import families, files, parallel
 from vit_jax.evals import common, prompts
 
 NORM_EPSILON = 1e-8  # the original's: z / (|z| + 1e-8)
@@ -186,21 +186,25 @@ class Evaluator(common.Evaluator):
 
 
 def prompt_tokenizer(context: common.Context) -> Any:
-  """The run's tokenizer, for the prompts: the model's (`text.model_tokenizer` on its `pp`)
-  on `config.zeroshot.vocab`, else on the captions' `config.pp.vocab`;
-  `config.zeroshot.tokenizer` and `max_len`, where set, must be the model's. One-line errors."""
-  from vit_jax import text  # sentencepiece only when texts are tokenized
-
+  """The tokenizer of the prompts: the run's (`context.tokenizer`, its captions'), unless
+  `config.zeroshot.vocab` names another vocabulary: then the model family's tokenizer on it
+  (`config.zeroshot.tokenizer` and `max_len`, where set, must be the model's). One-line
+  errors."""
   zeroshot = context.evals.zeroshot
+  overridden = zeroshot.vocab not in ('', context.data.pp.vocab)
+  if context.tokenizer is not None and not overridden:
+    return context.tokenizer
   vocab = zeroshot.vocab or context.data.pp.vocab
   if not vocab:
     raise ValueError(
       'config.zeroshot_every is set but config.zeroshot.vocab is empty, and so is config.pp.vocab.'
     )
-  pp = getattr(context.model, 'pp', None)
+  family = families.of_module(context.model)
   try:
-    return text.model_tokenizer(pp, vocab, name=zeroshot.tokenizer, max_len=zeroshot.max_len)
-  except (ValueError, FileNotFoundError) as e:
+    return family.tokenizer(
+      context.model.pp, vocab, name=zeroshot.tokenizer, max_len=zeroshot.max_len
+    )
+  except (AttributeError, ValueError, FileNotFoundError) as e:
     raise ValueError(f'config.zeroshot: {e}') from None
 
 

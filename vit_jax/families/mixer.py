@@ -12,7 +12,9 @@ from typing import Any
 
 import ml_collections
 
+from vit_jax.families import vit
 from vit_jax.flat import get, numbered, patch_embedding, square_side
+from vit_jax.models import stats
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.mixer import MlpMixer
 
@@ -113,6 +115,15 @@ def label(config: Config) -> str:
 def model_kind(config: Config) -> str:
   del config
   return 'MLP-Mixer'
+
+
+def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
+  return stats.mixer_forward_flops(config, resolution, num_classes)
+
+
+# A Mixer is built and initialised as a ViT is: a classifier of one image.
+build = vit.build
+init_inputs = vit.init_inputs
 
 
 MODULE = MlpMixer

@@ -14,13 +14,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import ml_collections
 
+from vit_jax import text
 from vit_jax.families import vit
 from vit_jax.flat import SEP, CheckpointError, flatten
-from vit_jax.models.configs import TWO_TOWER_CONFIGS
+from vit_jax.models import model_from_config
+from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.text import TEXT_MODELS
-from vit_jax.models.two_towers import TwoTowerModel
+from vit_jax.models.two_towers import TwoTowerModel, out_dims
 
 TOWERS = ('img', 'txt')
 _BERT = 'BertEncoder_0'
@@ -30,6 +35,9 @@ _TEXT_SHAPE_FIELDS = {
   'bert': ('hidden_size', 'num_layers', 'mlp_dim', 'vocab_size', 'max_length', 'num_segments'),
   'text_transformer': ('width', 'num_layers', 'mlp_dim', 'num_heads', 'vocab_size'),
 }
+
+# big_vision's tokenize options for a model whose `pp.lower_case` is set (SigLIP).
+LOWER_CASE_OPTIONS = {'eos': 'sticky', 'pad_value': 1, 'lower': True}
 
 Config = Mapping[str, Any] | ml_collections.ConfigDict
 
@@ -44,9 +52,12 @@ def owns_tree(flat: Mapping[str, Any]) -> bool:
   return all(any(k.startswith(f'{t}{SEP}') for k in flat) for t in TOWERS)
 
 
-def image_config(config: Config) -> Config:
-  """The image tower's ViT config."""
-  return config['image']
+def image_config(config: Config) -> dict[str, Any]:
+  """The image tower's ViT config, its head (`num_classes`) the model's out_dim[0]."""
+  image_dim, _ = out_dims(config.get('out_dim', (None, 768)))
+  image = config['image']
+  image = image.to_dict() if hasattr(image, 'to_dict') else dict(image)
+  return {**image, 'num_classes': image_dim}
 
 
 def text_model_of(flat: Mapping[str, Any], prefix: str = '') -> str | None:
@@ -161,7 +172,9 @@ def match_registry(config: Config) -> str | None:
   if 'pp' not in config:
     return None
   arch, pp = architecture(config), config['pp']
-  for name, registered in TWO_TOWER_CONFIGS.items():
+  for name, registered in MODEL_CONFIGS.items():
+    if not owns_config(registered):
+      continue
     same_pp = registered.pp.size == pp['size'] and (
       config['text_model'] == 'bert' or registered.pp.max_len == pp['max_len']
     )
@@ -201,8 +214,100 @@ def label(config: Config) -> str:
   return describe(config)
 
 
+def is_plain(config: Config) -> bool:
+  del config
+  return False
+
+
+def table_columns(config: Config) -> dict[str, Any]:
+  """The model table's columns (`vit-models`): the image tower's shape, the text tower in
+  the note, and the image size the row is counted at (`resolution`: the model's own)."""
+  columns = vit.table_columns(config['image'])
+  text = config['text']
+  width = text.get('hidden_size', text.get('width'))
+  kind = 'BERT' if config['text_model'] == 'bert' else 'text transformer'
+  columns['note'] = (
+    f'{model_kind(config)} at {config["pp"]["size"]} px; {kind} text tower of '
+    f'{text["num_layers"]} layers, width {width}'
+  )
+  columns['resolution'] = config['pp']['size']
+  return columns
+
+
+def unlike_hugging_face(config: Config) -> str | None:
+  del config
+  return 'is an image-text model'
+
+
 def model_kind(config: Config) -> str:
   return 'SigLIP' if config.get('bias_init') is not None else 'LiT'
+
+
+def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str) -> nn.Module:
+  """The module of a run's model fields: each tower computes in `dtype` (the heads are the
+  model's `out_dim`, so `num_classes` is not used; the towers keep their precision policy)."""
+  del num_classes, precision
+  fields = fields.to_dict() if hasattr(fields, 'to_dict') else dict(fields)
+  return model_from_config(fields, image={'dtype': dtype}, text={'dtype': dtype})
+
+
+def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: int | None) -> dict:
+  """The model's inputs for `init`: one image and one text of `max_len` tokens (default: its
+  `pp.max_len`)."""
+  max_len = max_len or (model.pp or {}).get('max_len')
+  if not max_len:
+    raise ValueError('the text length of this image-text model: pass max_len (no pp.max_len)')
+  tokens = jax.ShapeDtypeStruct((1, int(max_len)), jnp.int32)
+  return {'images': vit.image_input(resolution), 'tokens': tokens}
+
+
+def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
+  """The image tower's forward FLOPs per image (what `vit-models` and the benchmark count)."""
+  del num_classes  # the image head's width is out_dim[0]
+  image_dim = config['out_dim'][0]
+  return vit.forward_flops(config['image'], resolution, image_dim or 0)
+
+
+def tokenizer_settings(
+  pp: Mapping[str, Any] | None, *, name: str = '', max_len: int = 0
+) -> tuple[str, int, dict[str, Any]]:
+  """(name, max_len, options) of the tokenizer of a two-tower model whose config's `pp` is
+  `pp`: `tokenizer_name`, `max_len`, and with `lower_case` SigLIP's options (big_vision's
+  sticky `</s>`, padding 1, lower case). `name` and `max_len` are what a run's config says
+  besides (`config.pp.tokenizer`, `config.pp.max_len`, `config.zeroshot.*`; '' and 0: nothing):
+  they stand in where the model's pp is silent and must equal it where it speaks. Reads no
+  file; one-line ValueErrors."""
+  pp = dict(pp or {})
+  model_name, model_len = pp.get('tokenizer_name') or '', int(pp.get('max_len') or 0)
+  if name and model_name and name != model_name:
+    raise ValueError(
+      f"tokenizer {name!r}, but the model's is {model_name!r} (its pp.tokenizer_name): "
+      'leave it unset or give the same'
+    )
+  if max_len and model_len and int(max_len) != model_len:
+    raise ValueError(
+      f"max_len={max_len}, but the model's is {model_len} (its pp.max_len): leave it unset "
+      'or give the same'
+    )
+  name, max_len = model_name or name, model_len or int(max_len or 0)
+  if not name or not max_len:
+    raise ValueError(
+      'the model names no tokenizer (its pp.tokenizer_name, pp.max_len): give the tokenizer '
+      "('bert' or 'sentencepiece') and max_len"
+    )
+  if name not in text.TOKENIZERS:
+    raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(text.TOKENIZERS)}')
+  return name, max_len, dict(LOWER_CASE_OPTIONS) if pp.get('lower_case') else {}
+
+
+def tokenizer(
+  pp: Mapping[str, Any] | None, vocab: Any, *, name: str = '', max_len: int = 0
+) -> text.Tokenizer:
+  """THE tokenizer of a two-tower model (its config's `pp`, see `tokenizer_settings`) on the
+  vocabulary file `vocab` (a local or a gs:// path); one-line errors. Training's captions,
+  the in-run zero-shot evaluator, `vit-zeroshot` and the LiT reproduction all take it."""
+  name, max_len, options = tokenizer_settings(pp, name=name, max_len=max_len)
+  return text.get_tokenizer(name, vocab, max_len, **options)
 
 
 MODULE = TwoTowerModel

@@ -12,6 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.flat import (
@@ -23,6 +26,7 @@ from vit_jax.flat import (
   shape_str,
   square_side,
 )
+from vit_jax.models import model_from_config, stats
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.vit import VisionTransformer
 
@@ -241,6 +245,28 @@ def unlike_hugging_face(config: Config) -> str | None:
 def label(config: Config) -> str:
   """An unregistered model's name in the commands' output."""
   return f'ViT ({describe(config)})'
+
+
+def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str) -> nn.Module:
+  """The classifier of a run's model fields: a head of `num_classes`, computing in `dtype`
+  under the precision policy `precision` (a ViT's and a Mixer's alike)."""
+  return model_from_config(fields, num_classes=num_classes, dtype=dtype, precision_policy=precision)
+
+
+def image_input(resolution: int | tuple[int, int]) -> jax.ShapeDtypeStruct:
+  """One NHWC float32 image of `resolution` pixels."""
+  h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+  return jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
+
+
+def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: int | None) -> dict:
+  """The model's inputs for `init` (its call's keyword arguments but `train`): one image."""
+  del model, max_len  # no text
+  return {'inputs': image_input(resolution)}
+
+
+def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
+  return stats.vit_forward_flops(config, resolution, num_classes)
 
 
 def model_kind(config: Config) -> str:

@@ -1,5 +1,5 @@
-"""The model zoo: `MODEL_CONFIGS` (name -> ConfigDict), the image-text `TWO_TOWER_CONFIGS`,
-and `get_model`."""
+"""The model zoo: `MODEL_CONFIGS` (every registered name -> ConfigDict: classifiers and the
+image-text models), `get_config` and `get_model`."""
 
 import dataclasses
 import difflib
@@ -10,14 +10,13 @@ import flax.linen as nn
 import ml_collections
 
 from vit_jax.models import two_towers
-from vit_jax.models.configs import MODEL_CONFIGS, TWO_TOWER_CONFIGS
+from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.mixer import MlpMixer, is_mixer
 from vit_jax.models.two_towers import TwoTowerModel
 from vit_jax.models.vit import VisionTransformer
 
 __all__ = [
   'MODEL_CONFIGS',
-  'TWO_TOWER_CONFIGS',
   'MlpMixer',
   'TwoTowerModel',
   'VisionTransformer',
@@ -32,9 +31,9 @@ __all__ = [
 def get_config(name: str) -> ml_collections.ConfigDict:
   """An unlocked copy of the registered config `name` (a classifier or an image-text model);
   unknown names list close matches."""
-  registered = MODEL_CONFIGS.get(name, TWO_TOWER_CONFIGS.get(name))
+  registered = MODEL_CONFIGS.get(name)
   if registered is None:
-    names = [*MODEL_CONFIGS, *TWO_TOWER_CONFIGS]
+    names = list(MODEL_CONFIGS)
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
     hint = f' Did you mean: {", ".join(close)}?' if close else ''
     raise KeyError(f'Unknown model {name!r}.{hint} Registered: {", ".join(names)}.')

@@ -1,10 +1,13 @@
-"""Model hyperparameters of the original vit_jax registry (`configs/models.py`), and relatives.
+"""The one registry of model names: the original vit_jax registry (`configs/models.py`), and
+relatives.
 
-Each entry is an `ml_collections.ConfigDict` whose fields are the constructor arguments of
-`VisionTransformer` (or of `MlpMixer` for the Mixer-* entries). Values follow the original
-code exactly, including its quirks (R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths
-from S/16). Beyond the original registry: Mixer-S (for the released GSAM files) and the
-distilled DeiT models.
+Each entry is an `ml_collections.ConfigDict` whose fields are the constructor arguments of its
+module: `VisionTransformer`, `MlpMixer` (the Mixer-* entries) or `TwoTowerModel` (LiT's and
+SigLIP's image-text models); which family a config is, and so which module, is
+`vit_jax.families.of_config`'s to say. Values follow the original code exactly, including its
+quirks (R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths from S/16). Beyond the
+original registry: Mixer-S (for the released GSAM files), the distilled DeiT models and the
+English SigLIP models.
 """
 
 import ml_collections
@@ -113,10 +116,9 @@ for _size in ('Ti_16', 'S_16', 'B_16'):
   _register(f'DeiT-{_size}-distilled', _deit(_size))
 
 
-# Image-text two-tower models (`vit_jax.models.two_towers`), a registry of their own: the code
-# that walks the classification models (Table 1, naming a checkpoint's architecture, the short
-# names of configs/models.py) iterates over `MODEL_CONFIGS` alone, by design.
-TWO_TOWER_CONFIGS: dict[str, ml_collections.ConfigDict] = {}
+# Image-text two-tower models (`vit_jax.models.two_towers`); the code that walks the
+# classifiers alone (Table 1's counts, the short names of configs/models.py) takes
+# `vit_jax.families.classifiers()`.
 
 # BERT (Devlin et al.) as flaxformer's `BertBaseConfig` / `BertLargeConfig`:
 # (hidden_size, num_layers, num_heads, mlp_dim); vocab 30,522, 512 positions, 2 segments.
@@ -175,20 +177,21 @@ for _name, _image, _text, _out in (
   ('LiT-B16B_2', 'B_16', 'base', (None, 768)),
   ('LiT-L16L', 'L_16', 'large', (None, 1024)),
 ):
-  TWO_TOWER_CONFIGS[_name] = _two_towers(
-    _vit(*_SIZES[_image]), 'bert', _bert(_text), _out, _LIT_BERT_PP
-  ).lock()
+  _register(_name, _two_towers(_vit(*_SIZES[_image]), 'bert', _bert(_text), _out, _LIT_BERT_PP))
 for _name, _text_args in (
   ('LiT-L16S', (384, 12, 1536, 6, 16_000)),
   ('LiT-L16Ti', (192, 12, 768, 3, 16_000)),
 ):
-  TWO_TOWER_CONFIGS[_name] = _two_towers(
-    _vit(*_SIZES['L_16']),
-    'text_transformer',
-    _text_transformer(*_text_args),
-    (None, 1024),
-    _LIT_SP_PP,
-  ).lock()
+  _register(
+    _name,
+    _two_towers(
+      _vit(*_SIZES['L_16']),
+      'text_transformer',
+      _text_transformer(*_text_args),
+      (None, 1024),
+      _LIT_SP_PP,
+    ),
+  )
 
 # The English SigLIP models (big_vision `VANITY_NAMES`, `SigLIP_demo.ipynb`: `webli_en_*.npz`):
 # image ViT with MAP pooling and no class token, text transformer pooled at its last token,
@@ -206,7 +209,7 @@ for _variant, _patch, _size, _max_len in (
   ('So400m', 14, 384, 64),
 ):
   _width, _layers, _mlp, _heads = _BV_VARIANTS[_variant]
-  TWO_TOWER_CONFIGS[f'SigLIP-{_variant}{_patch}-{_size}'] = _two_towers(
+  _siglip = _two_towers(
     _vit(_patch, _width, _mlp, _heads, _layers, 0.0, classifier='map'),
     'text_transformer',
     _text_transformer(_width, _layers, _mlp, _heads, 32_000),
@@ -214,4 +217,5 @@ for _variant, _patch, _size, _max_len in (
     {'tokenizer_name': 'sentencepiece', 'size': _size, 'max_len': _max_len, 'lower_case': True},
     temperature_init=10.0,
     bias_init=-10.0,
-  ).lock()
+  )
+  _register(f'SigLIP-{_variant}{_patch}-{_size}', _siglip)

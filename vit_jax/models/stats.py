@@ -1,33 +1,14 @@
-"""Sizes of a model without allocating it: parameter shapes, counts and forward FLOPs."""
+"""Sizes of a model: parameter counts and the analytic forward FLOPs of each layer type.
+
+The parameter shapes of a built model (its family knows its inputs) and the FLOPs of a
+config by its family are `vit_jax.families.param_shapes` and `.forward_flops`.
+"""
 
 import math
 from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
-
-from vit_jax.models.mixer import is_mixer
-from vit_jax.models.two_towers import TwoTowerModel
-
-
-def param_shapes(
-  model: nn.Module, resolution: int | tuple[int, int] = 224, max_len: int | None = None
-) -> Any:
-  """The parameter tree as ShapeDtypeStructs (`jax.eval_shape`: nothing is allocated); an
-  image-text model's with texts of `max_len` tokens (default: its `pp.max_len`)."""
-  h, w = (resolution, resolution) if isinstance(resolution, int) else resolution
-  images = jax.ShapeDtypeStruct((1, h, w, 3), jnp.float32)
-  if isinstance(model, TwoTowerModel):
-    max_len = max_len or (model.pp or {}).get('max_len')
-    if not max_len:
-      raise ValueError('the text length of this image-text model: pass max_len (no pp.max_len)')
-    tokens = jax.ShapeDtypeStruct((1, max_len), jnp.int32)
-    init = lambda x, t: model.init(jax.random.key(0), images=x, tokens=t)
-    return jax.eval_shape(init, images, tokens)['params']
-  variables = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)
-  return variables['params']
 
 
 def count_params(tree: Any) -> int:
@@ -59,7 +40,9 @@ def _resnet_flops(config: ml_collections.ConfigDict, size: int) -> tuple[int, in
   return flops, size, channels
 
 
-def _mixer_flops(config: ml_collections.ConfigDict, resolution: int, num_classes: int) -> int:
+def mixer_forward_flops(
+  config: ml_collections.ConfigDict, resolution: int = 224, num_classes: int = 1000
+) -> int:
   """Stem, per block the token-mixing MLP (S -> D_S -> S for each of C channels) and the
   channel-mixing MLP (C -> D_C -> C for each of S patches), head."""
   ph, pw = config.patches.size
@@ -70,16 +53,15 @@ def _mixer_flops(config: ml_collections.ConfigDict, resolution: int, num_classes
   return flops + 2 * c * num_classes
 
 
-def forward_flops(
+def vit_forward_flops(
   config: ml_collections.ConfigDict, resolution: int = 224, num_classes: int = 1000
 ) -> int:
-  """Analytic forward FLOPs per image: 2 per multiply-add of every matmul and conv.
+  """A ViT's (or hybrid's) analytic forward FLOPs per image: 2 per multiply-add of every
+  matmul and conv.
 
   Elementwise work (norms, softmax, GELU, residuals) is left out, as in the paper's
   compute figures; XLA's cost analysis counts it too and lands ~0.4% higher for B/16.
   """
-  if is_mixer(config):
-    return _mixer_flops(config, resolution, num_classes)
   d = config.hidden_size
   flops, size, channels = 0, resolution, 3
   if config.resnet is not None:
@@ -102,11 +84,3 @@ def forward_flops(
     width = config.representation_size
   tokens = 1 if config.classifier in ('token', 'gap', 'map') else patches
   return flops + (2 if distilled else 1) * 2 * tokens * width * num_classes
-
-
-def xla_forward_flops(model: nn.Module, resolution: int = 224) -> float:
-  """Forward FLOPs per image from XLA's cost analysis of the lowered (uncompiled) program."""
-  params = param_shapes(model, resolution)
-  images = jax.ShapeDtypeStruct((1, resolution, resolution, 3), jnp.float32)
-  lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(params, images)
-  return float(lowered.cost_analysis()['flops'])

@@ -295,8 +295,8 @@ class VisionTransformer(precision.Precision):
       covers both) and a second head `head_dist` on it; needs classifier='token'. The output
       is the mean of the two heads' logits, as DeiT predicts; `both_heads=True` at call time
       returns the pair (class head, distillation head) for a distillation loss
-      (`vit_jax.train.losses`). Without a head: the mean of the two tokens' features (with
-      `both_heads=True` the pair, the inputs of the two heads).
+      (`vit_jax.tasks.distillation_losses`). Without a head: the mean of the two tokens'
+      features (with `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `precision.mixed_einsum`); norms, softmax, GELU, residuals

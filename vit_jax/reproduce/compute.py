@@ -5,7 +5,7 @@ exaFLOPs = training FLOPs per image x images seen / 1e18, where
 - training FLOPs per image = 3 x forward FLOPs: the backward pass costs twice the forward
   (one matmul for the activation gradients and one for the weight gradients per forward
   matmul), the usual convention (Kaplan et al. 2020) and the one the paper's figures follow;
-- forward FLOPs are `vit_jax.models.stats.forward_flops`: 2 per multiply-add of every matmul
+- forward FLOPs are `vit_jax.families.forward_flops`: 2 per multiply-add of every matmul
   and convolution, elementwise work left out, at the pretraining resolution (224 px) with the
   pretraining head: a representation layer of the model width (the paper's "MLP with one
   hidden layer at pre-training time") and JFT's 18,291 classes;
@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from vit_jax import families
 from vit_jax.models import get_config
-from vit_jax.models.stats import forward_flops
 
 JFT_IMAGES = 303_000_000
 JFT_CLASSES = 18_291
@@ -143,7 +143,7 @@ def row_forward_flops(
   """Forward FLOPs per image of a Table 6 model with its pretraining head."""
   if row.kind == 'resnet':
     return bit_forward_flops(row.bit_depth, row.bit_width, resolution, num_classes)
-  return forward_flops(pretrain_config(row), resolution, num_classes)
+  return families.forward_flops(pretrain_config(row), resolution, num_classes)
 
 
 def exaflops(forward: float, epochs: float, images: int = JFT_IMAGES) -> float:

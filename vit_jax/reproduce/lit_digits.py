@@ -22,7 +22,7 @@ import numpy as np
 
 from configs import lit_digits
 from vit_jax import data as data_lib
-from vit_jax import files, rundir, text, train
+from vit_jax import families, files, rundir, text, train
 from vit_jax.data import digits_text
 from vit_jax.evals import retrieval, zeroshot
 from vit_jax.train import setup as setup_lib
@@ -41,7 +41,7 @@ def _test_images(config) -> tuple[np.ndarray, np.ndarray]:
 
 def caption_tokenizer(model, max_len: int = 0) -> text.Tokenizer:
   """The captions' tokenizer: the model's (its `pp`) on the digits vocabulary, as training's."""
-  return text.model_tokenizer(model.pp, digits_text.VOCAB, max_len=max_len)
+  return families.of_module(model).tokenizer(model.pp, digits_text.VOCAB, max_len=max_len)
 
 
 def retrieval_of(model, params, images, labels, max_len: int) -> dict[str, float]:

@@ -3,9 +3,11 @@
   init         the model initialised on one image of the run's crop;
   pretrained   the file (any format vit_jax.checkpoint reads) fitted as fine-tuning fits it:
                a fresh head, position embeddings resized (checkpoint surgery);
+  mixing       mixup/CutMix of the batch (vit_jax/tasks/mixing.py) where the spec asks, first,
+               over the global batch (in the shard_map step, across its devices);
   loss         softmax cross-entropy (label smoothing on the targets) or per-class sigmoid
                cross-entropy, summed over classes; the labels are class indices (B,) or soft
-               targets (B, num_classes) after mixup/CutMix (mixed by the step, before);
+               targets (B, num_classes) after mixup/CutMix;
   gradient     the mean loss and its gradient over `accum_steps` micro-batches
                (`optim.accumulate_gradient`); inside `jax.shard_map` each device's, and
                `reduce` is their `lax.pmean`, as the original's pmapped `update_fn`.
@@ -15,15 +17,14 @@ not depend on how the batch is split over devices or micro-batches. DeiT's disti
 (vit_jax/tasks/distillation.py) is this task with a teacher's loss.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from vit_jax import optim
-from vit_jax.tasks import common
+from vit_jax import families, optim
+from vit_jax.tasks import common, mixing
 
 
 def uses_dropout(model) -> bool:
@@ -37,14 +38,20 @@ def uses_dropout(model) -> bool:
 class Task(common.Task):
   """Images and labels; the step's batch `{'image': f32 (B, H, W, 3), 'label': int32 (B,)}`."""
 
+  @classmethod
+  def check(cls, spec: Any) -> None:
+    if families.of_config(spec.model.fields).image_text:
+      raise ValueError(
+        'config.model is an image-text model (two towers, no class logits): train it with '
+        '--config.task=contrastive, or fine-tune its image tower as a classifier '
+        '(--config.pretrained_path=FILE:img).'
+      )
+
   def __init__(self, spec: Any, model: Any):
     super().__init__(spec, model)
     self.num_classes = spec.data.num_classes
     self._dropout = uses_dropout(model)
-
-  def init_fn(self) -> Callable[[jax.Array], Any]:
-    dummy = common.dummy_images(self.spec)
-    return lambda rng: self.model.init(rng, dummy, train=False)['params']
+    self._mix = mixing.make_mix(spec.step.mixup, spec.step.cutmix, self.num_classes)
 
   def pretrained(self, path: str, host_params: Any) -> Any:
     from vit_jax.checkpoint import load_pretrained
@@ -85,6 +92,10 @@ class Task(common.Task):
     return optax.softmax_cross_entropy(logits, targets).mean()
 
   def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
+    if self._mix is not None:
+      key = jax.random.fold_in(rng, mixing.KEY_DATA)
+      images, labels = self._mix(batch['image'], batch['label'], key, axis)
+      batch = {**batch, 'image': images, 'label': labels}
     ids = first_id + jnp.arange(batch['label'].shape[0], dtype=jnp.int32)
 
     def loss_and_grad(params, images, labels, ids):

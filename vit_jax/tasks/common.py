@@ -7,8 +7,9 @@ without asking which one it is:
   check           its config checks that need no data, device or file (`spec.check`)
   build           the task of a resolved run: its files checked, or read (a teacher)
   batch_keys      the batch's arrays the step reads
+  tokenizer       the tokenizer of the batch's texts, or None (the pipeline makes no texts)
   default_evals   the evaluators it runs (None: every one the spec asks for)
-  init_fn         rng -> the model's initial parameters
+  init_fn         rng -> the model's initial parameters (on its family's inputs)
   pretrained      the pretrained file fitted to those parameters
   optimizer       the run's optimizer, masked where the task trains less (LiT's lock)
   inputs          the step's inputs beside the state and the batch, on the mesh (a teacher's
@@ -26,8 +27,9 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 import optax
+
+from vit_jax import families
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -38,21 +40,18 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     raise ValueError(f'config.{key}={value!r}; expected one of {allowed}.')
 
 
-def dummy_images(spec: Any) -> jax.Array:
-  """One image of the run's crop, to initialise a model on."""
-  crop = spec.data.pp.crop
-  return jnp.zeros((1, crop, crop, 3), jnp.float32)
-
-
 class Task(abc.ABC):
   """One kind of training on the run's model (`model`, the flax module) and spec (`spec`)."""
 
   batch_keys: ClassVar[tuple[str, ...]] = ('image', 'label')
   default_evals: ClassVar[tuple[str, ...] | None] = None
+  # The tokenizer of the batch's texts (the input pipeline's), for a task that reads them.
+  tokenizer: Any = None
 
   def __init__(self, spec: Any, model: Any):
     self.spec = spec
     self.model = model
+    self.family = families.of_module(model)
 
   @classmethod
   def check(cls, spec: Any) -> None:
@@ -68,9 +67,11 @@ class Task(abc.ABC):
     del pretrained_path, resuming
     return cls(spec, model)
 
-  @abc.abstractmethod
   def init_fn(self) -> Callable[[jax.Array], Any]:
-    """rng -> the model's initial parameters."""
+    """rng -> the model's initial parameters, initialised on the family's inputs at the
+    run's crop (and text length)."""
+    crop, max_len = self.spec.data.pp.crop, self.spec.data.pp.max_len or None
+    return lambda rng: families.init_params(self.model, rng, crop, max_len)
 
   @abc.abstractmethod
   def pretrained(self, path: str, host_params: Any) -> Any:

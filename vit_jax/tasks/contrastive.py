@@ -2,7 +2,9 @@
 pairs with the losses of vit_jax/tasks/contrastive_losses.py, in the same trainer.
 
 What differs from classification, each in one method here:
-  check        a two-tower model, one micro-batch, no labels to mix or distill, a tokenizer;
+  check        a two-tower model, one micro-batch, no labels to mix or distill, a tokenizer
+               (the model's settings, `config.pp.vocab` its vocabulary);
+  build        the tokenizer read once (`tokenizer`): the input pipeline's, the model's;
   init         the model is initialised on images and tokens (`init_fn`);
   pretrained   the pretrained file (any format vit_jax.checkpoint reads) is the image
                tower's: it is fitted to `params['img']` as fine-tuning fits a ViT, the text
@@ -26,15 +28,13 @@ What differs from classification, each in one method here:
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax.models import two_towers
+from vit_jax import families
 from vit_jax.tasks import common, contrastive_losses
 
 TRAIN, LOCKED = 'train', 'locked'
@@ -78,14 +78,6 @@ def frozen(params: Any, c: Contrastive) -> Any:
   )
 
 
-def image_config(fields: Mapping[str, Any]) -> dict[str, Any]:
-  """The image tower's ViT config (its head: out_dim[0])."""
-  image_dim, _ = two_towers.out_dims(fields.get('out_dim', (None, 768)))
-  image = fields['image']
-  image = image.to_dict() if hasattr(image, 'to_dict') else dict(image)
-  return {**image, 'num_classes': image_dim}
-
-
 def _check_labels_free(spec: Any) -> None:
   step = spec.step
   if step.accum_steps != 1:
@@ -110,17 +102,23 @@ class Task(common.Task):
   @classmethod
   def check(cls, spec: Any) -> None:
     common.one_of('contrastive.loss', spec.step.contrastive.loss, contrastive_losses.LOSSES)
-    if 'image' not in spec.model.fields or 'text' not in spec.model.fields:
+    family = families.of_config(spec.model.fields)
+    if not family.image_text:
       raise ValueError(
         "config.task='contrastive' trains an image-text model: set config.model to a two-tower "
         "model's fields (image, text, ...; vit_jax.models.get_config('LiT-B16B_2'))."
       )
     _check_labels_free(spec)
-    if not spec.data.pp.tokenizer or not spec.data.pp.vocab:
+    pp = spec.data.pp
+    if not pp.vocab:
       raise ValueError(
-        "config.task='contrastive' tokenizes captions: set --config.pp.tokenizer=bert|"
-        'sentencepiece and --config.pp.vocab=FILE.'
+        "config.task='contrastive' tokenizes captions: set --config.pp.vocab=FILE (the "
+        "vocabulary of the model's tokenizer)."
       )
+    try:
+      family.tokenizer_settings(spec.model.fields.get('pp'), name=pp.tokenizer, max_len=pp.max_len)
+    except ValueError as e:
+      raise ValueError(f'config.pp: {e}') from None
 
   @classmethod
   def build(cls, spec, model, pretrained_path=None, resuming=False) -> 'Task':
@@ -131,21 +129,22 @@ class Task(common.Task):
         'given: set --config.pretrained_path=FILE (any format; PATH:img for an image-text '
         'file), or --config.contrastive.lock_image=False to train both towers.'
       )
-    return cls(spec, model)
-
-  def init_fn(self) -> Callable[[jax.Array], Any]:
-    inputs = {
-      'images': common.dummy_images(self.spec),
-      'tokens': jnp.zeros((1, self.spec.data.pp.max_len), jnp.int32),
-    }
-    return lambda rng: self.model.init(rng, **inputs, train=False)['params']
+    task = cls(spec, model)
+    pp = spec.data.pp
+    try:
+      task.tokenizer = task.family.tokenizer(
+        model.pp, pp.vocab, name=pp.tokenizer, max_len=pp.max_len
+      )
+    except (ValueError, FileNotFoundError) as e:
+      raise ValueError(f'config.pp: {e}') from None
+    return task
 
   def pretrained(self, path: str, host_params: Any) -> Any:
     """`host_params` with the image tower from the file at `path`, fitted as fine-tuning
     fits a ViT (a fresh head; `PATH:img` takes an image-text file's image tower)."""
     from vit_jax.checkpoint import load_pretrained
 
-    config = image_config(self.spec.model.fields)
+    config = self.family.image_config(self.spec.model.fields)
     img = load_pretrained(path, host_params['img'], config, keep_head=False)
     like = host_params['img']
     img = jax.tree.map(lambda x, a: np.asarray(x, dtype=np.asarray(a).dtype), img, like)

@@ -203,7 +203,7 @@ class Task(classification.Task):
 
   def heads(self) -> dict[str, bool]:
     """A distilled student's two heads: (class head, distillation head)."""
-    return {'both_heads': True} if getattr(self.model, 'distilled', False) else {}
+    return self.family.feature_kwargs(self.model)
 
   def softmax_loss(self, logits, targets, images, *inputs) -> jax.Array:
     """DeiT's loss against the teacher's logits of `images` (`inputs`: its parameters)."""

@@ -21,7 +21,7 @@ import jax
 import ml_collections
 
 from vit_jax import data as data_lib
-from vit_jax import distributed, files, optim, parallel, rundir
+from vit_jax import distributed, files, parallel, rundir
 from vit_jax.train import actions, steps
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import state as state_lib
@@ -45,6 +45,7 @@ def _train_batches(
     step=start,
     process_index=jax.process_index(),
     process_count=jax.process_count(),
+    tokenizer=setup.task.tokenizer,
   )
   sharding = parallel.batch_sharding(setup.mesh)
   return (parallel.global_batch(bad.take(local), sharding) for local in data_lib.host_batches(ds))
@@ -65,21 +66,6 @@ def _write_config(workdir: str, setup: Setup) -> None:
     **setup.task.resolved(),
   }
   rundir.write_config(workdir, spec_lib.to_dict(setup.spec), resolved)
-
-
-def _start_state(setup: Setup, tx, lay, checkpoints) -> tuple[dict, dict]:
-  """(state, checkpoint meta): the last checkpoint's, or a fresh state at step 0."""
-  restored = checkpoints.restore_newest(lay)
-  if restored is not None:
-    latest, state, meta = restored
-    _say(f'Resumed from checkpoint at step {latest} ({checkpoints.directory}).')
-    state_lib.check_resumable(meta, setup.spec.data.batch)
-    return state, meta
-  init_rng, dropout_rng = jax.random.split(jax.random.key(setup.spec.init.seed))
-  state = state_lib.initial_state(setup, tx, lay, init_rng, dropout_rng)
-  if setup.pretrained_path:
-    _say(f'Fine-tuning from {setup.pretrained_path}.')
-  return state, {'step': 0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,13 +130,14 @@ def _why(notes: dict[int, str]) -> str:
   )
 
 
-def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer) -> _Parts:
+def _parts(setup, workdir, lay, checkpoints, meta, data_shards, writer) -> _Parts:
   spec, mesh, total = setup.spec, setup.mesh, setup.total_steps
   start = int(meta['step'])
   if setup.task.describe():
     _say(setup.task.describe())
-  train_step = steps.train_step_for(spec, setup.task, tx, schedule, mesh, lay.shardings)
+  train_step = steps.train_step_for(spec, setup.task, setup.tx, setup.schedule, mesh, lay.shardings)
   bad = data_lib.BadExamples('training')
+  batches = _train_batches(setup, start, data_shards, bad)
   guard = actions.NonFiniteGuard(
     checkpoints, bad, int(meta.get('bad_images', 0)), spec.data.skip_bad_images
   )
@@ -167,7 +154,7 @@ def _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, wr
   return _Parts(
     total_steps=total,
     train_step=train_step,
-    batches=_train_batches(setup, start, data_shards, bad),
+    batches=batches,
     guard=guard,
     progress=progress,
     callbacks=callbacks,
@@ -186,17 +173,16 @@ def _evaluation_of(parts: _Parts, workdir: str) -> dict[str, Any]:
 
 def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dict[str, Any]:
   """Restores or initialises the state, then trains with the actions; the result."""
-  tx, schedule = optim.for_training(setup.spec.optim, setup.total_steps)
-  tx = setup.task.optimizer(tx)  # LiT: no update, no state for a locked tower
-  lay = state_lib.layout(setup, tx, jax.random.key(setup.spec.init.seed))
-  state, meta = _start_state(setup, tx, lay, checkpoints)
+  lay, state, meta, note = state_lib.start(setup, checkpoints)
+  if note:
+    _say(note)
   start, data = int(meta['step']), setup.spec.data
   data_shards, note = state_lib.data_shards_for(data.data_shards, data.batch, meta)
   if note:
     _say(note)
   _write_config(workdir, setup)
   writer = actions.make_writer(workdir, checkpoints.last_saved)
-  parts = _parts(setup, workdir, tx, schedule, lay, checkpoints, meta, data_shards, writer)
+  parts = _parts(setup, workdir, lay, checkpoints, meta, data_shards, writer)
   if start >= setup.total_steps:
     _say(f'Already trained for {setup.total_steps} steps.')
   try:

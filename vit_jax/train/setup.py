@@ -1,12 +1,12 @@
 """A run spec resolved against the world: the dataset, the devices, the pretrained file.
 
 `prepare` is the one way from a config to a run: it resolves the config into the run spec
-(spec.py, `from_config`), does every check that needs the data or the files, before any
-compute, and fills in what the spec leaves to them (the number of classes, the steps of
-`total_epochs`, the evaluators and their data, and the run's task, vit_jax/tasks: resolved
-here once, with what it reads, such as a distillation teacher's checkpoint). Errors are
-one-line ValueErrors. `Setup.spec` is the resolved spec: what the run uses and what its
-config.json holds.
+(spec.py, `from_config`), does every check that needs the data or the files, before any compute,
+and fills in what the spec leaves to them (the number of classes, the steps of `total_epochs`,
+the evaluators and their data, and the run's task, vit_jax/tasks: resolved here once, with what
+it reads, such as a distillation teacher's checkpoint, and the optimizer the task trains with).
+Errors are one-line ValueErrors. `Setup.spec` is the resolved spec: what the run uses and what
+its config.json holds.
 """
 
 import csv
@@ -20,12 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 
 from vit_jax import data as data_lib
-from vit_jax import files, parallel, rundir, tasks
+from vit_jax import families, files, optim, parallel, rundir, tasks
 from vit_jax.evals import common as evals_common
 from vit_jax.evals import registry as evals_registry
-from vit_jax.models import VisionTransformer, is_two_tower, model_from_config
 from vit_jax.train import spec as spec_lib
 
 DOWNLOAD_ROOTS = {'augreg': 'gs://vit_models/augreg', 'default': 'gs://vit_models/imagenet21k'}
@@ -43,6 +43,10 @@ class Setup:
   pretrained_path: str | None
   # The run's task (vit_jax/tasks), built on `model`: the trainer's one view of it.
   task: tasks.common.Task
+  # The optimizer (masked by the task: LiT's locked tower has no update and no state) and
+  # its learning-rate schedule.
+  tx: optax.GradientTransformation
+  schedule: optax.Schedule
   # The evaluators the spec asks for, by name (vit_jax/evals/registry.py), their data checked.
   evaluators: Mapping[str, evals_common.Evaluator] = dataclasses.field(default_factory=dict)
 
@@ -142,26 +146,21 @@ def _total_steps(spec: spec_lib.RunSpec, source: data_lib.Source) -> int:
   return total_steps
 
 
-def build_model(model: spec_lib.Model, num_classes: int) -> VisionTransformer:
-  """The module of the spec's model fields; a misspelt field names the closest one."""
+def build_model(model: spec_lib.Model, num_classes: int) -> Any:
+  """The module of the spec's model fields, built by their family; a misspelt field names
+  the closest one."""
   fields = model.constructor_fields()
-  if is_two_tower(fields):  # its heads are its out_dim; each tower computes in the dtype
-    fields = ml_collections.ConfigDict(fields).to_dict()
-    dtype = {'dtype': jnp.dtype(model.dtype)}
-    return model_from_config(fields, image=dtype, text=dtype)
+  family = families.of_config(fields)
   try:
-    return model_from_config(
-      fields,
-      num_classes=num_classes,
-      dtype=jnp.dtype(model.dtype),
-      precision_policy=model.precision,
+    return family.build(
+      fields, num_classes=num_classes, dtype=jnp.dtype(model.dtype), precision=model.precision
     )
   except (TypeError, KeyError) as e:
-    raise ValueError(f'Bad model config: {e}{_field_hint(fields)}') from e
+    raise ValueError(f'Bad model config: {e}{_field_hint(fields, family.MODULE)}') from e
 
 
-def _field_hint(fields: dict[str, Any]) -> str:
-  known = {f.name for f in dataclasses.fields(VisionTransformer)} - {'parent', 'name'}
+def _field_hint(fields: dict[str, Any], module: type) -> str:
+  known = {f.name for f in dataclasses.fields(module)} - {'parent', 'name'}
   for key in fields:
     close = difflib.get_close_matches(key, known, n=1)
     if key not in known and close:
@@ -198,14 +197,18 @@ def prepare(
     data=dataclasses.replace(spec.data, num_classes=num_classes),
     loop=dataclasses.replace(spec.loop, total_steps=total_steps),
   )
-  context = evals_common.Context(spec.evals, spec.data, model, mesh, source)
-  evaluators = evals_registry.build(context, tasks.get_task(spec).default_evals)
+  task = tasks.build(spec, model, pretrained_path, resuming)
+  tx, schedule = optim.for_training(spec.optim, total_steps)
+  context = evals_common.Context(spec.evals, spec.data, model, mesh, source, task.tokenizer)
+  evaluators = evals_registry.build(context, task.default_evals)
   return Setup(
     spec=spec,
     source=source,
     model=model,
     mesh=mesh,
     pretrained_path=pretrained_path,
-    task=tasks.build(spec, model, pretrained_path, resuming),
+    task=task,
+    tx=task.optimizer(tx),
+    schedule=schedule,
     evaluators=evaluators,
   )

@@ -90,7 +90,7 @@ class Step:
   label_smoothing: float = 0.0
   # mixup's Beta concentration p (big_vision's `mixup.p`; 0 = off) and CutMix's alpha (timm's
   # `cutmix_alpha`; 0 = off); both > 0: either one, with probability 1/2 each. Applied to
-  # the global batch in the step (vit_jax/train/mixing.py).
+  # the global batch in the step (vit_jax/tasks/mixing.py).
   mixup: float = 0.0
   cutmix: float = 0.0
   # Split each batch into this many micro-batches and average their gradients (saves memory).

@@ -3,7 +3,7 @@ orbax checkpoints it is saved to and restored from.
 
 State: `{'params', 'opt_state', 'step': int32, 'rng': the dropout key's data (uint32[2] under
 threefry2x32, uint32[4] under rbg and unsafe_rbg: `jax.random.key_data`)}`,
-and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/polyak.py), shaped
+and with `polyak_decay` the parameters' average `'polyak'` (vit_jax/train/steps.py), shaped
 and sharded like the parameters.
 A checkpoint holds two items: `state`, and `meta` (JSON: the step, the global batch, the
 number of data shards the training stream was read as, and the unreadable training images
@@ -94,6 +94,22 @@ def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[
     copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p), out_shardings=shardings['polyak'])
     state['polyak'] = copy(params)
   return state
+
+
+def start(setup: Setup, checkpoints: 'Checkpoints') -> tuple[Layout, dict, dict, str]:
+  """(layout, state, checkpoint meta, a line on where it came from): the newest checkpoint's
+  state, or a fresh one at step 0 (initialised, or fine-tuned from the pretrained file)."""
+  tx = setup.tx
+  lay = layout(setup, tx, jax.random.key(setup.spec.init.seed))
+  restored = checkpoints.restore_newest(lay)
+  if restored is not None:
+    latest, state, meta = restored
+    check_resumable(meta, setup.spec.data.batch)
+    return lay, state, meta, f'Resumed from checkpoint at step {latest} ({checkpoints.directory}).'
+  init_rng, dropout_rng = jax.random.split(jax.random.key(setup.spec.init.seed))
+  state = initial_state(setup, tx, lay, init_rng, dropout_rng)
+  note = f'Fine-tuning from {setup.pretrained_path}.' if setup.pretrained_path else ''
+  return lay, state, {'step': 0}, note
 
 
 class Checkpoints:

@@ -1,14 +1,13 @@
 """The compiled training step: jit, or per-device shard_map (evaluation: vit_jax/evals).
 
-The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` (and `'polyak'`, the
-average of the parameters, with `polyak_decay`) and a batch holds the task's arrays
-(vit_jax/tasks: `{'image', 'label'}` of a classification, `{'image', 'text'}` of image-text
-pairs). Both steps compute the same update around the run's task, which they never name:
-the batch mixed first where the spec asks (`mixup`/`cutmix`, see `mixing`), the task's loss
-and gradient (`task.loss_and_grad`), the optax update, and the metrics `loss`, `grad_norm`,
-`learning_rate`, `params_finite` (and the task's own). A step takes the task's inputs (a
-distillation teacher's parameters; none for the others) as a third argument,
-`step(state, batch, inputs)`.
+The train state is a dict `{'params', 'opt_state', 'step', 'rng'}` (and `'polyak'`, the average
+of the parameters, with `polyak_decay`) and a batch holds the task's arrays (vit_jax/tasks:
+`{'image', 'label'}` of a classification, `{'image', 'text'}` of image-text pairs). Both steps
+compute the same update around the run's task, which they never name: the task's loss and
+gradient (`task.loss_and_grad`; a classification mixes its batch first where the spec asks), the
+optax update, and the metrics `loss`, `grad_norm`, `learning_rate`, `params_finite` (and the
+task's own). A step takes the task's inputs (a distillation teacher's parameters; none for the
+others) as a third argument, `step(state, batch, inputs)`.
 
   jit        one program for the global batch; GSPMD partitions it over the mesh from the
              state's shardings (replicated or FSDP), and inserts the gradient reduction.
@@ -21,6 +20,7 @@ distillation teacher's parameters; none for the others) as a third argument,
 Nothing here imports TensorFlow: `vit_jax.benchmark` times this step on machines without it.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +32,6 @@ from jax.sharding import PartitionSpec as P
 
 from vit_jax import parallel
 from vit_jax.tasks import common as tasks_common
-from vit_jax.train import mixing, polyak
 from vit_jax.train import spec as spec_lib
 
 State = dict[str, Any]
@@ -40,17 +39,40 @@ Batch = dict[str, jax.Array]
 StepFn = Callable[..., tuple[State, dict[str, jax.Array]]]
 
 
+# Polyak averaging of the parameters (`polyak_decay`): an exponential moving average,
+# debiased. After training step t (t = 1, 2, ...) with parameters p_t, the average with decay
+# d is
+#
+#   avg_t = sum_{s=1..t} (1 - d) d^(t-s) p_s / (1 - d^t),
+#
+# whose weights sum to one (the bias correction of Adam's moments and of
+# `optax.ema(debias=True)`): the starting parameters carry no weight, so a fine-tuned head that
+# starts at zero is not pulled back towards zero, and after a few thousand steps at d = 0.9999
+# the average is the plain moving average of the paper. It is kept recursively,
+#
+#   avg_t = avg_{t-1} + (p_t - avg_{t-1}) (1 - d) / (1 - d^t),    (avg_1 = p_1),
+#
+# as `optax.incremental_update`, inside the compiled step, sharded like the parameters.
+
+
+def polyak_step_size(step: jax.Array, decay: float) -> jax.Array:
+  """(1 - d) / (1 - d^t): the weight of step t's parameters in the average."""
+  bias = -jnp.expm1(step.astype(jnp.float32) * math.log(decay))  # 1 - d^t, exact at small t
+  return (1.0 - decay) / bias
+
+
+def polyak_update(average: Any, params: Any, step: jax.Array, decay: float) -> Any:
+  """The average after step `step` (counted from 1), whose parameters are `params`."""
+  return optax.incremental_update(params, average, polyak_step_size(step, decay))
+
+
 def _loss_and_grad(
-  task: tasks_common.Task, mix, params, state: State, batch: Batch, first_id, inputs, axis=None
+  task: tasks_common.Task, params, state: State, batch: Batch, first_id, inputs, axis=None
 ):
-  """The task's (loss, gradient, metrics) of `batch` (mixed first if the step mixes), whose
-  first example has the global id `first_id`; `axis`: the mesh axis the per-device results
-  vary over (in the shard_map step)."""
+  """The task's (loss, gradient, metrics) of `batch`, whose first example has the global id
+  `first_id`, with the step's key; `axis`: the mesh axis the per-device results vary over
+  (in the shard_map step)."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state['rng']), state['step'])
-  if mix is not None:
-    key = jax.random.fold_in(rng, mixing.KEY_DATA)
-    images, labels = mix(batch['image'], batch['label'], key, axis)
-    batch = {**batch, 'image': images, 'label': labels}
   return task.loss_and_grad(params, batch, rng, first_id, inputs, axis)
 
 
@@ -64,7 +86,7 @@ def _apply(
   params = optax.apply_updates(state['params'], updates)
   new_state = {'params': params, 'opt_state': opt_state, 'step': step + 1, 'rng': state['rng']}
   if 'polyak' in state:
-    new_state['polyak'] = polyak.update(state['polyak'], params, step + 1, polyak_decay)
+    new_state['polyak'] = polyak_update(state['polyak'], params, step + 1, polyak_decay)
   finite = jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])
   return new_state, {
     **metrics,
@@ -78,11 +100,10 @@ def _apply(
 def make_train_step(task: tasks_common.Task, tx, schedule, spec: spec_lib.RunSpec) -> StepFn:
   """The step on one global batch (of `spec.data.batch`), for `jax.jit` (GSPMD):
   `step(state, batch, inputs=())`, `inputs` the task's (`task.inputs`)."""
-  mix = mixing.make_mix(spec.step.mixup, spec.step.cutmix, spec.data.num_classes)
 
   def train_step(state, batch, inputs=()):
     first_id = state['step'].astype(jnp.int32) * spec.data.batch
-    args = (task, mix, state['params'], state, batch, first_id, inputs)
+    args = (task, state['params'], state, batch, first_id, inputs)
     loss, grads, metrics = _loss_and_grad(*args)
     return _apply(tx, schedule, state, loss, grads, metrics, spec.step.polyak_decay)
 
@@ -105,7 +126,6 @@ def make_shard_map_train_step(
   takes its rows j, j + accum_steps, ...: over all devices exactly the jit step's
   micro-batch j.
   """
-  mix = mixing.make_mix(spec.step.mixup, spec.step.cutmix, spec.data.num_classes)
   axis = parallel.DATA_AXIS
 
   def per_device(state, batch, inputs):
@@ -113,7 +133,7 @@ def make_shard_map_train_step(
     offset = jax.lax.axis_index(axis).astype(jnp.int32) * local
     first_id = state['step'].astype(jnp.int32) * spec.data.batch + offset
     params = jax.lax.pcast(state['params'], axis, to='varying')
-    args = (task, mix, params, state, batch, first_id, inputs, axis)
+    args = (task, params, state, batch, first_id, inputs, axis)
     loss, grads, metrics = task.reduce(*_loss_and_grad(*args), axis)
     return _apply(tx, schedule, state, loss, grads, metrics, spec.step.polyak_decay)
 
