@@ -365,7 +365,7 @@ def test_a_caption_is_tokenized_alike_on_every_path_siglip(tmp_path, monkeypatch
   config.model = fields.to_dict()
   config.pp.tokenizer, config.pp.vocab, config.pp.max_len = 'sentencepiece', SP_MODEL, 16
   config.zeroshot.vocab = ''  # the captions' vocabulary
-  config.contrastive.lock_image = False  # no image tower to read
+  config.contrastive.lock_image, config.pretrained_path = False, ''  # both towers from scratch
   params = randomize(families.param_shapes(model_from_config(fields), 32, 16), seed=3)
   params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
   save_npz(params, tmp_path / 'siglip.npz')
@@ -395,7 +395,8 @@ def test_configs_run_on_mock_data(module, tmp_path, image_file):
   config.model.image, config.model.out_dim = IMAGE, (None, 64)
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join([*digits_text.SPECIAL, 'the', 'picture', 'number', *'0123456789']))
-  config.pp.vocab, config.pp.crop, config.pp.max_len = str(vocab), 8, 8
+  config.pp.vocab, config.pp.crop = str(vocab), 8
+  config.model.pp.max_len = config.pp.max_len = 8  # the model's tokenizer length
   config.model.text.vocab_size = 18
   with tfds.testing.mock_data(as_dataset_fn=_mock_coco):
     result = train.train_and_evaluate(config, str(tmp_path / 'run'))

@@ -124,14 +124,16 @@ def _read(
 
 
 def _found(restored: dict, description: str, fields: dict[str, Any]) -> Found:
-  """What a ViT or Mixer tree holds, read off its shapes and the file's stated fields."""
+  """What a tree holds, read off its shapes by its family, and the file's stated `fields`
+  (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
   flat = tree.flatten(restored)
-  config = tree.infer_config(flat)
+  config = families.infer_config(restored)
   config.update(fields)
+  family = families.of_config(config)
   return Found(
     config=config,
-    name=tree.match_registry(config),
-    resolution=tree.native_resolution(flat, config),
+    name=family.match_registry(config),
+    resolution=family.native_resolution(flat, config),
     arrays=len(flat),
     parameters=tree.count_params(flat),
     description=description,
@@ -263,7 +265,7 @@ def fit(
   holds = families.of_tree(restored)
   if holds is not None and holds.image_text:
     if config is None or image_text:
-      return _fit_two_towers(restored, description, fields, config, name, request)
+      return _fit_two_towers(restored, _found(restored, description, fields), config, name, request)
     restored, description = two_towers.image_tower(restored, description)
   elif image_text:
     raise CheckpointError(
@@ -317,33 +319,15 @@ def _fit_vit(
 
 
 def _fit_two_towers(
-  restored: dict,
-  description: str,
-  fields: dict[str, Any],
-  config: ml_collections.ConfigDict | None,
-  name: str | None,
-  request: _Request,
+  restored: dict, found: Found, config: Any, name: str | None, request: _Request
 ) -> Fitted:
-  """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept;
-  `fields`: what the file states beyond the shapes (a training run: its text tower's heads,
-  its preprocessing and tokenizer)."""
-  source = request.source
+  """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept."""
+  source, found_config = request.source, found.config
   if request.num_classes is not None or request.surgery:
     raise CheckpointError(
       f'{source}: an image-text model is fitted whole (no num_classes or surgery options; its'
       f' heads are out_dim); for a classifier on its image tower read {source}:img'
     )
-  flat = tree.flatten(restored)
-  found_config = two_towers_family.infer_config(restored)
-  found_config.update(fields)
-  found = Found(
-    config=found_config,
-    name=two_towers_family.match_registry(found_config),
-    resolution=found_config.pp.size,
-    arrays=len(flat),
-    parameters=tree.count_params(flat),
-    description=description,
-  )
   if config is None:
     config, name = ml_collections.ConfigDict(found_config.to_dict()), found.name
   elif two_towers_family.architecture(config) != two_towers_family.architecture(found_config):

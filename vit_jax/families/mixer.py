@@ -15,7 +15,6 @@ import ml_collections
 from vit_jax.families import vit
 from vit_jax.flat import get, numbered, patch_embedding, square_side
 from vit_jax.models import stats
-from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.mixer import MlpMixer
 
 STEM = 'stem/kernel'
@@ -56,11 +55,7 @@ def architecture(config: Config) -> tuple:
 
 def match_registry(config: Config) -> str | None:
   """The registered Mixer with the architecture of `config`, or None."""
-  arch = architecture(config)
-  for name, registered in MODEL_CONFIGS.items():
-    if owns_config(registered) and architecture(registered) == arch:
-      return name
-  return None
+  return vit.first_registered(config, owns_config, architecture)
 
 
 def describe(config: Config) -> str:

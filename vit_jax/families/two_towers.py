@@ -112,6 +112,13 @@ def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDi
   )
 
 
+def native_resolution(flat: Mapping[str, Any], config: Config) -> int:
+  """The image size the model was trained at: its `pp.size` (read off the image tower's
+  position embeddings, or stated by the file)."""
+  del flat
+  return int(config['pp']['size'])
+
+
 def text_length(params: Mapping[str, Any]) -> int | None:
   """The token positions a text transformer was trained with (its `pos_embedding` rows)."""
   posemb = params['txt'].get('pos_embedding')
@@ -247,7 +254,7 @@ def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str
   """The module of a run's model fields: each tower computes in `dtype` (the heads are the
   model's `out_dim`, so `num_classes` is not used; the towers keep their precision policy)."""
   del num_classes, precision
-  fields = fields.to_dict() if hasattr(fields, 'to_dict') else dict(fields)
+  fields = ml_collections.ConfigDict(fields).to_dict()  # nested dicts: the towers' merge
   return model_from_config(fields, image={'dtype': dtype}, text={'dtype': dtype})
 
 

@@ -9,7 +9,7 @@ a `MAPHead_0`; `dist_token` gives `distilled=True`, and an encoder without a pos
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -135,13 +135,19 @@ def architecture(config: Config) -> tuple:
   )
 
 
-def match_registry(config: Config) -> str | None:
-  """The registered ViT with the architecture of `config`, or None."""
-  arch = architecture(config)
+def first_registered(config: Config, owns: Callable, arch_of: Callable) -> str | None:
+  """The first registered name that a family `owns` whose architecture (`arch_of`) is that of
+  `config`, or None."""
+  arch = arch_of(config)
   for name, registered in MODEL_CONFIGS.items():
-    if owns_config(registered) and architecture(registered) == arch:
+    if owns(registered) and arch_of(registered) == arch:
       return name
   return None
+
+
+def match_registry(config: Config) -> str | None:
+  """The registered ViT with the architecture of `config`, or None."""
+  return first_registered(config, owns_config, architecture)
 
 
 def describe(config: Config) -> str:

@@ -206,9 +206,9 @@ def prepare(
     source=source,
     model=model,
     mesh=mesh,
-    pretrained_path=pretrained_path,
     task=task,
-    tx=task.optimizer(tx),
+    tx=task.optimizer(tx),  # LiT: no update, no state for a locked tower
     schedule=schedule,
+    pretrained_path=pretrained_path,
     evaluators=evaluators,
   )
