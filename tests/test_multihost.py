@@ -607,8 +607,8 @@ def test_non_finite_on_one_process_stops_both_at_the_same_step(tmp_path, process
   for output in outputs:
     (line,) = _error_lines(output)
     assert re.match(
-      r'Error: Non-finite loss \(\S+\), gradient or parameters at step 4 \(seen by process 1\): '
-      r'run stopped\. Last good checkpoint \(step 3\)',
+      r'Error: Non-finite parameters at step 4 \(seen by process 1\), with a finite loss '
+      r'\(\S+\): run stopped\. Last good checkpoint \(step 3\)',
       line,
     ), line
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['3']

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -372,7 +373,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
   good = os.path.join(workdir, 'checkpoints', '2')
   before = digest(good)
   with pytest.raises(
-    FloatingPointError, match=r'Non-finite loss .* at step [34].*checkpoint \(step 2\)'
+    FloatingPointError,
+    match=r'Non-finite \S.* at step [34].*checkpoint \(step 2\).*base_lr.*resume from it',
   ):
     train.train_and_evaluate(
       tiny_config(checkpoint_every=100, base_lr=1e30, warmup_steps=0), workdir
@@ -781,3 +783,46 @@ def test_bfloat16_activations_policy_is_recorded_and_resumes_exactly(tmp_path):
   resumed = train.train_and_evaluate(config, workdir, devices=one)
   assert resumed['status'] == 'done' and resumed['step'] == 4
   _assert_trees_close(whole['params'], resumed['params'], atol=0)
+
+
+class _NoCheckpoints:
+  """The guard's view of a run that has saved nothing yet (or step `last`)."""
+
+  def __init__(self, last=None):
+    self.last_saved, self.directory = last, '/run/checkpoints'
+
+  def wait(self):
+    pass
+
+
+@pytest.mark.parametrize(
+  'metrics, last, want, not_in',
+  [
+    (  # LiT's zero image head: a finite loss, a NaN gradient at the first step
+      {'loss': 4.1588, 'grad_norm': np.nan, 'params_finite': False},
+      None,
+      r'^Non-finite gradient and parameters at step 1, with a finite loss \(4\.1588\): run '
+      r'stopped\. No checkpoint was written yet; a finite loss with a non-finite gradient is '
+      r'not the learning rate: .*rerun to start afresh\.$',
+      ('base_lr', 'resume'),
+    ),
+    (  # a diverging learning rate after a checkpoint
+      {'loss': np.inf, 'grad_norm': np.nan, 'params_finite': False},
+      4,
+      r'^Non-finite loss, gradient and parameters at step 1 \(loss inf\): run stopped\. '
+      r'Last good checkpoint \(step 4\) in /run/checkpoints is untouched; lower '
+      r'--config\.base_lr .*resume from it\.$',
+      ('start afresh',),
+    ),
+  ],
+)
+def test_the_non_finite_line_names_what_is_non_finite_and_what_to_do(metrics, last, want, not_in):
+  from vit_jax.train import actions
+
+  guard = actions.NonFiniteGuard(_NoCheckpoints(last))
+  guard.add(1, {k: np.asarray(v) for k, v in metrics.items()})
+  with pytest.raises(FloatingPointError) as stop:
+    guard.check()
+  line = str(stop.value)
+  assert re.match(want, line), line
+  assert not any(word in line for word in not_in), line

@@ -36,6 +36,16 @@ from vit_jax.train import events
 from vit_jax.train import state as state_lib
 
 
+def _non_finite(metrics: dict) -> list[str]:
+  """Which of a step's loss, gradient and parameters are not finite."""
+  finite = {
+    'loss': np.isfinite(metrics['loss']),
+    'gradient': np.isfinite(metrics['grad_norm']),
+    'parameters': bool(metrics['params_finite']),
+  }
+  return [name for name, ok in finite.items() if not ok]
+
+
 class NonFiniteGuard:
   """Keeps each step's metrics on the device until they are needed (no sync per step).
 
@@ -67,33 +77,45 @@ class NonFiniteGuard:
     fetched = jax.device_get([m for _, m in self._pending])
     bad = next(
       (
-        f'{step} {float(m["loss"])}'
+        f'{step} {float(m["loss"])} {",".join(_non_finite(m))}'
         for (step, _), m in zip(self._pending, fetched, strict=True)
-        if not (np.isfinite(m['loss']) and np.isfinite(m['grad_norm']) and m['params_finite'])
+        if _non_finite(m)
       ),
       None,
     )
     seen = self._vote(bad)
     if seen:
-      step, loss = min((int(n.split()[0]), n.split()[1]) for n in seen.values())
-      self._stop(step, loss, sorted(seen))
+      step, loss, what = min((int(s), loss, w) for s, loss, w in map(str.split, seen.values()))
+      self._stop(step, loss, what.split(','), sorted(seen))
     for (step, _), m in zip(self._pending, fetched, strict=True):
       self._count_bad(step, int(m.get('bad_images', 0)))
     self._pending.clear()
     return fetched[-1] if fetched else None
 
-  def _stop(self, step: int, loss: str, processes: list[int]) -> None:
+  def _stop(self, step: int, loss: str, what: list[str], processes: list[int]) -> None:
     self._checkpoints.wait()
     last = self._checkpoints.last_saved
-    kept = f'step {last}' if last is not None else 'none yet'
     where = ''
     if jax.process_count() > 1:
       where = f' (seen by process {", ".join(map(str, processes))})'
-    raise FloatingPointError(
-      f'Non-finite loss ({loss}), gradient or parameters at step {step}{where}: run stopped. '
-      f'Last good checkpoint ({kept}) in {self._checkpoints.directory} is untouched; lower '
-      '--config.base_lr (or check the data) and rerun to resume from it.'
-    )
+    listed = ' and '.join([', '.join(what[:-1]), what[-1]] if len(what) > 1 else what)
+    head = f'Non-finite {listed} at step {step}{where}'
+    head += f' (loss {loss})' if 'loss' in what else f', with a finite loss ({loss})'
+    if 'loss' not in what and 'gradient' in what:
+      fix = (
+        'a finite loss with a non-finite gradient is not the learning rate: check the model '
+        '(a zero vector normalised, say) and the data'
+      )
+    else:
+      fix = 'lower --config.base_lr (or check the data)'
+    if last is None:
+      then = f'No checkpoint was written yet; {fix}, and rerun to start afresh.'
+    else:
+      then = (
+        f'Last good checkpoint (step {last}) in {self._checkpoints.directory} is untouched; '
+        f'{fix}, and rerun to resume from it.'
+      )
+    raise FloatingPointError(f'{head}: run stopped. {then}')
 
   def _count_bad(self, step: int, count: int) -> None:
     self.bad_images += count
