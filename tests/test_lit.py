@@ -386,13 +386,16 @@ def _mock_coco(self, *args, **kwargs):
   return tf.data.Dataset.from_tensor_slices({'image': images, 'captions': {'text': texts}})
 
 
-@pytest.mark.parametrize('module', [lit_coco, siglip_lit_coco])
-def test_configs_run_on_mock_data(module, tmp_path, image_file):
-  """The COCO configs, tiny towers, two steps on coco_captions (tfds' mock data); the digits
-  config is the reference run's."""
-  config = tiny(module.get_config(), image_file, total_steps=2, checkpoint_every=2)
+@pytest.mark.parametrize(
+  'module, variant', [(lit_coco, ''), (lit_coco, 'img_head'), (siglip_lit_coco, '')]
+)
+def test_configs_run_on_mock_data(module, variant, tmp_path, image_file):
+  """The COCO configs, tiny towers, two steps on coco_captions (tfds' mock data), with finite
+  losses (`:img_head` too: its image head trains from a random start); the digits config is
+  the reference run's."""
+  config = tiny(module.get_config(variant), image_file, total_steps=2, checkpoint_every=2)
   config.zeroshot_every = 0  # COCO names no classes
-  config.model.image, config.model.out_dim = IMAGE, (None, 64)
+  config.model.image, config.model.out_dim = IMAGE, (64 if variant else None, 64)
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join([*digits_text.SPECIAL, 'the', 'picture', 'number', *'0123456789']))
   config.pp.vocab, config.pp.crop = str(vocab), 8
@@ -404,6 +407,23 @@ def test_configs_run_on_mock_data(module, tmp_path, image_file):
   lines = _lines(str(tmp_path / 'run'))
   assert len(lines) == 2 and all(np.isfinite(m['loss']) for m in lines)
   assert ('bias' in lines[0]) == (module is siglip_lit_coco)
+
+
+def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
+  """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
+  train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at
+  a24f8ac the zero-initialised head stopped the run at step 1: a NaN gradient)."""
+  config = tiny_digits(image_file, total_steps=3, checkpoint_every=0, zeroshot_every=0)
+  config.model.out_dim = (64, 64)
+  config.contrastive.train_image_head = True
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
+  lines = _lines(str(tmp_path / 'run'))
+  assert result['status'] == 'done' and [m['step'] for m in lines] == [1, 2, 3]
+  assert all(np.isfinite(m['loss']) and np.isfinite(m['grad_norm']) for m in lines), lines
+  img = _flat(result['params']['img'])
+  tower = checkpoint.flatten(checkpoint.load(image_file))
+  np.testing.assert_array_equal(img['embedding/kernel'], tower['embedding/kernel'])  # locked
+  assert np.all(img['head/kernel'] != 0)
 
 
 def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):

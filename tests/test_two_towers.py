@@ -234,6 +234,33 @@ def test_the_call_embeds_normalised_and_either_input_may_be_none():
   np.testing.assert_allclose(ztxt_alone, ztxt, atol=1e-6, rtol=0)
 
 
+def test_tower_heads_start_random_and_a_zero_embedding_has_a_finite_gradient():
+  """big_vision's towers: the image head (and the text head) start from LeCun-normal
+  weights, never zero, so no image embeds at 0; and the loss of a zero image embedding has
+  a finite gradient (at a24f8ac: a zero head, and NaN from the norm's derivative)."""
+  model = model_from_config(tiny_config('LiT-B16B', (16, 16)))
+  images, tokens = _inputs()
+  params = jax.jit(lambda: families.init_params(model, jax.random.key(0), SIZE, LEN))()
+  for tower in ('img', 'txt'):
+    kernel = np.asarray(params[tower]['head']['kernel'])
+    assert np.all(kernel != 0), tower
+    np.testing.assert_allclose(kernel.std(), 1 / np.sqrt(kernel.shape[0]), rtol=0.2)  # LeCun
+  zero_head = {
+    **params,
+    'img': {**params['img'], 'head': jax.tree.map(jnp.zeros_like, params['img']['head'])},
+  }
+
+  def loss(params):
+    zimg, ztxt, _ = model.apply({'params': params}, images=images, tokens=tokens)
+    return -(zimg * ztxt).sum()
+
+  grads = jax.jit(jax.grad(loss))(zero_head)
+  assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+  np.testing.assert_array_equal(
+    model.apply({'params': zero_head}, images=images)[0], np.zeros((3, 16), np.float32)
+  )
+
+
 def test_bert_tower_has_flaxformers_names_and_shapes():
   model = model_from_config(tiny_config('LiT-B16B', (16, 24)))
   txt = tree.flatten(families.param_shapes(model, SIZE, LEN)['txt'])

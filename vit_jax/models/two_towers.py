@@ -23,8 +23,12 @@ from vit_jax.models.vit import VisionTransformer
 
 
 def _normalized(z: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
-  """(z / (|z| + 1e-8), |z|): the original's normalisation, the epsilon outside the norm."""
-  norm = jnp.linalg.norm(z, axis=1, keepdims=True)
+  """(z / (|z| + 1e-8), |z|): the original's normalisation, the epsilon outside the norm.
+  The norm's gradient at a zero vector is 0, not NaN (sqrt's derivative at 0 is infinite):
+  the square root is taken of 1 there, and its result not used."""
+  squares = jnp.sum(z * z, axis=1, keepdims=True)
+  nonzero = squares > 0
+  norm = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squares, 1.0)), 0.0)
   return z / (norm + 1e-8), norm
 
 
@@ -90,7 +94,9 @@ class TwoTowerModel(nn.Module):
       out.update({f'txt/{k}': v for k, v in out_txt.items()})
       ztxt, out['txt/norm'] = _normalized(ztxt)
     if images is not None:
-      image = VisionTransformer(**{**self.image, 'num_classes': image_dim}, name='img')
+      # The head starts random (big_vision's towers): a zero head embeds every image at 0.
+      fields = {'head_zeroinit': False, **self.image, 'num_classes': image_dim}
+      image = VisionTransformer(**fields, name='img')
       zimg, out['img/norm'] = _normalized(image(images, train=train))
     log_t = jnp.log(self.temperature_init)
     t = self.param('t', lambda _, shape: jnp.full(shape, log_t, jnp.float32), (1,))

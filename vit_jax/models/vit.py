@@ -11,7 +11,7 @@ is the checkpoint interface:
                                LayerNorm_1, MlpBlock_0/{Dense_0,Dense_1}
   Transformer/encoder_norm
   pre_logits                             optional Dense + tanh (the representation layer)
-  head                                   zero-initialised classifier
+  head                                   zero-initialised classifier (`head_zeroinit`)
 
 Options beyond the original, with the names of the checkpoints that use them:
 
@@ -298,6 +298,9 @@ class VisionTransformer(precision.Precision):
       (`vit_jax.tasks.distillation_losses`). Without a head: the mean of the two tokens'
       features (with `both_heads=True` the pair, the inputs of the two heads).
     head_bias_init: constant initial bias of the head (the paper's -10 for pretraining).
+    head_zeroinit: True (the original's): the head's kernel starts at zero, so a fine-tuned
+      classifier starts from uniform predictions; False: LeCun-normal, as big_vision
+      initialises an image-text model's image head (a zero head embeds every image at zero).
     dtype: compute dtype. 16-bit dtypes (bfloat16) multiply 16-bit operands with float32
       accumulation (forward and backward, `precision.mixed_einsum`); norms, softmax, GELU, residuals
       and the patch embedding stay float32, parameters stay in `param_dtype`.
@@ -340,6 +343,7 @@ class VisionTransformer(precision.Precision):
   representation_size: int | None = None
   classifier: str = 'token'
   head_bias_init: float = 0.0
+  head_zeroinit: bool = True
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
@@ -396,7 +400,7 @@ class VisionTransformer(precision.Precision):
     return nn.Dense(
       self.num_classes,
       **precision.matmul_kwargs(self.dtype, self.param_dtype),
-      kernel_init=nn.initializers.zeros,
+      kernel_init=nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal(),
       bias_init=nn.initializers.constant(self.head_bias_init),
       name=name,
     )(x)
