@@ -25,6 +25,7 @@ from vit_jax.models import get_config, model_from_config
 DATA = Path(__file__).parent / 'data'
 SP_MODEL = DATA / 'sp_unigram.model'  # 818 pieces, </s> = 1
 SIZE, LEN = 32, 16
+VOCAB_LINES = ['[PAD]', '[UNK]', '[CLS]', '[SEP]', 'a', 'the', 'cat', 'dog', '##s', 'photo', 'of']
 
 
 def tiny_lit_config():
@@ -345,6 +346,30 @@ def test_command_on_a_siglip_tree_gives_sigmoid_probabilities(tmp_path, capsys):
   for row, probs in zip(out['predictions'], want, strict=True):
     got = {c['class']: c['probability'] for c in row['top_k']}
     np.testing.assert_allclose([got['Cat'], got['Dog']], probs, atol=1e-5)
+
+
+def test_a_sigmoid_bias_beside_a_bert_tower_keeps_berts_tokenizer(tmp_path, capsys):
+  """A file with a BERT text tower and SigLIP's bias `b` (a LiT trained with the sigmoid
+  loss): `b` makes the probabilities sigmoid, and the texts go through BERT's WordPiece as
+  they are (at a24f8ac SigLIP's options reached BertTokenizer: a TypeError)."""
+  config = get_config('LiT-B16B')
+  config.image.update({'patches': {'size': (8, 8)}, 'hidden_size': 32})
+  config.image.transformer.update({'num_layers': 1, 'mlp_dim': 64, 'num_heads': 4})
+  config.text.update({'hidden_size': 32, 'num_layers': 1, 'num_heads': 2, 'mlp_dim': 64})
+  config.text.vocab_size, config.out_dim, config.pp.size = len(VOCAB_LINES), (16, 16), SIZE
+  params = randomize(families.param_shapes(model_from_config(config), SIZE, LEN), seed=4)
+  params['t'], params['b'] = np.array([1.0], np.float32), np.array([-2.0], np.float32)
+  path = tmp_path / 'lit_sigmoid.npz'
+  checkpoint.save_npz(params, path)
+  vocab = tmp_path / 'vocab.txt'
+  vocab.write_text('\n'.join(VOCAB_LINES) + '\n')
+  loaded = zeroshot_cli.load(str(path), vocab=str(vocab))
+  want = text.get_tokenizer('bert', vocab, 16)(['A Cat', 'the DOG'])
+  np.testing.assert_array_equal(loaded.tokenizer(['A Cat', 'the DOG']), want)
+  images = _write_images(tmp_path / 'images', 1, seed=6)
+  options = {'vocab': str(vocab), 'json': True, 'cache_dir': '', 'canonicalize': False}
+  assert zeroshot_cli.run(str(path), [str(images[0])], 'cat,dog', '{}', options=options) == 0
+  assert json.loads(capsys.readouterr().out)['probabilities'] == 'sigmoid'
 
 
 def test_command_retrieval_over_a_captions_file(lit, tmp_path, capsys):

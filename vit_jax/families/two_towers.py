@@ -153,7 +153,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
       'max_len': text_length(params) or 16,
     }
   )
-  if siglip:
+  if siglip and text_model != 'bert':  # BERT's WordPiece lower-cases by itself
     config.pp.lower_case = True
   return config
 
@@ -304,7 +304,9 @@ def tokenizer_settings(
     )
   if name not in text.TOKENIZERS:
     raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(text.TOKENIZERS)}')
-  return name, max_len, dict(LOWER_CASE_OPTIONS) if pp.get('lower_case') else {}
+  # big_vision's options are sentencepiece's; BERT's WordPiece folds case itself.
+  siglip = pp.get('lower_case') and name == 'sentencepiece'
+  return name, max_len, dict(LOWER_CASE_OPTIONS) if siglip else {}
 
 
 def tokenizer(
