@@ -409,6 +409,18 @@ def test_configs_run_on_mock_data(module, variant, tmp_path, image_file):
   assert ('bias' in lines[0]) == (module is siglip_lit_coco)
 
 
+def test_a_contrastive_run_on_a_dataset_without_captions_is_one_line(image_file):
+  """No captions and no caption templates: `prepare` stops before any compute, naming the
+  three fixes (at a24f8ac the input pipeline failed inside TensorFlow, after the init)."""
+  config = tiny_digits(image_file, caption_templates=())
+  with pytest.raises(ValueError) as stop:
+    setup.prepare(config, '/nonexistent', jax.devices()[:1])
+  line = str(stop.value)
+  assert line.startswith("Dataset 'digits' has no captions") and '\n' not in line
+  for fix in ('captions.tsv', '--config.dataset', '--config.caption_templates'):
+    assert fix in line
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

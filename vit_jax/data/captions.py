@@ -131,3 +131,13 @@ class ClassCaptions(Derived):
 
 # The sources whose examples carry `texts`.
 CAPTIONED = (FolderCaptions, TfdsCaptions, ClassCaptions)
+
+
+def check_captioned(source: Source) -> None:
+  """A one-line ValueError, naming the fixes, for a source whose examples have no texts."""
+  if not isinstance(source, CAPTIONED):
+    raise ValueError(
+      f'Dataset {source.name!r} has no captions, which image-text training reads: give a '
+      'folder with train/captions.tsv or a tfds dataset with captions (--config.dataset), or '
+      'make captions of the class names (--config.caption_templates=\'("a photo of a {}.",)\').'
+    )

@@ -176,11 +176,8 @@ def _train_example(
   """(position, raw record) -> {'image', 'label'} (and with a `tokenizer`, 'text': the tokens
   of a caption drawn from the example's captions), augmented with the position's seed."""
   whole = source.holds_pixels or pp.subpixel or not pp.decode_window
-  if tokenizer is not None and not isinstance(source, captions.CAPTIONED):
-    raise ValueError(
-      f'Dataset {source.name!r} has no captions: image-text training needs a captions folder, '
-      'a tfds dataset with captions, or config.caption_templates.'
-    )
+  if tokenizer is not None:
+    captions.check_captioned(source)
 
   def process(position, raw):
     example = source.example(raw)

@@ -198,6 +198,10 @@ def prepare(
     loop=dataclasses.replace(spec.loop, total_steps=total_steps),
   )
   task = tasks.build(spec, model, pretrained_path, resuming)
+  if task.tokenizer is not None:  # the task reads texts
+    from vit_jax.data import captions  # here: the run spec's users need no TensorFlow
+
+    captions.check_captioned(source)
   tx, schedule = optim.for_training(spec.optim, total_steps)
   context = evals_common.Context(spec.evals, spec.data, model, mesh, source, task.tokenizer)
   evaluators = evals_registry.build(context, task.default_evals)
