@@ -117,10 +117,32 @@ def test_a_failed_write_is_one_line_keeps_the_good_steps_and_resumes_exactly(
     ("[Errno 30] Read-only file system: '/mnt/x'", errno.EROFS),
     ('PERMISSION_DENIED: Error writing local file "x": Read-only file system', errno.EROFS),
     ('NOT_FOUND: no such bucket', None),
+    # RESOURCE_EXHAUSTED alone is no full disk (a24f8ac took every one for ENOSPC):
+    ('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.50GiB.', errno.ENOMEM),
+    (
+      'RESOURCE_EXHAUSTED: Error writing "gs://b/run/checkpoints/6/d/1f": HTTP response code: '
+      '429 with body: {"error": {"code": 429, "message": "rateLimitExceeded"}}',
+      errno.EAGAIN,
+    ),
+    ('RESOURCE_EXHAUSTED: too many open requests', None),
   ],
 )
 def test_the_cause_of_a_write_failure_is_read_off_tensorstore_text(text, number):
   assert checkpoint_faults.storage_errno(ValueError(text)) == number
+
+
+@pytest.mark.parametrize(
+  'text, cause, fix',
+  [
+    ('RESOURCE_EXHAUSTED: Out of memory while trying to allocate', 'out of memory', 'batch'),
+    ('RESOURCE_EXHAUSTED: HTTP response code: 429', 'rate limit', 'checkpoint_every'),
+    ('RESOURCE_EXHAUSTED: too many open requests', 'too many open requests', 'filesystem'),
+  ],
+)
+def test_exhausted_memory_and_a_rate_limit_each_have_their_line(text, cause, fix):
+  line = str(checkpoint_faults.write_failure('/run/checkpoints/6', ValueError(text), [3]))
+  assert line.startswith('Cannot write checkpoint /run/checkpoints/6 (') and cause in line
+  assert fix in line and 'space' not in line and 'step 3 is kept' in line
 
 
 def test_the_note_a_failed_process_sends_keeps_its_cause():

@@ -26,13 +26,23 @@ _CAUSES = {
   errno.EACCES: ('permission denied', 'make the directory writable for this user'),
   errno.EPERM: ('operation not permitted', 'make the directory writable for this user'),
   errno.EROFS: ('a read-only filesystem', 'remount it read-write'),
+  # Two causes without an errno of their own, under the nearest one: TensorStore and XLA
+  # report both as RESOURCE_EXHAUSTED, which alone says nothing of the disk.
+  errno.EAGAIN: ("the bucket's rate limit, HTTP 429",
+                 'save less often (a larger --config.checkpoint_every) or raise the quota'),
+  errno.ENOMEM: ('out of memory while copying the state to save it',
+                 'free device or host memory (a smaller --config.batch)'),
 }  # fmt: skip
 _WORDS = (  # how each cause reads where the errno is only in the text, specific ones first
   ('No space left on device', errno.ENOSPC),
   ('Disk quota exceeded', errno.EDQUOT),
   ('Read-only file system', errno.EROFS),
   ('Permission denied', errno.EACCES),
-  ('RESOURCE_EXHAUSTED', errno.ENOSPC),
+  ('Too Many Requests', errno.EAGAIN),
+  ('rateLimitExceeded', errno.EAGAIN),
+  ('HTTP response code: 429', errno.EAGAIN),
+  ('Out of memory', errno.ENOMEM),
+  ('out of memory', errno.ENOMEM),
   ('quota', errno.EDQUOT),
   ('PERMISSION_DENIED', errno.EACCES),
   ('AccessDenied', errno.EACCES),
@@ -55,8 +65,9 @@ def _chain(e: BaseException | None):
 
 
 def storage_errno(e: BaseException | None) -> int | None:
-  """The errno of a failed write (ENOSPC, EDQUOT, EACCES, EPERM, EROFS) in `e` or its causes,
-  from an OSError's errno or a TensorStore message's text; None for any other error."""
+  """The errno of a failed write (ENOSPC, EDQUOT, EACCES, EPERM, EROFS; EAGAIN for a
+  bucket's rate limit, ENOMEM for exhausted memory) in `e` or its causes, from an OSError's
+  errno or a TensorStore or XLA message's text; None for any other error."""
   for link in _chain(e):
     if isinstance(link, OSError) and link.errno in _CAUSES:
       return link.errno
