@@ -421,6 +421,21 @@ def test_a_contrastive_run_on_a_dataset_without_captions_is_one_line(image_file)
     assert fix in line
 
 
+def test_the_image_tower_of_an_image_text_file_starts_a_run(lit_run, tmp_path):
+  """`pretrained_path=FILE:img`, as docs/image-text.md and configs/lit_coco.py write it: the
+  LiT file's image tower, locked, is the run's (at a24f8ac setup looked for a file named
+  'FILE:img' and stopped: not found)."""
+  _, result = lit_run
+  path = str(tmp_path / 'lit.npz')
+  save_npz(jax.device_get(result['params']), path)
+  config = tiny_digits(f'{path}:img', total_steps=1, checkpoint_every=0, zeroshot_every=0)
+  run = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
+  got, want = _flat(run['params']['img']), _flat(result['params']['img'])
+  assert got.keys() == want.keys()
+  for key in got:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

@@ -94,13 +94,16 @@ def resolve_pretrained_path(spec: spec_lib.RunSpec) -> str | None:
   """The pretrained file to fine-tune from, or None to train from scratch.
 
   `pretrained_path` if set, else `{pretrained_dir}/{name}.npz` with `name` the model name,
-  or the AugReg file given (or selected by index.csv) in `model_or_filename`.
+  or the AugReg file given (or selected by index.csv) in `model_or_filename`. `FILE:img`
+  names the image tower of an image-text file: FILE must exist.
   """
+  from vit_jax.checkpoint.two_towers import split_tower
+
   candidate = _pretrained_candidate(spec.init, spec.model.name)
   if candidate is None:
     return None
   path, root = candidate
-  if not files.path(path).exists():
+  if not files.path(split_tower(path)[0]).exists():
     if not files.is_local(path):
       raise ValueError(f'Pretrained checkpoint {path} not found: no such object in the bucket.')
     url = f'{root}/{os.path.basename(path)}'
