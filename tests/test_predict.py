@@ -137,9 +137,13 @@ def test_a_model_that_does_not_fit_is_a_clear_error(tmp_path, random_params, cap
   path = _save(_params(random_params, num_classes=3), tmp_path / 't.npz')
   with pytest.raises(ValueError, match=r'--model ViT-Ti_16 does not fit .* holds testing'):
     predict.load(path, model_name='ViT-Ti_16')
-  assert predict.run(path, _images(tmp_path, 1), model_name='ViT-B_16') == 2
+  assert predict.run(path, _images(tmp_path, 1), model_name='ViT-B_16') == 1
   err = capsys.readouterr().err
   assert err.count('\n') == 1 and 'hidden_size 10, 1 layers, 2 heads' in err
+  missing = str(tmp_path / 'no_such.npz')
+  assert predict.run(missing, _images(tmp_path, 1)) == 1
+  err = capsys.readouterr().err
+  assert err.startswith('error: ') and err.count(missing) == 1, err  # the path once
 
 
 def test_1000_class_heads_get_the_imagenet_names(tmp_path, random_params):

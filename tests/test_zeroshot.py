@@ -285,13 +285,17 @@ def test_command_errors_are_one_line(lit, tmp_path, capsys):
     ),
     (str(vit_file), {}, 'not an image-text (LiT, SigLIP) checkpoint'),
   ]
-  for ckpt_path, options, message in cases:
-    assert zeroshot_cli.run(ckpt_path, [image], classes='a,b', options=options | no_cache) == 2
+  for ckpt_path, options, message in cases:  # runtime errors: 1, as the other commands
+    assert zeroshot_cli.run(ckpt_path, [image], classes='a,b', options=options | no_cache) == 1
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and message in err, err
   status = zeroshot_cli.run(str(path), [], dataset='no_such_dataset_xyz', options=no_cache)
   err = capsys.readouterr().err
-  assert status == 2 and err.count('\n') == 1 and 'no_such_dataset_xyz' in err, err
+  assert status == 1 and err.count('\n') == 1 and 'no_such_dataset_xyz' in err, err
+  for images, kwargs in (([], {}), ([image], {'dataset': 'digits'}), ([image], {})):  # usage: 2
+    assert zeroshot_cli.run(str(path), images, options=no_cache, **kwargs) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('error: ') and err.count('\n') == 1, err
 
 
 def test_report_puts_a_zero_shot_run_beside_the_lit_model_card(tmp_path):
@@ -393,5 +397,5 @@ def test_command_retrieval_over_a_captions_file(lit, tmp_path, capsys):
   want = retrieval.recalls(zimg, ztxt, owners)
   assert {k: got[k] for k in want} == want
   (tmp_path / 'bad.tsv').write_text('no tab here\n')
-  assert zeroshot_cli.run(str(path), [], options={'captions': str(tmp_path / 'bad.tsv')}) == 2
+  assert zeroshot_cli.run(str(path), [], options={'captions': str(tmp_path / 'bad.tsv')}) == 1
   assert capsys.readouterr().err == f'error: {tmp_path / "bad.tsv"}:1: expected IMAGE<TAB>CAPTION\n'

@@ -508,7 +508,8 @@ def run(
   batch_size: int = 32,
   features_block: int | None = None,
 ) -> int:
-  """The command line's work; returns the exit status (1 if anything failed)."""
+  """The command line's work; returns the exit status: 2 for a usage error (flags that do not
+  go together, or a value the model cannot take), 1 for anything else that failed."""
   if not images:
     print(
       'error: no images given; usage: python -m vit_jax.predict --checkpoint PATH IMAGE...',
@@ -525,10 +526,15 @@ def run(
     return 2
   try:
     loaded = load(checkpoint, model_name, resolution)
+  except (OSError, ValueError, KeyError) as e:
+    message = str(e) if str(checkpoint) in str(e) else f'{checkpoint}: {e}'  # the path once
+    print(f'error: {message}'.replace('\n', ' '), file=sys.stderr)
+    return 1
+  try:
     if features_block is not None:
       features_block = feature_block(loaded, features_block)
-  except (OSError, ValueError, KeyError) as e:
-    print(f'error: {checkpoint}: {e}'.replace('\n', ' '), file=sys.stderr)
+  except ValueError as e:  # a flag value this model cannot take
+    print(f'error: {e}', file=sys.stderr)
     return 2
   warning = _head_warning(loaded, checkpoint)
   if warning:

@@ -289,24 +289,31 @@ def run(
   dataset: str = '',
   options: dict[str, Any] | None = None,
 ) -> int:
-  """The command line's work; returns the exit status. `options`: vocab, split, limit,
-  top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions."""
+  """The command line's work; returns the exit status: 2 for a usage error (what to classify
+  or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
+  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions."""
   from vit_jax import data as data_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
   o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
   o |= options or {}
+  usage = None
+  if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
+    usage = 'give one of: image files (with --classes), --dataset, --captions'
+  elif images and not classes:
+    usage = 'no class names for the images: give --classes=a,b,c (or a file of names)'
+  if usage:
+    print(f'error: {usage}', file=sys.stderr)
+    return 2
   try:
-    if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
-      raise ValueError('give one of: image files (with --classes), --dataset, --captions')
     loaded = load(checkpoint, o['vocab'])
     if o['captions']:
       return _print_recalls(loaded, retrieval_recalls(loaded, o['captions'], o['batch_size']), o)
     source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
     names = read_classes(classes) if classes else source.class_names() if source else []
     if not names:
-      raise ValueError('no class names: give --classes=a,b,c (or a file), or --dataset')
+      raise ValueError(f'{dataset} names no classes: give them with --classes=a,b,c (or a file)')
     if source and len(names) != source.num_classes:
       raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
     names = prompts.class_names(dataset, names, o['canonicalize']) if not classes else names
@@ -318,7 +325,7 @@ def run(
       )
   except (OSError, ValueError, KeyError) as e:
     print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
-    return 2
+    return 1
   if not o['json']:
     print(
       f'{loaded.name}: {len(names)} classes x {len(filled)} templates'
