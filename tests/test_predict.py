@@ -82,6 +82,22 @@ def test_an_image_file_becomes_the_tensor_the_eval_pipeline_makes(tmp_path, suff
   assert np.abs(images[0]).max() > 0.9  # a real image, not padding
 
 
+@pytest.mark.slow
+def test_a_text_file_named_like_an_image_is_one_line_and_no_log(tmp_path):
+  """Not an image at all: the error names it, and nothing else reaches stderr (at a24f8ac
+  TensorFlow's failed decode logged two lines of its own, written as the process ends)."""
+  path = tmp_path / 'notes.jpg'
+  path.write_text('these are notes, not pixels\n')
+  code = f'from vit_jax.cli import predict\ntry:\n  predict.read_image({str(path)!r})\n'
+  code += 'except predict.ImageError as e:\n  print(e)'
+  env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}  # as a user's
+  proc = subprocess.run(
+    [sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
+  )
+  assert proc.stdout.startswith(f'{path}: cannot read image (cannot identify'), proc.stdout
+  assert proc.stderr == ''
+
+
 def test_read_image_converts_grey_and_rgba_to_rgb(tmp_path):
   Image.fromarray(np.full((5, 7), 200, np.uint8)).save(tmp_path / 'grey.png')
   Image.fromarray(np.full((5, 7, 4), 100, np.uint8)).save(tmp_path / 'rgba.png')

@@ -31,8 +31,16 @@ def decode(encoded: tf.Tensor) -> tf.Tensor:
   return tf.io.decode_image(encoded, channels=3, expand_animations=False)
 
 
+# The first bytes of the formats `decode` reads (JPEG, PNG, GIF, BMP).
+_SIGNATURES = (b'\xff\xd8\xff', b'\x89PNG\r\n\x1a\n', b'GIF87a', b'GIF89a', b'BM')
+
+
 def decode_bytes(data: bytes) -> np.ndarray | None:
-  """An encoded image decoded by `decode` (eagerly), or None when TensorFlow cannot decode it."""
+  """An encoded image decoded by `decode` (eagerly), or None when TensorFlow cannot decode it.
+  Bytes of no format it reads are not given to it: its failed op logs two lines to stderr,
+  past TF_CPP_MIN_LOG_LEVEL."""
+  if not data.startswith(_SIGNATURES):
+    return None
   try:
     return decode(tf.constant(data)).numpy()
   except tf.errors.OpError:
