@@ -255,9 +255,14 @@ def test_command_accuracy_on_an_image_folder_and_the_cache(lit, tmp_path, capsys
   labels = np.repeat(np.arange(3), 6)
   assert first['count'] == 18
   assert first['accuracy'] == pytest.approx(np.mean(np.argmax(scores, 1) == labels), abs=1e-12)
-  options['json'] = False
+  options |= {'json': False, 'progress': True}  # as at a terminal: what it does, on stderr
   assert zeroshot_cli.run(str(path), [], templates='{}', dataset=folder, options=options) == 0
-  second = capsys.readouterr().out
+  second, notes = capsys.readouterr()
+  assert notes.splitlines() == [
+    f'Reading {path} ...',
+    'Embedding 3 classes x 1 templates (or reading the cache) ...',
+    f"Classifying split 'test' of {folder} ...",
+  ]
   assert '(class embeddings from the cache)' in second
   assert f'zero-shot top-1 {first["accuracy"]:.4f} on 18 images' in second
 

@@ -291,13 +291,16 @@ def run(
 ) -> int:
   """The command line's work; returns the exit status: 2 for a usage error (what to classify
   or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
-  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions."""
+  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions, and
+  `progress`: say on stderr what it is doing before each slow part (the command does at a
+  terminal)."""
   from vit_jax import data as data_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
   o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
-  o |= options or {}
+  o |= {'progress': False} | (options or {})
+  say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = None
   if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
     usage = 'give one of: image files (with --classes), --dataset, --captions'
@@ -307,8 +310,10 @@ def run(
     print(f'error: {usage}', file=sys.stderr)
     return 2
   try:
+    say(f'Reading {checkpoint} ...')
     loaded = load(checkpoint, o['vocab'])
     if o['captions']:
+      say(f'Embedding the images and captions of {o["captions"]} ...')
       return _print_recalls(loaded, retrieval_recalls(loaded, o['captions'], o['batch_size']), o)
     source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
     names = read_classes(classes) if classes else source.class_names() if source else []
@@ -318,8 +323,10 @@ def run(
       raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
     names = prompts.class_names(dataset, names, o['canonicalize']) if not classes else names
     filled = prompts.templates(templates.split(';'), o['canonicalize'])
+    say(f'Embedding {len(names)} classes x {len(filled)} templates (or reading the cache) ...')
     zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
     if source:
+      say(f'Classifying split {o["split"]!r} of {dataset} ...')
       accuracy, count = dataset_accuracy(
         loaded, zcls, source, o['split'], o['batch_size'], o['limit']
       )
@@ -338,6 +345,7 @@ def run(
       write_run(o['out'], checkpoint, loaded, result)
     print(json.dumps(result) if o['json'] else f'zero-shot top-1 {accuracy:.4f} on {count} images')
     return 0
+  say(f'Classifying {len(images)} image files ...')
   good, probs, errors = classify_files(loaded, zcls, images, o['batch_size'])
   _print_predictions(good, probs, names, o['top_k'], loaded, o['json'], errors)
   for error in errors:
@@ -378,11 +386,15 @@ def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
+  progress = sys.stderr.isatty()
+  if progress:  # TensorFlow and JAX take seconds to load
+    print('vit-zeroshot: loading TensorFlow and JAX ...', file=sys.stderr, flush=True)
   from vit_jax import data
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'canonicalize', 'cache_dir')
   options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions')}
+  options['progress'] = progress
   sys.exit(run(f.checkpoint, argv[1:], f.classes, f.templates, f.dataset, options))
 
 
