@@ -436,6 +436,17 @@ def test_the_image_tower_of_an_image_text_file_starts_a_run(lit_run, tmp_path):
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
+def test_the_seeds_of_the_reproduction_keep_out_of_a_run_directory(lit_run):
+  """`vit_jax.reproduce lit_digits --workdir=W` trains W/seed_<s>; a W that is a run of
+  `vit_jax.main` (the docs' runs/lit_digits, say) is refused in one line, before any training
+  (at a24f8ac the seeds' runs were written inside it)."""
+  from vit_jax.reproduce import lit_digits as reproduce
+
+  workdir, _ = lit_run
+  with pytest.raises(ValueError, match=rf'^{workdir} is a run directory .*={workdir}_seeds$'):
+    reproduce.report('runs/digits', workdir, [0])
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

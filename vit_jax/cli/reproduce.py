@@ -15,7 +15,7 @@ r"""Reproduces the paper's tables: `python -m vit_jax.reproduce COMMAND [flags]`
   lit_digits  The digits LiT (configs/lit_digits.py) over seeds: zero-shot and retrieval on the
             test digits, beside the locked ViT's classifier (docs/image-text.md).
             python -m vit_jax.reproduce lit_digits --image_run=runs/digits \
-                --workdir=runs/lit_digits --seeds=0,1,2
+                --workdir=runs/lit_digits_seeds --seeds=0,1,2
 
 Errors (an unknown dataset or task, unfinished dev runs, no runs found) end with one line
 on stderr and exit status 1.
@@ -188,7 +188,7 @@ def _report(paths: list[str]) -> None:
 def _lit_digits() -> None:
   from vit_jax.reproduce import lit_digits
 
-  workdir = FLAGS.workdir or 'runs/lit_digits'
+  workdir = FLAGS.workdir or 'runs/lit_digits_seeds'  # runs/lit_digits: the docs' one run
   print(lit_digits.report(FLAGS.image_run, workdir, [int(s) for s in FLAGS.seeds]))
 
 

@@ -1,8 +1,8 @@
 r"""The digits LiT demonstration: zero-shot and retrieval over seeds, against the locked ViT.
 
   python -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
-  python -m vit_jax.reproduce lit_digits --image_run=runs/digits --workdir=runs/lit_digits \
-      --seeds=0,1,2
+  python -m vit_jax.reproduce lit_digits --image_run=runs/digits \
+      --workdir=runs/lit_digits_seeds --seeds=0,1,2
 
 Trains configs/lit_digits.py (the digits ViT of `--image_run` locked, a small BERT text tower
 from scratch) once per seed in `WORKDIR/seed_<s>` (a finished run is read, not retrained),
@@ -74,6 +74,11 @@ def run_seed(image_run: str, workdir: str, seed: int) -> dict[str, float]:
 
 def report(image_run: str, workdir: str, seeds: Sequence[int]) -> str:
   """The per-seed lines, the mean +- std of each metric, and the locked classifier's."""
+  if rundir.is_run(workdir) or rundir.latest_step(workdir) is not None:
+    raise ValueError(
+      f"{workdir} is a run directory (of python -m vit_jax.main): the seeds' runs need a "
+      f'folder of their own, such as --workdir={str(workdir).rstrip("/")}_seeds'
+    )
   rows = {seed: run_seed(image_run, workdir, seed) for seed in seeds}
   keys = list(next(iter(rows.values())))
   lines = [
