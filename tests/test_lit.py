@@ -447,6 +447,25 @@ def test_the_seeds_of_the_reproduction_keep_out_of_a_run_directory(lit_run):
     reproduce.report('runs/digits', workdir, [0])
 
 
+@pytest.mark.parametrize(
+  'policy, residual', [('matmul', jnp.float32), ('activations', jnp.bfloat16)]
+)
+def test_the_precision_policy_reaches_both_towers(image_file, policy, residual):
+  """`config.dtype='bfloat16'` with `config.precision`: both towers take the policy, as a ViT
+  does; the BERT tower's residual stream is float32 under 'matmul', bfloat16 under
+  'activations' (at a24f8ac the policy was recorded in config.json but not applied)."""
+  config = tiny_digits(image_file, dtype='bfloat16', precision=policy)
+  model = setup.prepare(config, '/nonexistent', jax.devices()[:1]).model
+  assert model.image['precision_policy'] == model.text['precision_policy'] == policy
+  params = families.param_shapes(model, 8, 12)
+  images, tokens = jnp.zeros((2, 8, 8, 3)), jnp.ones((2, 12), jnp.int32)
+  zimg, ztxt, out = jax.eval_shape(
+    lambda p: model.apply({'params': p}, images=images, tokens=tokens), params
+  )
+  assert out['txt/transformed'].dtype == residual
+  assert zimg.dtype == ztxt.dtype == jnp.float32
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

@@ -251,11 +251,13 @@ def model_kind(config: Config) -> str:
 
 
 def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str) -> nn.Module:
-  """The module of a run's model fields: each tower computes in `dtype` (the heads are the
-  model's `out_dim`, so `num_classes` is not used; the towers keep their precision policy)."""
-  del num_classes, precision
+  """The module of a run's model fields: each tower computes in `dtype` under the precision
+  policy `precision`, as a ViT does (the heads are the model's `out_dim`: `num_classes` is
+  not used)."""
+  del num_classes
   fields = ml_collections.ConfigDict(fields).to_dict()  # nested dicts: the towers' merge
-  return model_from_config(fields, image={'dtype': dtype}, text={'dtype': dtype})
+  tower = {'dtype': dtype, 'precision_policy': precision}
+  return model_from_config(fields, image=tower, text=tower)
 
 
 def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: int | None) -> dict:

@@ -36,19 +36,27 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.models import precision
 from vit_jax.models.vit import Encoder
-
-Dtype = Any
 
 POOL_TYPES = ('last', 'first', 'gap', 'max')
 # Flaxformer's masked attention logit (`-1e10` added where the mask is 0).
 _MASKED = -1e10
 
 
-def _dense(features: int, name: str, dtype: Dtype) -> nn.Dense:
-  """A BERT Dense: BERT's truncated-normal(0.02) kernel init, zero bias (flaxformer's)."""
-  init = nn.initializers.truncated_normal(stddev=0.02)
-  return nn.Dense(features, dtype=dtype, kernel_init=init, name=name)
+_BERT_INIT = nn.initializers.truncated_normal(stddev=0.02)  # flaxformer's kernels
+
+
+class _Bert(precision.Precision):
+  """A BERT layer's precision: its Dense layers (BERT's truncated-normal(0.02) kernel init,
+  zero bias), LayerNorms (BERT's epsilon) and activations follow the precision policy, as a
+  ViT's do (`vit_jax.models.precision`)."""
+
+  def bert_dense(self, features: int, name: str) -> Any:
+    return self.dense_layers(nn.Dense, kernel_init=_BERT_INIT)(features, name=name)
+
+  def bert_norm(self, epsilon: float, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(epsilon=epsilon, dtype=self.activation_dtype(), name=name)
 
 
 class _Embedder(nn.Module):
@@ -64,8 +72,7 @@ class _Embedder(nn.Module):
     n, length = tokens.shape
     if length > self.max_length:
       raise ValueError(f'{length} tokens; this BERT has {self.max_length} positions')
-    init = nn.initializers.truncated_normal(stddev=0.02)
-    embed = functools.partial(nn.Embed, features=self.hidden_size, embedding_init=init)
+    embed = functools.partial(nn.Embed, features=self.hidden_size, embedding_init=_BERT_INIT)
     positions = jnp.tile(jnp.arange(length, dtype=jnp.int32), (n, 1))
     segments = jnp.zeros_like(tokens)
     x = embed(self.vocab_size, name='embedders_token_ids')(tokens)
@@ -73,12 +80,11 @@ class _Embedder(nn.Module):
     return x + embed(self.num_segments, name='embedders_segment_ids')(segments)
 
 
-class _SelfAttention(nn.Module):
+class _SelfAttention(_Bert):
   """q, k, v as (D, D) Dense layers split into heads; softmax(q k^T / sqrt(d) + mask) v."""
 
   num_heads: int
   dropout_rate: float
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
@@ -87,76 +93,72 @@ class _SelfAttention(nn.Module):
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
     head_dim = width // self.num_heads
     q, k, v = (
-      _dense(width, name, self.dtype)(x).reshape(n, length, self.num_heads, head_dim)
+      self.bert_dense(width, name)(x).reshape(n, length, self.num_heads, head_dim)
       for name in ('query', 'key', 'value')
     )
     q = q / jnp.sqrt(head_dim).astype(q.dtype)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k).astype(jnp.float32) + bias
-    weights = jax.nn.softmax(logits).astype(self.dtype)
+    scores = precision.einsum('bqhd,bkhd->bhqk', q, k, self.dtype)
+    weights = jax.nn.softmax(scores.astype(jnp.float32) + bias).astype(self.activation_dtype())
     weights = nn.Dropout(self.dropout_rate)(weights, deterministic=deterministic)
-    return jnp.einsum('bhqk,bkhd->bqhd', weights, v).reshape(n, length, width)
+    out = precision.einsum('bhqk,bkhd->bqhd', weights, v, self.dtype)
+    return out.astype(self.activation_dtype()).reshape(n, length, width)
 
 
-class _AttentionBlock(nn.Module):
+class _AttentionBlock(_Bert):
   """LN(x + dense(attention(x)))."""
 
   num_heads: int
   dropout_rate: float
   layer_norm_epsilon: float
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
-    y = _SelfAttention(self.num_heads, self.dropout_rate, self.dtype, name='attention_layer')(
-      x, bias, deterministic
+    attention = _SelfAttention(
+      self.num_heads, self.dropout_rate, **self.precision_fields(), name='attention_layer'
     )
-    y = _dense(x.shape[-1], 'dense_layer', self.dtype)(y)
+    y = self.bert_dense(x.shape[-1], 'dense_layer')(attention(x, bias, deterministic))
     y = nn.Dropout(self.dropout_rate)(y, deterministic=deterministic)
-    return nn.LayerNorm(epsilon=self.layer_norm_epsilon, name='layer_norm')(x + y)
+    return self.bert_norm(self.layer_norm_epsilon, 'layer_norm')(x + y)
 
 
-class _MlpBlock(nn.Module):
+class _MlpBlock(_Bert):
   """LN(x + dense(gelu(mlp(x)))), the tanh GELU."""
 
   mlp_dim: int
   dropout_rate: float
   layer_norm_epsilon: float
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
-    y = _Mlp(self.mlp_dim, self.dtype, name='mlp')(x)
-    y = _dense(x.shape[-1], 'dense_layer', self.dtype)(y)
+    y = _Mlp(self.mlp_dim, **self.precision_fields(), name='mlp')(x)
+    y = self.bert_dense(x.shape[-1], 'dense_layer')(y)
     # flaxformer drops whole feature vectors here (broadcast over the sequence).
     y = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
-    return nn.LayerNorm(epsilon=self.layer_norm_epsilon, name='layer_norm')(x + y)
+    return self.bert_norm(self.layer_norm_epsilon, 'layer_norm')(x + y)
 
 
-class _Mlp(nn.Module):
+class _Mlp(_Bert):
   mlp_dim: int
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    return nn.gelu(_dense(self.mlp_dim, 'dense_layer', self.dtype)(x))
+    return nn.gelu(self.bert_dense(self.mlp_dim, 'dense_layer')(x))
 
 
-class _Layer(nn.Module):
+class _Layer(_Bert):
   """One BERT layer: the attention block, then the MLP block."""
 
   mlp_dim: int
   num_heads: int
   dropout_rate: float
   layer_norm_epsilon: float
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
     common = {'dropout_rate': self.dropout_rate, 'layer_norm_epsilon': self.layer_norm_epsilon}
-    x = _AttentionBlock(self.num_heads, **common, dtype=self.dtype, name='attention_block')(
-      x, bias, deterministic
-    )
-    return _MlpBlock(self.mlp_dim, **common, dtype=self.dtype, name='mlp_block')(x, deterministic)
+    common |= self.precision_fields()
+    x = _AttentionBlock(self.num_heads, **common, name='attention_block')(x, bias, deterministic)
+    return _MlpBlock(self.mlp_dim, **common, name='mlp_block')(x, deterministic)
 
 
 class _LayerSequence(nn.Module):
@@ -181,7 +183,7 @@ class _EncoderBlock(nn.Module):
     )
 
 
-class BertEncoder(nn.Module):
+class BertEncoder(_Bert):
   """flaxformer's `BertEncoder`: embeddings, LayerNorm, post-norm layers; (B, L) -> (B, L, D)."""
 
   hidden_size: int
@@ -193,13 +195,12 @@ class BertEncoder(nn.Module):
   num_segments: int
   dropout_rate: float
   layer_norm_epsilon: float
-  dtype: Dtype
 
   @nn.compact
   def __call__(self, tokens: jnp.ndarray, *, train: bool) -> jnp.ndarray:
     sizes = (self.vocab_size, self.max_length, self.num_segments, self.hidden_size)
     x = _Embedder(*sizes, name='embedder')(tokens)
-    x = nn.LayerNorm(epsilon=self.layer_norm_epsilon, name='layer_norm')(x)
+    x = self.bert_norm(self.layer_norm_epsilon, 'layer_norm')(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
     mask = tokens != 0
     bias = jnp.where(mask[:, None, :, None] & mask[:, None, None, :], 0.0, _MASKED)
@@ -208,13 +209,13 @@ class BertEncoder(nn.Module):
       'num_heads': self.num_heads,
       'dropout_rate': self.dropout_rate,
       'layer_norm_epsilon': self.layer_norm_epsilon,
-      'dtype': self.dtype,
+      **self.precision_fields(),
     }
     block = _EncoderBlock(layers, self.num_layers, name='encoder_block')
     return block(x, bias.astype(jnp.float32), not train)
 
 
-class BertTower(nn.Module):
+class BertTower(precision.Precision):
   """The LiT BERT text tower: `BertEncoder_0`, the [CLS] (first) token, an optional `head`.
 
   Attributes:
@@ -227,7 +228,10 @@ class BertTower(nn.Module):
       block's projection, in training (the released towers: 0.1 while trained; LiT's call
       runs without).
     layer_norm_epsilon: 1e-12, BERT's.
-    dtype: the compute dtype of the matmuls (norms and softmax in float32).
+    dtype, param_dtype, precision_policy: as a ViT's (`vit_jax.models.precision`): a 16-bit
+      dtype multiplies 16-bit operands with float32 sums; under 'matmul' norms, GELU and
+      the residual stream stay float32, under 'activations' they are 16-bit too; the
+      softmax and LayerNorm statistics are float32 under both.
   """
 
   num_classes: int | None = None
@@ -240,7 +244,6 @@ class BertTower(nn.Module):
   num_segments: int = 2
   dropout_rate: float = 0.0
   layer_norm_epsilon: float = 1e-12
-  dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, tokens: jnp.ndarray, *, train: bool = False) -> tuple[jnp.ndarray, dict]:
@@ -255,7 +258,7 @@ class BertTower(nn.Module):
     return x.astype(jnp.float32), out
 
 
-class TextTransformer(nn.Module):
+class TextTransformer(precision.Precision):
   """The simple text transformer: token and learned position embeddings, the ViT encoder, a
   pooled token, an optional `head`.
 
@@ -266,9 +269,9 @@ class TextTransformer(nn.Module):
     dropout_rate: dropout in the encoder, in training.
     pool_type: 'last' (the token the sticky `</s>` tokenisation puts last; LiT, SigLIP),
       'first', 'gap' (mean) or 'max'.
-    dtype, attention_impl, remat_policy, scan_layers: the ViT encoder's options
-      (`vit_jax.models.vit.Encoder`); `scan_layers=True` stacks the blocks as
-      `Encoder_0/encoderblock/...`, big_vision's scanned layout.
+    dtype, param_dtype, precision_policy, attention_impl, remat_policy, scan_layers: the ViT
+      encoder's options (`vit_jax.models.vit.Encoder`); `scan_layers=True` stacks the
+      blocks as `Encoder_0/encoderblock/...`, big_vision's scanned layout.
   """
 
   num_classes: int | None = None
@@ -279,7 +282,6 @@ class TextTransformer(nn.Module):
   vocab_size: int = 32_000
   dropout_rate: float = 0.0
   pool_type: str = 'last'
-  dtype: Dtype = jnp.float32
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
@@ -302,7 +304,7 @@ class TextTransformer(nn.Module):
       remat_policy=self.remat_policy,
       scan_layers=self.scan_layers,
       learned_posemb=False,
-      dtype=self.dtype,
+      **self.precision_fields(),
       name='Encoder_0',
     )(x, train=train)
     out = {'transformed': x}
