@@ -3,10 +3,12 @@
 data, the configs on mock data."""
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -481,6 +483,31 @@ def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   tower = checkpoint.flatten(checkpoint.load(image_file))
   np.testing.assert_array_equal(img['embedding/kernel'], tower['embedding/kernel'])  # locked
   assert np.all(img['head/kernel'] != 0)
+
+
+def test_vit_zeroshot_on_the_run_and_on_its_converted_file_prints_the_runs_number(
+  lit_run, tmp_path, capsys
+):
+  """`vit-zeroshot --dataset=digits` on the run directory, and on the .npz `vit-convert`
+  writes of it, uses the run's vocabulary and zero-shot templates and prints the run's own
+  zero-shot top-1; the .npz carries them beside it (FILE.txt, FILE.json), and its text
+  tower's 2 heads (at a24f8ac both commands stopped: no ViT parameters in the run)."""
+  from vit_jax.cli import convert
+  from vit_jax.cli import zeroshot as zeroshot_cli
+
+  workdir, result = lit_run
+  options = {'json': True, 'cache_dir': ''}
+  assert zeroshot_cli.run(workdir, [], dataset='digits', options=options) == 0
+  assert json.loads(capsys.readouterr().out)['accuracy'] == result['zeroshot/digits']
+  converted = tmp_path / 'lit.npz'
+  convert.convert(workdir, str(converted), to='npz', out=lambda line: None)
+  assert (tmp_path / 'lit.txt').read_bytes() == Path(digits_text.VOCAB).read_bytes()
+  side = json.loads((tmp_path / 'lit.json').read_text())
+  assert side['zeroshot']['templates'] == list(lit_digits.get_config().zeroshot.templates)
+  assert zeroshot_cli.run(str(converted), [], dataset='digits', options=options) == 0
+  assert json.loads(capsys.readouterr().out)['accuracy'] == result['zeroshot/digits']
+  fitted = checkpoint.fit(converted)
+  assert fitted.config.text.num_heads == 2 and fitted.config.pp.max_len == 12
 
 
 def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):

@@ -51,7 +51,7 @@ FORMATS: list[Format] = [
   ),
   Format('hf', hf.detect, hf.read, hf.model_fields, hf.to_hf_state_dict, hf.hf_config),
   # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
-  Format('npz', npz.detect, two_towers.read),
+  Format('npz', npz.detect, two_towers.read, two_towers.stated_fields),
   Format('orbax', orbax.detect, orbax.read, orbax.fields),
 ]
 

@@ -25,6 +25,8 @@ our (Linen) names with the image tower's `Transformer/posembed_input`, `txt/`, `
 a LiT file read and written back has its own keys, shapes and values.
 """
 
+import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +35,7 @@ import ml_collections
 import numpy as np
 from etils.epath import Path
 
-from vit_jax import families, files
+from vit_jax import families, files, rundir
 from vit_jax.checkpoint import npz
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError, flatten, shape_str, unflatten
@@ -44,6 +46,10 @@ from vit_jax.models.two_towers import out_dims
 
 SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
 PREFIXES = ('', 'params/')
+# Beside FILE.npz, as the released LiT files have them: the vocabulary (FILE.txt for BERT,
+# FILE.model for sentencepiece), and FILE.json, what `convert` of a run adds (`Uses`).
+VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model'}
+SIDECAR_SUFFIX = '.json'
 # Image-text files can be read for one tower alone: `PATH:img` is the image ViT.
 _TOWER_SUFFIX = re.compile(r'^(?P<path>.+):(?P<tower>img)$')
 # The text tower fields its parameter shapes show.
@@ -55,6 +61,71 @@ def split_tower(path: Any) -> tuple[Any, str | None]:
   if match is None:
     return path, None
   return match.group('path'), match.group('tower')
+
+
+def _stem(path: Any) -> str:
+  return str(path).removesuffix('.npz')
+
+
+def _sidecar(path: Any) -> dict[str, Any]:
+  """FILE.json beside FILE.npz, or {}: what its shapes cannot say, and how it was evaluated."""
+  side = files.path(_stem(path) + SIDECAR_SUFFIX)
+  if not str(path).endswith('.npz') or not side.is_file():
+    return {}
+  try:
+    data = json.loads(side.read_text())
+  except ValueError as e:
+    raise CheckpointError(f'{side}: not JSON ({e})') from None
+  return data if isinstance(data, dict) else {}
+
+
+def stated_fields(path: Any) -> dict[str, Any]:
+  """The model fields an .npz's FILE.json states (BERT's heads, `pp`); {} without one."""
+  return dict(_sidecar(path).get('model') or {})
+
+
+@dataclasses.dataclass(frozen=True)
+class Uses:
+  """How an image-text checkpoint is used beyond its weights: the tokenizer's vocabulary
+  file (None where none is known), and the zero-shot templates it was evaluated with."""
+
+  vocab: str | None
+  templates: tuple[str, ...] | None = None
+  canonicalize: bool = True
+
+
+def uses(path: Any, tokenizer_name: str) -> Uses:
+  """A training run's (its config.json: `config.zeroshot.vocab` or `config.pp.vocab`, and
+  `config.zeroshot`'s templates), or a file's (FILE.txt or FILE.model beside it, FILE.json)."""
+  run = rundir.find_run(path)
+  if run is not None:
+    config = rundir.read_config(run)
+    zeroshot, pp = config.get('zeroshot') or {}, config.get('pp') or {}
+    vocab = zeroshot.get('vocab') or pp.get('vocab') or None
+    evaluated = zeroshot if config.get('zeroshot_every') else {}
+  else:
+    vocab = _stem(path) + VOCAB_SUFFIX[tokenizer_name]
+    vocab = vocab if files.path(vocab).exists() else None
+    evaluated = _sidecar(path).get('zeroshot') or {}
+  templates = tuple(evaluated['templates']) if evaluated.get('templates') else None
+  return Uses(vocab, templates, bool(evaluated.get('canonicalize', True)))
+
+
+def write_beside(path: Any, model_fields: Mapping[str, Any], used: Uses) -> list[str]:
+  """Beside the .npz at `path`: the vocabulary under the released name and FILE.json (the
+  model's stated fields, the zero-shot settings), so the file is used as its run was; the
+  paths written."""
+  written = []
+  name = dict(model_fields.get('pp') or {}).get('tokenizer_name', 'bert')
+  if used.vocab is not None:
+    vocab = _stem(path) + VOCAB_SUFFIX[name]
+    files.atomic_write(vocab, lambda f: f.write(files.path(used.vocab).read_bytes()))
+    written.append(vocab)
+  side = {'model': dict(model_fields)}
+  if used.templates is not None:
+    side['zeroshot'] = {'templates': list(used.templates), 'canonicalize': used.canonicalize}
+  files.atomic_write_text(_stem(path) + SIDECAR_SUFFIX, json.dumps(side, indent=1) + '\n')
+  return [*written, _stem(path) + SIDECAR_SUFFIX]
 
 
 def _layout_prefix(flat: Mapping[str, Any]) -> str | None:

@@ -128,6 +128,12 @@ def convert(
     f' {tree.count_params(fitted.params):,} parameters; model {fitted.name or "(unregistered)"}'
     f' at {fitted.resolution} px'
   )
+  if family.image_text:  # what its shapes cannot say, and its vocabulary, beside it
+    pp = dict(fitted.config.get('pp') or {})
+    used = two_towers.uses(src, pp.get('tokenizer_name', 'bert'))
+    stated = family.stated_fields(fitted.config)
+    for path in two_towers.write_beside(dst, stated, used):
+      out(f'wrote {path}')
   for line in _report_lines(fitted.report):
     out(line)
   return fitted.report

@@ -15,11 +15,16 @@ card's number. The third prints image-to-text and text-to-image recall@1/5/10
 (`vit_jax.evals.retrieval`) over `IMAGE<TAB>CAPTION` lines (an image may have several).
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
-for a BERT tower, `NAME.model` for a sentencepiece one), or from `--vocab` (a SigLIP file's
-is not beside it). Class names come from `--classes` (a comma-separated list, or a file with
-one name a line), else from `--dataset` (ImageNet: CLIP's curated names); templates from
-`--templates` (set names of vit_jax/evals/prompts.py, or templates with '{}', separated by
-';'). Names and templates are canonicalised as big_vision does unless `--nocanonicalize`.
+for a BERT tower, `NAME.model` for a sentencepiece one), a training run's from its
+config.json (`config.zeroshot.vocab`, else `config.pp.vocab`), or from `--vocab` (a SigLIP
+file's is not beside it). Class names come from `--classes` (a comma-separated list, or a
+file with one name a line), else from `--dataset` (ImageNet: CLIP's curated names);
+templates from `--templates` (set names of vit_jax/evals/prompts.py, or templates with '{}',
+separated by ';'), by default the ones a training run evaluated zero-shot with (its
+`config.zeroshot.templates`, also kept in NAME.json beside a file `vit-convert` wrote from
+it), else `clip_best`. Names and templates are canonicalised as big_vision does unless
+`--nocanonicalize` (a run's: as it did). So on a run directory, or on its converted file,
+the command prints the run's own zero-shot numbers.
 Each class embedding is the mean of its prompts' normalised embeddings, renormalised
 (`vit_jax.evals.zeroshot`); the class embeddings are cached in `--cache_dir` by checkpoint
 (path, size, time), vocabulary, names and templates, since 1,000 classes and 80 templates are
@@ -47,8 +52,6 @@ from absl import flags, logging
 from vit_jax import checkpoint as ckpt
 from vit_jax import cli, families, files
 
-VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model'}
-
 
 @dataclasses.dataclass
 class Loaded:
@@ -62,17 +65,13 @@ class Loaded:
   vocab: str
   t: float  # exp of the checkpoint's t
   b: float | None  # SigLIP's logit bias
+  # How it is used beyond its weights: a run's zero-shot templates, or its converted file's.
+  uses: ckpt.two_towers.Uses
 
   @functools.cached_property
   def apply(self):
     """The model's apply, compiled (images alone: the normalised image embeddings)."""
     return jax.jit(self.model.apply)
-
-
-def vocab_beside(checkpoint: str, tokenizer_name: str) -> str:
-  """The released vocabulary of a checkpoint: `NAME.txt` (BERT) or `NAME.model`."""
-  stem = str(checkpoint).removesuffix('.npz')
-  return stem + VOCAB_SUFFIX[tokenizer_name]
 
 
 def load(checkpoint: str, vocab: str | None = None) -> Loaded:
@@ -87,10 +86,12 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
     )
   pp = dict(config.get('pp') or {})
   name = pp.get('tokenizer_name', 'bert')
-  path = vocab or vocab_beside(checkpoint, name)
-  if not vocab and not files.path(path).exists():
+  uses = ckpt.two_towers.uses(checkpoint, name)
+  path = vocab or uses.vocab
+  if path is None:
+    beside = str(checkpoint).removesuffix('.npz') + ckpt.two_towers.VOCAB_SUFFIX[name]
     raise ValueError(
-      f'no tokenizer vocabulary beside the checkpoint: expected {path} (a {name} vocabulary); '
+      f'no tokenizer vocabulary beside the checkpoint: expected {beside} (a {name} vocabulary); '
       'give it with --vocab'
     )
   tokenizer = family.tokenizer(pp, path)
@@ -104,7 +105,8 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   t = float(np.exp(np.asarray(params['t']).reshape(())))
   b = float(np.asarray(params['b']).reshape(())) if 'b' in params else None
   label = fitted.name or family.describe(config)
-  return Loaded(fitted.model(), params, tokenizer, label, int(pp.get('size', 224)), path, t, b)
+  size = int(pp.get('size', 224))
+  return Loaded(fitted.model(), params, tokenizer, label, size, path, t, b, uses)
 
 
 def read_classes(classes: str) -> list[str]:
@@ -285,7 +287,7 @@ def run(
   checkpoint: str,
   images: Sequence[str],
   classes: str = '',
-  templates: str = 'clip_best',
+  templates: str | None = None,
   dataset: str = '',
   options: dict[str, Any] | None = None,
 ) -> int:
@@ -293,12 +295,13 @@ def run(
   or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
   limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions, and
   `progress`: say on stderr what it is doing before each slow part (the command does at a
-  terminal)."""
+  terminal). `templates` and `canonicalize` None: the checkpoint's (`Loaded.uses`), else
+  'clip_best' and True."""
   from vit_jax import data as data_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
-  o |= {'canonicalize': True, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
+  o |= {'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
   o |= {'progress': False} | (options or {})
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = None
@@ -321,8 +324,11 @@ def run(
       raise ValueError(f'{dataset} names no classes: give them with --classes=a,b,c (or a file)')
     if source and len(names) != source.num_classes:
       raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
-    names = prompts.class_names(dataset, names, o['canonicalize']) if not classes else names
-    filled = prompts.templates(templates.split(';'), o['canonicalize'])
+    used = loaded.uses
+    canonical = used.canonicalize if o['canonicalize'] is None else o['canonicalize']
+    names = prompts.class_names(dataset, names, canonical) if not classes else names
+    chosen = templates.split(';') if templates is not None else used.templates or ['clip_best']
+    filled = prompts.templates(chosen, canonical)
     say(f'Embedding {len(names)} classes x {len(filled)} templates (or reading the cache) ...')
     zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
     if source:
@@ -360,7 +366,10 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string('vocab', None, 'Tokenizer vocabulary; default: beside it.', flag_values=fv)
   flags.DEFINE_string('classes', '', 'Class names: a,b,c or a file of one a line.', flag_values=fv)
   flags.DEFINE_string(
-    'templates', 'clip_best', "Template sets or templates with '{}', ';'-separated.", flag_values=fv
+    'templates',
+    'clip_best',
+    "Template sets or templates with '{}', ';'-separated (default: a run's own, else these).",
+    flag_values=fv,
   )
   flags.DEFINE_string('dataset', '', 'A tfds name, an image folder or digits.', flag_values=fv)
   flags.DEFINE_string(
@@ -392,10 +401,13 @@ def main(argv: Sequence[str]) -> None:
   from vit_jax import data
 
   data.hide_accelerators_from_tensorflow()
-  keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'canonicalize', 'cache_dir')
+  keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
   options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions')}
   options['progress'] = progress
-  sys.exit(run(f.checkpoint, argv[1:], f.classes, f.templates, f.dataset, options))
+  # Unless given, a run's own (or its converted file's): what it evaluated zero-shot with.
+  options['canonicalize'] = f.canonicalize if f['canonicalize'].present else None
+  templates = f.templates if f['templates'].present else None
+  sys.exit(run(f.checkpoint, argv[1:], f.classes, templates, f.dataset, options))
 
 
 def run_cli() -> None:
