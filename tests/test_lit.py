@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 from conftest import assert_run_reads_back, jpeg_bytes, randomize
+from PIL import Image
 from scipy.special import log_expit, logsumexp
 
 from configs import lit_coco, lit_digits, siglip_lit_coco
@@ -508,6 +509,30 @@ def test_vit_zeroshot_on_the_run_and_on_its_converted_file_prints_the_runs_numbe
   assert json.loads(capsys.readouterr().out)['accuracy'] == result['zeroshot/digits']
   fitted = checkpoint.fit(converted)
   assert fitted.config.text.num_heads == 2 and fitted.config.pp.max_len == 12
+
+
+def test_vit_predict_with_classes_classifies_zero_shot_as_vit_zeroshot(lit_run, tmp_path, capsys):
+  """`vit-predict --classes=...` on an image-text run: vit-zeroshot's classes and
+  probabilities, not the refusal of a24f8ac ("has no classes to predict")."""
+  from vit_jax.cli import predict
+  from vit_jax.cli import zeroshot as zeroshot_cli
+  from vit_jax.data import digits as digits_data
+
+  workdir, _ = lit_run
+  images, _ = digits_data.load('test')
+  paths = []
+  for i in range(3):
+    paths.append(str(tmp_path / f'{i}.png'))
+    Image.fromarray(images[i]).save(paths[-1])
+  classes = ','.join(digits_text.CLASS_NAMES)
+  assert predict.run(workdir, paths, k=3, as_json=True, classes=classes) == 0
+  got = json.loads(capsys.readouterr().out)
+  options = {'json': True, 'top_k': 3, 'cache_dir': ''}
+  assert zeroshot_cli.run(workdir, paths, classes, options=options) == 0
+  assert got == json.loads(capsys.readouterr().out)
+  assert [len(row['top_k']) for row in got['predictions']] == [3, 3, 3]
+  assert predict.run(workdir, paths[:1]) == 1  # no head: the line names --classes
+  assert '--classes=a,b,c' in capsys.readouterr().err
 
 
 def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):

@@ -620,7 +620,10 @@ def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_pat
     (lambda: checkpoint.fit(path, 'LiT-B16B'), 'does not fit the checkpoint'),
     (lambda: checkpoint.fit(tmp_path / 'vit.npz', 'LiT-L16S'), 'holds no image-text model'),
     (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'hf'), 'converts to npz only'),
-    (lambda: predict.load(path), f"its image tower's features: {path}:img"),
+    (
+      lambda: predict.load(path),
+      f"classify zero-shot, or take its image tower's features from {path}:img",
+    ),
   ]
   for call, message in cases:
     with pytest.raises(checkpoint.CheckpointError, match=re.escape(message)) as e:

@@ -2,6 +2,7 @@
 
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
       [--json] [--features OUT.npy [--features_block K]] [--batch_size 32] IMAGE...
+  python -m vit_jax.predict --checkpoint LIT --classes=cat,dog [--templates=...] IMAGE...
 
 Images get the evaluation preprocessing of the input pipeline (`vit_jax.data.preprocess`):
 decode to RGB, resize to the crop size (`tf.image.resize`: bilinear, half-pixel centres, no
@@ -17,6 +18,10 @@ indices otherwise.
 A distilled model (DeiT) predicts with the mean of its two heads, as DeiT does; its features
 are the class and distillation tokens side by side (2 x hidden), of which that mean is one
 linear map.
+
+An image-text model (LiT, SigLIP: a file or a training run) has no head: with
+`--classes=a,b,c` (and `--templates`) it classifies the images zero-shot, as `vit-zeroshot`
+does with the same flags.
 
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
@@ -236,8 +241,9 @@ def load(
   family = families.of_config(config)
   if family.image_text:
     raise ckpt.CheckpointError(
-      f'{checkpoint}: an image-text model (LiT, SigLIP) has no classes to predict; its image'
-      f" tower's features: {checkpoint}:img"
+      f'{checkpoint}: an image-text model (LiT, SigLIP) has no head: give its classes '
+      f"(--classes=a,b,c) to classify zero-shot, or take its image tower's features from "
+      f'{checkpoint}:img'
     )
   name = fitted.name or family.label(config)
   family.check_pooled(config, name)
@@ -507,15 +513,27 @@ def run(
   features: str | None = None,
   batch_size: int = 32,
   features_block: int | None = None,
+  classes: str = '',
+  templates: str | None = None,
 ) -> int:
   """The command line's work; returns the exit status: 2 for a usage error (flags that do not
-  go together, or a value the model cannot take), 1 for anything else that failed."""
+  go together, or a value the model cannot take), 1 for anything else that failed. With
+  `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
+  in `templates`, default the checkpoint's own, else clip_best)."""
   if not images:
     print(
       'error: no images given; usage: python -m vit_jax.predict --checkpoint PATH IMAGE...',
       file=sys.stderr,
     )
     return 2
+  if classes:
+    if features or features_block is not None:
+      print('error: --classes classifies zero-shot; it writes no --features', file=sys.stderr)
+      return 2
+    from vit_jax.cli import zeroshot  # the image-text model's zero-shot classification
+
+    options = {'json': as_json, 'top_k': k, 'batch_size': batch_size}
+    return zeroshot.run(checkpoint, images, classes, templates, options=options)
   try:
     if features:
       _features_path(features)
@@ -597,6 +615,15 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flag_values=fv,
   )
   flags.DEFINE_integer('batch_size', 32, 'Images per forward pass.', flag_values=fv)
+  flags.DEFINE_string(
+    'classes',
+    '',
+    'An image-text model: class names a,b,c (or a file) to classify zero-shot.',
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'templates', None, 'With --classes: templates as vit-zeroshot takes them.', flag_values=fv
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -615,6 +642,8 @@ def main(argv: Sequence[str]) -> None:
       f.features,
       f.batch_size,
       f.features_block,
+      f.classes,
+      f.templates,
     )
   )
 
