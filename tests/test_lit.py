@@ -469,6 +469,29 @@ def test_the_precision_policy_reaches_both_towers(image_file, policy, residual):
   assert zimg.dtype == ztxt.dtype == jnp.float32
 
 
+@pytest.mark.parametrize('suffix', ['', ':img'])
+def test_a_classifier_fine_tunes_from_an_image_text_runs_image_tower(lit_run, suffix, caplog):
+  """`pretrained_path=RUN` (or `RUN:img`) of a LiT run, in a classification run: the image
+  tower, a fresh 10-class head, nothing of the text tower's settings compared or warned
+  about (at a24f8ac a run directory's image-text tree could not be read at all)."""
+  from configs import digits as digits_config
+
+  workdir, result = lit_run
+  config = with_overrides(digits_config.get_config(), {'pp.crop': 8})
+  config.model = {**config.model.to_dict(), **IMAGE}
+  config.pretrained_path = workdir + suffix
+  s = setup.prepare(config, '/nonexistent', jax.devices()[:1])
+  init = jax.device_get(jax.jit(s.task.init_fn())(jax.random.key(0)))
+  with caplog.at_level('WARNING'):
+    fitted = _flat(s.task.pretrained(s.pretrained_path, init))
+  assert not [r for r in caplog.records if 'the file states' in r.getMessage()]
+  want = _flat(result['params']['img'])
+  assert fitted.keys() == want.keys() | {'head/kernel', 'head/bias'}
+  for key in want:
+    np.testing.assert_array_equal(fitted[key], want[key], err_msg=key)
+  assert fitted['head/kernel'].shape == (64, 10) and not fitted['head/kernel'].any()
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

@@ -375,6 +375,10 @@ def test_a_sigmoid_bias_beside_a_bert_tower_keeps_berts_tokenizer(tmp_path, caps
   loaded = zeroshot_cli.load(str(path), vocab=str(vocab))
   want = text.get_tokenizer('bert', vocab, 16)(['A Cat', 'the DOG'])
   np.testing.assert_array_equal(loaded.tokenizer(['A Cat', 'the DOG']), want)
+  # Names the vocabulary does not know are one [UNK]: such classes cannot be told apart.
+  names = ['zebra', 'cat', 'lion', 'okapi', 'dog']
+  alike = zeroshot_cli.tokenized_alike(loaded, names, ['a photo of a {}', '{}'])
+  assert alike == [('zebra', 'lion'), ('zebra', 'okapi')]
   images = _write_images(tmp_path / 'images', 1, seed=6)
   options = {'vocab': str(vocab), 'json': True, 'cache_dir': '', 'canonicalize': False}
   assert zeroshot_cli.run(str(path), [str(images[0])], 'cat,dog', '{}', options=options) == 0

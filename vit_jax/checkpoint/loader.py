@@ -110,17 +110,21 @@ def _read(
   path: str | os.PathLike, tower: str | None, heads: int | None, params_entry: str = 'params'
 ) -> tuple[dict, str, dict[str, Any]]:
   """(the tree, its description, the model fields the file states beyond its shapes);
-  `tower='img'`: an image-text file's image tower; `params_entry='polyak'`: a training run's
-  Polyak average instead of its parameters."""
+  `tower='img'`: an image-text file's image tower (a run's whole tree: `fit` takes the
+  tower); `params_entry='polyak'`: a training run's Polyak average instead of its
+  parameters."""
   fmt = formats.detect_format(path)
   if params_entry != 'params' and fmt.name != 'orbax':
     raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
-  if tower is not None and fmt.name != 'npz':
-    raise CheckpointError(f'{path}:{tower}: only image-text .npz files have towers')
+  if tower is not None and fmt.name not in ('npz', 'orbax'):
+    raise CheckpointError(f'{path}:{tower}: only image-text .npz files and runs have towers')
   path = files.path(path)
-  kwargs = {'tower': tower} if tower else {}
+  kwargs = {'tower': tower} if tower and fmt.name == 'npz' else {}
   restored, description = fmt.read(path, num_heads=heads, params_entry=params_entry, **kwargs)
-  return restored, description, fmt.fields(path)
+  fields = fmt.fields(path)
+  if tower is not None:  # the image tower's own, not the image-text model's (text, pp)
+    fields = dict(fields.get('image') or {})
+  return restored, description, fields
 
 
 def _found(restored: dict, description: str, fields: dict[str, Any]) -> Found:
@@ -264,9 +268,10 @@ def fit(
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
   holds = families.of_tree(restored)
   if holds is not None and holds.image_text:
-    if config is None or image_text:
+    if (config is None or image_text) and tower is None:
       return _fit_two_towers(restored, _found(restored, description, fields), config, name, request)
     restored, description = two_towers.image_tower(restored, description)
+    fields = dict(fields.get('image') or {})  # the image tower's own
   elif image_text:
     raise CheckpointError(
       f'{source} holds no image-text model, which the model {name or "given"} needs'

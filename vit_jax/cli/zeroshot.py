@@ -148,6 +148,19 @@ def lit_preprocess(image, size: int):
   return -1 + tf.cast(image, tf.float32) / 255 * 2
 
 
+def tokenized_alike(loaded: Loaded, names: Sequence[str], templates: Sequence[str]) -> list:
+  """The class names whose prompts the tokenizer cannot tell apart (words it does not know
+  become one unknown id): their embeddings, and so their probabilities, are equal."""
+  tokens = np.asarray(loaded.tokenizer([t.format(n) for n in names for t in templates]))
+  seen: dict[bytes, str] = {}
+  pairs = []
+  for name, row in zip(names, tokens.reshape(len(names), -1), strict=True):
+    first = seen.setdefault(row.tobytes(), name)
+    if first != name:
+      pairs.append((first, name))
+  return pairs
+
+
 def _embed_images(loaded: Loaded, images: np.ndarray) -> np.ndarray:
   return np.asarray(loaded.apply({'params': loaded.params}, images=images)[0])
 
@@ -329,6 +342,12 @@ def run(
     names = prompts.class_names(dataset, names, canonical) if not classes else names
     chosen = templates.split(';') if templates is not None else used.templates or ['clip_best']
     filled = prompts.templates(chosen, canonical)
+    for a, b in tokenized_alike(loaded, names, filled)[:1]:
+      print(
+        f'warning: classes {a!r} and {b!r} tokenize alike with {loaded.vocab} (words it does '
+        'not know?): their probabilities are equal',
+        file=sys.stderr,
+      )
     say(f'Embedding {len(names)} classes x {len(filled)} templates (or reading the cache) ...')
     zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
     if source:
