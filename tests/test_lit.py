@@ -159,9 +159,10 @@ def test_sigterm_mid_run_then_resume_is_exact(lit_run, image_file, tmp_path, mon
 
 def test_two_processes_of_four_devices_equal_one_of_eight(lit_run, image_file, tmp_path):
   """launch/local.sh: 2 processes x 4 CPU devices (jax.distributed) train as 1 x 8: every
-  step's loss, gradient norm, temperature, in-batch accuracies and logits, and the zero-shot
-  accuracy at the end (1e-5)."""
-  ref_dir, _ = lit_run
+  step's loss, gradient norm, temperature, in-batch accuracies and logits, the zero-shot
+  accuracy at the end, and the final parameters, read back from both run directories (1e-5,
+  as the multi-host tests compare runs)."""
+  ref_dir, result = lit_run
   workdir = str(tmp_path / 'two')
   env = {k: v for k, v in os.environ.items() if not k.startswith('VIT_JAX_')}
   env.update(
@@ -182,6 +183,10 @@ def test_two_processes_of_four_devices_equal_one_of_eight(lit_run, image_file, t
     np.testing.assert_allclose(
       [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-5, err_msg=str(a)
     )
+  final, reference = _flat(checkpoint.fit(workdir).params), _flat(result['params'])
+  assert final.keys() == reference.keys()
+  for key in final:
+    np.testing.assert_allclose(final[key], reference[key], rtol=1e-5, atol=1e-5, err_msg=key)
 
 
 def _numpy_loss(name: str, zimg, ztxt, t: float, b: float) -> float:
