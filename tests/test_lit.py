@@ -497,6 +497,29 @@ def test_a_classifier_fine_tunes_from_an_image_text_runs_image_tower(lit_run, su
   assert fitted['head/kernel'].shape == (64, 10) and not fitted['head/kernel'].any()
 
 
+@pytest.mark.parametrize('converted', [False, True])
+def test_an_image_text_run_or_file_continues_with_both_towers(lit_run, converted, tmp_path):
+  """`pretrained_path` of a LiT run (or its converted .npz) in a contrastive run: both
+  towers and `t` continue as they were (at a24f8ac only the image tower was read, the text
+  tower started afresh); `RUN:img` is the image tower alone."""
+  from vit_jax.cli import convert
+
+  workdir, result = lit_run
+  path = workdir
+  if converted:
+    path = str(tmp_path / 'lit.npz')
+    convert.convert(workdir, path, to='npz', out=lambda line: None)
+  s = setup.prepare(tiny_digits(path), '/nonexistent', jax.devices()[:1])
+  init = jax.device_get(jax.jit(s.task.init_fn())(jax.random.key(0)))
+  got, want = _flat(s.task.pretrained(path, init)), _flat(result['params'])
+  assert got.keys() == want.keys()
+  for key in got:
+    np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+  tower_only = _flat(s.task.pretrained(f'{workdir}:img', init))
+  assert np.array_equal(tower_only['img/embedding/kernel'], want['img/embedding/kernel'])
+  assert np.array_equal(tower_only['txt/head/kernel'], _flat(init)['txt/head/kernel'])
+
+
 def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at

@@ -33,7 +33,7 @@ from vit_jax.checkpoint.formats import (
   read,
 )
 from vit_jax.checkpoint.hf import from_hf_state_dict, to_hf_state_dict
-from vit_jax.checkpoint.loader import Fitted, Found, fit, load_pretrained
+from vit_jax.checkpoint.loader import Fitted, Found, fit, holds_image_text, load_pretrained
 from vit_jax.checkpoint.surgery import (
   LoadReport,
   merge_pretrained,
@@ -62,6 +62,7 @@ __all__ = [
   'from_hf_state_dict',
   'from_timm_state_dict',
   'hf',
+  'holds_image_text',
   'infer_config',
   'load',
   'load_pretrained',

@@ -21,7 +21,7 @@ import flax.linen as nn
 import ml_collections
 from absl import logging
 
-from vit_jax import families, files
+from vit_jax import families, files, rundir
 from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
@@ -347,6 +347,23 @@ def _fit_two_towers(
   resolution = _resolution(resolution, config.image, found.resolution, source)
   params, report = two_towers.fit_params(restored, config, resolution, source, init)
   return Fitted(params, config, name, resolution, found, report)
+
+
+def holds_image_text(path: str | os.PathLike) -> bool:
+  """Whether `path` is a whole image-text model (not `FILE:img`): an .npz in a LiT or
+  big_vision layout (its keys read, not its arrays), or a training run of one (its
+  config.json)."""
+  path, tower = two_towers.split_tower(path)
+  if tower is not None or not files.path(path).exists():
+    return False
+  fmt = formats.detect_format(path)
+  if fmt.name == 'npz':
+    return two_towers.holds_towers(path)
+  if fmt.name == 'orbax':
+    run = rundir.find_run(path)
+    model = rundir.read_config(run).get('model') if run is not None else None
+    return isinstance(model, Mapping) and families.of_config(model).image_text
+  return False
 
 
 def load_pretrained(

@@ -128,6 +128,13 @@ def write_beside(path: Any, model_fields: Mapping[str, Any], used: Uses) -> list
   return [*written, _stem(path) + SIDECAR_SUFFIX]
 
 
+def holds_towers(path: Any) -> bool:
+  """Whether the .npz at `path` holds an image-text model (its keys are read, not its
+  arrays)."""
+  with files.path(path).open('rb') as f, np.load(f, allow_pickle=False) as archive:
+    return _layout_prefix(dict.fromkeys(archive.files)) is not None
+
+
 def _layout_prefix(flat: Mapping[str, Any]) -> str | None:
   """The prefix under which `flat` holds an image-text model, or None."""
   for prefix in PREFIXES:

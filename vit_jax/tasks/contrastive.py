@@ -6,9 +6,10 @@ What differs from classification, each in one method here:
                (the model's settings, `config.pp.vocab` its vocabulary);
   build        the tokenizer read once (`tokenizer`): the input pipeline's, the model's;
   init         the model is initialised on images and tokens (`init_fn`);
-  pretrained   the pretrained file (any format vit_jax.checkpoint reads) is the image
-               tower's: it is fitted to `params['img']` as fine-tuning fits a ViT, the text
-               tower starts from scratch (`pretrained`);
+  pretrained   a whole image-text file or run continues (both towers); any other file (any
+               format vit_jax.checkpoint reads) is the image tower's: it is fitted to
+               `params['img']` as fine-tuning fits a ViT, the text tower starts from
+               scratch (`pretrained`);
   locking      LiT: with `contrastive.lock_image` the image tower is `locked` (`labels`):
                the loss sees it through `stop_gradient`, so no gradient is computed for it,
                and the optimizer is an `optax.multi_transform` that gives it
@@ -78,6 +79,11 @@ def frozen(params: Any, c: Contrastive) -> Any:
   )
 
 
+def _like(tree: Any, like: Any) -> Any:
+  """`tree`'s values as numpy arrays of `like`'s dtypes."""
+  return jax.tree.map(lambda x, a: np.asarray(x, np.asarray(a).dtype), tree, like)
+
+
 def _check_labels_free(spec: Any) -> None:
   step = spec.step
   if step.accum_steps != 1:
@@ -140,15 +146,18 @@ class Task(common.Task):
     return task
 
   def pretrained(self, path: str, host_params: Any) -> Any:
-    """`host_params` with the image tower from the file at `path`, fitted as fine-tuning
-    fits a ViT (a fresh head; `PATH:img` takes an image-text file's image tower)."""
-    from vit_jax.checkpoint import load_pretrained
+    """`host_params` from the file or run at `path`: a whole image-text model (a LiT or
+    SigLIP file, a run of this task) continues, both towers and `t`, `b`, fitted to the
+    model; any other file (a ViT, `PATH:img` for an image-text file's tower) is the image
+    tower, fitted as fine-tuning fits a ViT (a fresh head), the text tower from scratch."""
+    from vit_jax import checkpoint
 
+    if checkpoint.holds_image_text(path):
+      fitted = checkpoint.fit(path, self.spec.model.fields, init_params=host_params)
+      return _like(fitted.params, host_params)
     config = self.family.image_config(self.spec.model.fields)
-    img = load_pretrained(path, host_params['img'], config, keep_head=False)
-    like = host_params['img']
-    img = jax.tree.map(lambda x, a: np.asarray(x, dtype=np.asarray(a).dtype), img, like)
-    return {**host_params, 'img': img}
+    img = checkpoint.load_pretrained(path, host_params['img'], config, keep_head=False)
+    return {**host_params, 'img': _like(img, host_params['img'])}
 
   def optimizer(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """`tx` on the trainable parameters; the locked ones get zero updates and no state."""
