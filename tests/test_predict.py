@@ -13,6 +13,7 @@ from PIL import Image
 
 from vit_jax import checkpoint, data
 from vit_jax.cli import predict
+from vit_jax.data import preprocess
 from vit_jax.models import get_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def _images(directory, n, seed=0):
 def _reference_probs(params, paths, resolution=RESOLUTION):
   """Softmax of the full model (head included) applied directly: an independent path."""
   model = get_model('testing', num_classes=params['head']['kernel'].shape[1])
-  x = np.stack([predict.preprocess(predict.read_image(p), resolution) for p in paths])
+  x = np.stack([predict.preprocess(preprocess.read_image(p), resolution) for p in paths])
   logits = np.asarray(model.apply({'params': params}, x, train=False), np.float64)
   e = np.exp(logits - logits.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
@@ -88,8 +89,8 @@ def test_a_text_file_named_like_an_image_is_one_line_and_no_log(tmp_path):
   TensorFlow's failed decode logged two lines of its own, written as the process ends)."""
   path = tmp_path / 'notes.jpg'
   path.write_text('these are notes, not pixels\n')
-  code = f'from vit_jax.cli import predict\ntry:\n  predict.read_image({str(path)!r})\n'
-  code += 'except predict.ImageError as e:\n  print(e)'
+  code = f'from vit_jax.data import preprocess\ntry:\n  preprocess.read_image({str(path)!r})\n'
+  code += 'except preprocess.ImageError as e:\n  print(e)'
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}  # as a user's
   proc = subprocess.run(
     [sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
@@ -101,8 +102,8 @@ def test_a_text_file_named_like_an_image_is_one_line_and_no_log(tmp_path):
 def test_read_image_converts_grey_and_rgba_to_rgb(tmp_path):
   Image.fromarray(np.full((5, 7), 200, np.uint8)).save(tmp_path / 'grey.png')
   Image.fromarray(np.full((5, 7, 4), 100, np.uint8)).save(tmp_path / 'rgba.png')
-  grey = predict.read_image(tmp_path / 'grey.png')
-  rgba = predict.read_image(tmp_path / 'rgba.png')
+  grey = preprocess.read_image(tmp_path / 'grey.png')
+  rgba = preprocess.read_image(tmp_path / 'rgba.png')
   assert grey.shape == rgba.shape == (5, 7, 3)
   assert (grey == 200).all() and (rgba == 100).all()
 
@@ -239,7 +240,7 @@ def test_features_are_the_pre_logits_with_the_file_list(tmp_path, random_params)
   assert predict.run(path, images, features=str(out), as_json=True) == 0
   features = np.load(out, allow_pickle=False)
   headless = get_model('testing', num_classes=None)
-  x = np.stack([predict.preprocess(predict.read_image(p), RESOLUTION) for p in images])
+  x = np.stack([predict.preprocess(preprocess.read_image(p), RESOLUTION) for p in images])
   backbone = {k: v for k, v in params.items() if k != 'head'}
   expected = headless.apply({'params': backbone}, x, train=False)
   assert features.shape == (3, 10) and features.dtype == np.float32
@@ -329,7 +330,7 @@ def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params)
   assert json.loads(out.with_suffix('.json').read_text())['block'] == 0  # 'testing': one block
   # The block's output by hand: the unpooled model's tokens are LayerNorm(block output).
   unpooled = get_model('testing', num_classes=None, classifier='token_unpooled')
-  x = np.stack([predict.preprocess(predict.read_image(p), 64) for p in images])
+  x = np.stack([predict.preprocess(preprocess.read_image(p), 64) for p in images])
   backbone = {k: v for k, v in params.items() if k != 'head'}
   tokens = np.asarray(unpooled.apply({'params': backbone}, x, train=False))[:, 1:]
   grid = grids.reshape(3, 16, 10).astype(np.float64)

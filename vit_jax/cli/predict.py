@@ -32,7 +32,6 @@ exit status is non-zero.
 import contextlib
 import dataclasses
 import functools
-import io
 import json
 import os
 import sys
@@ -45,18 +44,13 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags, logging
 from etils import epath
-from PIL import Image
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import cli, data, families, files, rundir
-from vit_jax.data.preprocess import decode_bytes, eval_image
+from vit_jax.data.preprocess import ImageError, eval_image, read_image
 from vit_jax.models import blocks
 
 IMAGENET_NUM_CLASSES = 1000
-
-
-class ImageError(ValueError):
-  """An image file that cannot be read or decoded."""
 
 
 @dataclasses.dataclass
@@ -111,28 +105,6 @@ def preprocess(image: np.ndarray, resolution: int) -> np.ndarray:
   if image.ndim != 3 or image.shape[-1] != 3:
     raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
   return eval_image(image, resolution).numpy()
-
-
-def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
-
-  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
-  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
-  """
-  try:
-    raw = files.path(path).read_bytes()
-  except OSError as e:
-    raise ImageError(f'{path}: cannot read image ({e.strerror or e})') from None
-  image = decode_bytes(raw)
-  if image is not None:
-    return image
-  try:
-    with Image.open(os.fspath(path) if files.is_local(path) else io.BytesIO(raw)) as im:
-      rgb = im.convert('RGB')
-      return np.asarray(rgb, dtype=np.uint8)
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-    reason = ' '.join(str(e).split()) or type(e).__name__
-    raise ImageError(f'{path}: cannot read image ({reason})') from None
 
 
 # ---------------------------------------------------------------------------------------

@@ -167,15 +167,15 @@ def _embed_images(loaded: Loaded, images: np.ndarray) -> np.ndarray:
 
 def classify_files(loaded: Loaded, zcls, paths, batch_size: int):
   """(names of the readable images, their probabilities (n, C)), and one error per other."""
-  from vit_jax.cli import predict
+  from vit_jax.data.preprocess import ImageError, read_image
   from vit_jax.evals import zeroshot
 
   good, pixels, errors = [], [], []
   for path in paths:
     try:
-      pixels.append(lit_preprocess(predict.read_image(path), loaded.size).numpy())
+      pixels.append(lit_preprocess(read_image(path), loaded.size).numpy())
       good.append(path)
-    except predict.ImageError as e:
+    except ImageError as e:
       errors.append(str(e))
   probs = []
   for start in range(0, len(pixels), batch_size):
@@ -235,11 +235,11 @@ def read_captions(path: str) -> tuple[list[str], list[str], np.ndarray]:
 
 def retrieval_recalls(loaded: Loaded, captions_file: str, batch_size: int) -> dict[str, float]:
   """Image-to-text and text-to-image recall@1/5/10 over a captions file."""
-  from vit_jax.cli import predict
+  from vit_jax.data.preprocess import read_image
   from vit_jax.evals import retrieval, zeroshot
 
   images, captions, owners = read_captions(captions_file)
-  pixels = [lit_preprocess(predict.read_image(p), loaded.size).numpy() for p in images]
+  pixels = [lit_preprocess(read_image(p), loaded.size).numpy() for p in images]
   zimg = np.concatenate(
     [
       _embed_images(loaded, np.stack(pixels[i : i + batch_size]))

@@ -11,12 +11,16 @@ Every random op takes an explicit seed, so the same example at the same stream p
 gets the same augmentation in an uninterrupted and in a resumed run.
 """
 
+import io
 import math
+import os
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+from PIL import Image
 
+from vit_jax import files
 from vit_jax.data import randaugment
 from vit_jax.data.spec import Pp
 
@@ -45,6 +49,32 @@ def decode_bytes(data: bytes) -> np.ndarray | None:
     return decode(tf.constant(data)).numpy()
   except tf.errors.OpError:
     return None
+
+
+class ImageError(ValueError):
+  """An image file that cannot be read or decoded."""
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
+
+  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
+  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
+  """
+  try:
+    raw = files.path(path).read_bytes()
+  except OSError as e:
+    raise ImageError(f'{path}: cannot read image ({e.strerror or e})') from None
+  image = decode_bytes(raw)
+  if image is not None:
+    return image
+  try:
+    with Image.open(os.fspath(path) if files.is_local(path) else io.BytesIO(raw)) as im:
+      rgb = im.convert('RGB')
+      return np.asarray(rgb, dtype=np.uint8)
+  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    reason = ' '.join(str(e).split()) or type(e).__name__
+    raise ImageError(f'{path}: cannot read image ({reason})') from None
 
 
 def value_range(image: tf.Tensor) -> tf.Tensor:
