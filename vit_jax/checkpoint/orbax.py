@@ -110,22 +110,24 @@ def _abandoned_read_error(error: BaseException | None) -> bool:
 
 
 _TENSORSTORE_READ_ERROR = re.compile(r'[A-Z_]+: Error (opening|reading) ')
+_NEVER_RETRIEVED = ('Task exception was never retrieved', 'Future exception was never retrieved')
 
 
 class _AbandonedTasks(logging.Filter):
-  """asyncio's 'Task exception was never retrieved' for a read a failed restore abandoned."""
+  """asyncio's 'Task (or Future) exception was never retrieved' for a read a failed restore
+  abandoned; which of the two depends on when the collector finds it."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     error = record.exc_info[1] if record.exc_info else None
-    never_retrieved = record.getMessage().startswith('Task exception was never retrieved')
+    never_retrieved = record.getMessage().startswith(_NEVER_RETRIEVED)
     return not (never_retrieved and _abandoned_read_error(error))
 
 
 def drop_abandoned_read_tracebacks() -> None:
   """Before an orbax read: one that fails (a damaged file) abandons its other reads; each
   finishing later reaches the event loop orbax has closed ('Event loop is closed', through
-  `sys.unraisablehook`), or is collected with its error unread (asyncio's 'Task exception
-  was never retrieved', through its logger), and prints a traceback around the caller's
+  `sys.unraisablehook`), or is collected with its error unread (asyncio's 'Task (or Future)
+  exception was never retrieved', through its logger), and prints a traceback around the caller's
   one-line error until the process exits. From now on those, and only those, are dropped
   (installing it twice is a no-op)."""
   previous = sys.unraisablehook
