@@ -2,6 +2,7 @@
 from the run, called at its interval over the parameters and their Polyak average, and its
 metrics land in metrics.jsonl and the result; config.json holds the resolved spec."""
 
+import dataclasses
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from conftest import TINY
 from configs import digits as digits_config
 from vit_jax import rundir, train
 from vit_jax.evals import common, registry
+from vit_jax.evals import spec as evals_spec
 from vit_jax.reproduce import report, sweep
 from vit_jax.train import spec
 
@@ -23,15 +25,20 @@ pytestmark = pytest.mark.slow
 EPOCHS, TRAIN_IMAGES, BATCH = 0.2, 1437, 64
 
 
+@dataclasses.dataclass(frozen=True)
+class _FakeSettings:
+  datasets: tuple = ()
+
+
 class _Sums(common.Evaluator):
   """The sum of every parameter (in float64, on the host), and the number of leaves."""
 
-  prefix = 'fake/'
   fixed = frozenset({'leaves'})
 
-  def __init__(self, context: common.Context):
-    super().__init__(every=2)
-    self.context = context
+  def __init__(self, context: common.Context, name: str, instance):
+    super().__init__(every=instance.every)
+    self.prefix = f'{name}/'
+    self.context, self.settings = context, instance.settings
     self.calls = 0
 
   def run(self, params):
@@ -49,16 +56,18 @@ def fake_run(tmp_path_factory):
   """A 5-step tiny digits run (`total_epochs`) with a Polyak average and the fake evaluator."""
   built = []
 
-  def build(context):
-    built.append(_Sums(context))
+  def build(context, name, instance):
+    built.append(_Sums(context, name, instance))
     return built[-1]
 
   with pytest.MonkeyPatch.context() as patch:
-    patch.setitem(registry.REGISTRY, 'fake', build)
+    patch.setitem(registry.TYPES, 'fake', build)  # a new type: its evaluator and settings
+    patch.setitem(evals_spec.TYPES, 'fake', _FakeSettings)
     config = spec.with_overrides(
       digits_config.get_config(),
       {**TINY, 'total_epochs': EPOCHS, 'polyak_decay': 0.9, 'batch': BATCH},
     )
+    config.evals = {'fake': {'type': 'fake', 'every': 2, 'datasets': ('digits',)}}
     workdir = str(tmp_path_factory.mktemp('fake_run'))
     result = train.train_and_evaluate(config, workdir, devices=jax.devices()[:1])
   (evaluator,) = built
@@ -87,13 +96,15 @@ def test_a_registered_evaluator_runs_at_its_interval_on_the_parameters_and_the_a
     assert result[key] == last[key]
 
 
-def test_config_json_holds_the_resolved_spec(fake_run):
+def test_config_json_holds_the_resolved_spec(fake_run, monkeypatch):
   workdir, _, _ = fake_run
+  monkeypatch.setitem(evals_spec.TYPES, 'fake', _FakeSettings)  # config.evals names it
   with open(os.path.join(workdir, 'config.json')) as f:
     written = json.load(f)
   steps = math.ceil(EPOCHS * TRAIN_IMAGES / BATCH)  # 5
   assert (written['total_steps'], written['total_epochs']) == (steps, EPOCHS)
   assert written['num_classes'] == 10  # 0 in the config: the digits' ten
+  assert written['evals'] == {'fake': {'type': 'fake', 'every': 2, 'datasets': ['digits']}}
   assert written['_resolved']['total_steps'] == steps and written['_resolved']['num_classes'] == 10
   # The keys read back into the same spec: the run resolved once, written as it ran.
   keys = {k: v for k, v in written.items() if k != '_resolved'}

@@ -61,8 +61,7 @@ TINY = {
   'checkpoint_every': 3,
   'data_shards': 2,  # the same global batches on 1 process and on 2
   'model.temperature_init': 10.0,  # logits that spread: gradients well above rounding
-  'zeroshot_every': 6,  # once, at the end: 2 processes must read every text embedding too
-}
+}  # the config's evaluators run once, at the end: 2 processes must gather every embedding
 
 
 def image_tower(crop: int = 8) -> dict:
@@ -321,12 +320,13 @@ def _ids_on_every_path(config, checkpoint_path, vocab, tmp_path, monkeypatch) ->
   in_run = evals_common.Context(
     s.spec.evals, s.spec.data, s.model, s.mesh, s.source, s.task.tokenizer
   )
-  assert zeroshot.prompt_tokenizer(in_run) is s.task.tokenizer  # one object in a run
+  settings = s.spec.evals.named['zeroshot'].settings  # the config's zero-shot evaluator
+  assert zeroshot.prompt_tokenizer(in_run, settings) is s.task.tokenizer  # one object in a run
   alone = dataclasses.replace(in_run, tokenizer=None)  # resolved from the family again
   loaded = zeroshot_cli.load(str(checkpoint_path), vocab=str(vocab))
   tokenizers = {
     'training captions': s.task.tokenizer,
-    'zero-shot prompts, resolved apart': zeroshot.prompt_tokenizer(alone),
+    'zero-shot prompts, resolved apart': zeroshot.prompt_tokenizer(alone, settings),
     'vit-zeroshot': loaded.tokenizer,
   }
   ids = {name: tokenizer(list(CAPTIONS)) for name, tokenizer in tokenizers.items()}
@@ -346,15 +346,10 @@ def _assert_all_equal(ids: dict) -> np.ndarray:
 def test_a_caption_is_tokenized_alike_on_every_path_bert(
   lit_run, image_file, tmp_path, monkeypatch
 ):
-  """The digits LiT (BERT, 12 tokens): its run directory for vit-zeroshot, and the digits
-  reproduction's retrieval."""
-  from vit_jax.reproduce import lit_digits as reproduce
-
+  """The digits LiT (BERT, 12 tokens): its run directory for vit-zeroshot."""
   workdir, _ = lit_run
   config = tiny_digits(image_file)
   ids = _ids_on_every_path(config, workdir, digits_text.VOCAB, tmp_path, monkeypatch)
-  model = setup.build_model(setup.spec_lib.from_config(config).model, 10)
-  ids['reproduction retrieval'] = reproduce.caption_tokenizer(model, 12)(list(CAPTIONS))
   want = _assert_all_equal(ids)
   cls = digits_text.vocabulary().index('[CLS]')
   assert want.shape == (2, 12) and (want[:, 0] == cls).all() and want[0, -1] == 0  # pad 0
@@ -372,7 +367,6 @@ def test_a_caption_is_tokenized_alike_on_every_path_siglip(tmp_path, monkeypatch
   config = lit_digits.get_config('sigmoid')
   config.model = fields.to_dict()
   config.pp.tokenizer, config.pp.vocab, config.pp.max_len = 'sentencepiece', SP_MODEL, 16
-  config.zeroshot.vocab = ''  # the captions' vocabulary
   config.contrastive.lock_image, config.pretrained_path = False, ''  # both towers from scratch
   params = randomize(families.param_shapes(model_from_config(fields), 32, 16), seed=3)
   params['t'], params['b'] = np.array([1.5], np.float32), np.array([-2.0], np.float32)
@@ -436,7 +430,7 @@ def test_the_image_tower_of_an_image_text_file_starts_a_run(lit_run, tmp_path):
   _, result = lit_run
   path = str(tmp_path / 'lit.npz')
   save_npz(jax.device_get(result['params']), path)
-  config = tiny_digits(f'{path}:img', total_steps=1, checkpoint_every=0, zeroshot_every=0)
+  config = tiny_digits(f'{path}:img', total_steps=1, checkpoint_every=0, evals={})
   run = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
   got, want = _flat(run['params']['img']), _flat(result['params']['img'])
   assert got.keys() == want.keys()
@@ -524,7 +518,7 @@ def test_a_trainable_image_head_trains_with_finite_losses(image_file, tmp_path):
   """The digits LiT with a 64-wide image head trained beside the text tower (out_dim=(64, 64),
   train_image_head): finite losses, a head that is nowhere zero, the locked tower as read (at
   a24f8ac the zero-initialised head stopped the run at step 1: a NaN gradient)."""
-  config = tiny_digits(image_file, total_steps=3, checkpoint_every=0, zeroshot_every=0)
+  config = tiny_digits(image_file, total_steps=3, checkpoint_every=0, evals={})
   config.model.out_dim = (64, 64)
   config.contrastive.train_image_head = True
   result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
@@ -555,7 +549,7 @@ def test_vit_zeroshot_on_the_run_and_on_its_converted_file_prints_the_runs_numbe
   convert.convert(workdir, str(converted), to='npz', out=lambda line: None)
   assert (tmp_path / 'lit.txt').read_bytes() == Path(digits_text.VOCAB).read_bytes()
   side = json.loads((tmp_path / 'lit.json').read_text())
-  assert side['zeroshot']['templates'] == list(lit_digits.get_config().zeroshot.templates)
+  assert side['zeroshot']['templates'] == list(lit_digits.get_config().evals.zeroshot.templates)
   assert zeroshot_cli.run(str(converted), [], dataset='digits', options=options) == 0
   assert json.loads(capsys.readouterr().out)['accuracy'] == result['zeroshot/digits']
   fitted = checkpoint.fit(converted)
@@ -595,3 +589,80 @@ def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):
   fitted = checkpoint.fit(workdir)
   assert fitted.config.text.num_heads == lit_digits.text_tower().num_heads == 2
   assert fitted.config.pp.to_dict() == {'tokenizer_name': 'bert', 'size': 8, 'max_len': 12}
+
+
+def _recall_at(similarities: np.ndarray, match: np.ndarray, k: int) -> float:
+  """A query's hit at k: a match among its k most similar keys (a plain sort per row)."""
+  hits = [match[q][np.argsort(-row, kind='stable')[:k]].any() for q, row in enumerate(similarities)]
+  return float(np.mean(hits))
+
+
+def test_a_contrastive_run_logs_its_evaluators_by_name(image_file, tmp_path):
+  """configs/lit_digits.py's evaluators by name (zero-shot, retrieval, few-shot) and a second
+  few-shot one log at the end of a LiT run. Few-shot reads the locked tower's pre-logits,
+  so it equals `fewshot.accuracies` on the image file's own features; retrieval equals a
+  sort of the similarities of embeddings computed in one batch (a caption matches every
+  image of its class)."""
+  from vit_jax.evals import fewshot
+
+  config = tiny_digits(image_file, total_steps=2, checkpoint_every=0)
+  config.evals.fewshot.update(shots=(1,), seeds=1)
+  config.evals.fewshot_2 = {'type': 'fewshot', 'datasets': ('digits',), 'shots': (2,), 'seeds': 1}
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:1])
+  last = _lines(str(tmp_path / 'run'))[-1]
+  ks = (1, 5, 10)
+  recalls = [f'retrieval/digits/{d}_recall@{k}' for d in ('img2txt', 'txt2img') for k in ks]
+  for key in ['fewshot/digits/1shot', 'fewshot_2/digits/2shot', 'zeroshot/digits', *recalls]:
+    assert key in last and result[key] == last[key], key
+  assert (last['retrieval/digits/num_images'], last['retrieval/digits/num_texts']) == (360, 30)
+
+  spec = setup.spec_lib.from_config(config)
+  source = data_lib.get_source('digits')
+  split = {}
+  for name in ('train', 'test'):
+    ds = data_lib.eval_dataset(source, name, spec.data, local_batch=2048)
+    batch = next(ds.as_numpy_iterator())
+    keep = batch['mask'] > 0
+    split[name] = batch['image'][keep], batch['label'][keep]
+  headless = model_from_config(IMAGE, num_classes=0)
+  tower = {'params': jax.device_get(result['params']['img'])}
+  features = {n: np.asarray(headless.apply(tower, x, train=False)) for n, (x, _) in split.items()}
+  for shots, key in ((1, 'fewshot/digits/1shot'), (2, 'fewshot_2/digits/2shot')):
+    want = fewshot.accuracies(
+      (features['train'], split['train'][1]), (features['test'], split['test'][1]),
+      10, (shots,), (1024.0,), 1,
+    )  # fmt: skip
+    assert last[key] == pytest.approx(want[(shots, 1024.0)], abs=1e-6), key
+
+  model = setup.build_model(spec.model, 10)
+  params = jax.device_get(result['params'])
+  images, labels = split['test']
+  prompts = [t.format(c) for c in '0123456789' for t in digits_text.HELD_OUT_TEMPLATES]
+  tokens = text.get_tokenizer('bert', str(digits_text.VOCAB), 12)(prompts)
+  zimg = np.asarray(model.apply({'params': params}, images=images)[0])
+  ztxt = np.asarray(model.apply({'params': params}, tokens=tokens)[1])
+  classes = np.repeat(np.arange(10), len(digits_text.HELD_OUT_TEMPLATES))
+  match = labels[:, None] == classes[None]
+  for k in ks:
+    i2t, t2i = _recall_at(zimg @ ztxt.T, match, k), _recall_at(ztxt @ zimg.T, match.T, k)
+    assert last[f'retrieval/digits/img2txt_recall@{k}'] == pytest.approx(i2t, abs=1e-9)
+    assert last[f'retrieval/digits/txt2img_recall@{k}'] == pytest.approx(t2i, abs=1e-9)
+
+
+def test_an_evaluator_the_run_cannot_have_is_one_line(image_file):
+  """ImageNet ReaL asked of an image-text run (no class logits), zero-shot asked of a
+  classifier (no text tower), and config.evals beside the flat keys it replaces: each stops
+  `prepare` with one line naming the fix (at a24f8ac the first was dropped in silence)."""
+  from configs import digits as digits_config
+
+  cases = [
+    (tiny_digits(image_file, real_split='validation'), r"^config.real_split='validation' .*"),
+    (digits_config.get_config(), r'^config.evals.zs evaluates an image-text model .*'),
+    (tiny_digits(image_file, zeroshot_every=5), r'^config.zeroshot_every and config.evals .*'),
+  ]
+  cases[1][0].evals = {'zs': {'type': 'zeroshot', 'datasets': ('digits',)}}
+  cases[2][0].zeroshot.datasets = ('digits',)
+  for config, match in cases:
+    with pytest.raises(ValueError, match=match) as stop:
+      setup.prepare(config, '/nonexistent', jax.devices()[:1])
+    assert '\n' not in str(stop.value)

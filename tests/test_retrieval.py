@@ -27,9 +27,9 @@ def oracle(zimg, ztxt, owners, ks, labels=None):
   out = {}
   for k in ks:
     hits = [any(same(i, j) for j in np.argsort(-sims[i])[:k]) for i in range(len(zimg))]
-    out[f'img2txt/r@{k}'] = sum(hits) / len(hits)
+    out[f'img2txt_recall@{k}'] = sum(hits) / len(hits)
     hits = [any(same(i, j) for i in np.argsort(-sims[:, j])[:k]) for j in range(len(ztxt))]
-    out[f'txt2img/r@{k}'] = sum(hits) / len(hits)
+    out[f'txt2img_recall@{k}'] = sum(hits) / len(hits)
   return out
 
 
@@ -45,7 +45,7 @@ def test_recalls_equal_the_loop(shared):
   got = retrieval.recalls(zimg, ztxt, owners, ks, image_labels=labels, block=7)
   want = oracle(zimg, ztxt, owners, ks, labels)
   assert got == pytest.approx(want, abs=1e-12)
-  assert len(got) == 6 and all(0 < v < 1 for k, v in got.items() if k.endswith('r@1'))
+  assert len(got) == 6 and all(0 < v < 1 for k, v in got.items() if k.endswith('recall@1'))
   # whole-matrix blocks give the same
   assert retrieval.recalls(zimg, ztxt, owners, ks, image_labels=labels) == got
 
@@ -56,9 +56,12 @@ def test_class_shared_captions_count_any_caption_of_the_class():
   zimg = np.array([[1.0, 0.0], [0.0, 1.0]])
   ztxt = np.array([[0.0, 1.0], [1.0, 0.0]])  # caption 0 (of image 0) looks like image 1
   owners = [0, 1]
-  assert retrieval.recalls(zimg, ztxt, owners, (1,)) == {'img2txt/r@1': 0.0, 'txt2img/r@1': 0.0}
+  assert retrieval.recalls(zimg, ztxt, owners, (1,)) == {
+    'img2txt_recall@1': 0.0,
+    'txt2img_recall@1': 0.0,
+  }
   shared = retrieval.recalls(zimg, ztxt, owners, (1,), image_labels=[4, 4])
-  assert shared == {'img2txt/r@1': 1.0, 'txt2img/r@1': 1.0}
+  assert shared == {'img2txt_recall@1': 1.0, 'txt2img_recall@1': 1.0}
 
 
 def test_bad_inputs_are_one_line_errors():

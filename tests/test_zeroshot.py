@@ -115,6 +115,11 @@ def _context(model, vocab, templates):
   return common.Context(evals, data, model, mesh, data_lib.get_source('digits'))
 
 
+def _instance(context):
+  """The evaluator the flat keys make: ('zeroshot', its Instance)."""
+  return 'zeroshot', evals_spec.instances(context.evals)['zeroshot']
+
+
 def test_evaluator_on_digits_equals_the_numpy_equations(lit):
   """`zeroshot/digits` on 8 devices: the digits' test split embedded by the numpy ViT, class
   names '0'..'9' in the templates, top-1 against the labels."""
@@ -122,7 +127,7 @@ def test_evaluator_on_digits_equals_the_numpy_equations(lit):
   templates = ('a photo of the number {}', 'a digit {}')
   context = _context(fitted.model(), path.with_suffix('.model'), templates)
   assert evals_spec.Zeroshot().templates == ('clip_best',)
-  evaluator = zeroshot.build(context)
+  evaluator = zeroshot.build(context, *_instance(context))
   shardings = parallel.tree_shardings(fitted.params, context.mesh)
   got = common.evaluate(evaluator, {'': jax.device_put(fitted.params, shardings)})
   assert list(got) == ['zeroshot/digits']
@@ -151,10 +156,10 @@ def test_evaluator_config_errors_are_one_line(lit):
       evals_spec.check(evals_spec.Evals(zeroshot=section, **kwargs))
   context = _context(fitted.model(), '', ('{}',))
   with pytest.raises(ValueError, match=r'zeroshot\.vocab is empty'):
-    zeroshot.build(context)
+    zeroshot.build(context, *_instance(context))
   context = _context(fitted.model(), path.with_name('missing.model'), ('{}',))
   with pytest.raises(ValueError, match=r'missing\.model: no such vocabulary file'):
-    zeroshot.build(context)
+    zeroshot.build(context, *_instance(context))
 
 
 def test_prompt_data_is_clips():

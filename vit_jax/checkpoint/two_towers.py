@@ -94,15 +94,25 @@ class Uses:
   canonicalize: bool = True
 
 
+def _zeroshot_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+  """The settings of a run's zero-shot evaluator (config.json): its first of type 'zeroshot'
+  in `evals`, or the flat `zeroshot` section where `zeroshot_every` ran it; {} for none."""
+  named = [e for e in (config.get('evals') or {}).values() if e.get('type') == 'zeroshot']
+  if named:
+    return named[0]
+  return (config.get('zeroshot') or {}) if config.get('zeroshot_every') else {}
+
+
 def uses(path: Any, tokenizer_name: str) -> Uses:
-  """A training run's (its config.json: `config.zeroshot.vocab` or `config.pp.vocab`, and
-  `config.zeroshot`'s templates), or a file's (FILE.txt or FILE.model beside it, FILE.json)."""
+  """A training run's (its config.json: its zero-shot evaluator's vocabulary or
+  `config.pp.vocab`, and the evaluator's templates), or a file's (FILE.txt or FILE.model
+  beside it, FILE.json)."""
   run = rundir.find_run(path)
   if run is not None:
     config = rundir.read_config(run)
-    zeroshot, pp = config.get('zeroshot') or {}, config.get('pp') or {}
-    vocab = zeroshot.get('vocab') or pp.get('vocab') or None
-    evaluated = zeroshot if config.get('zeroshot_every') else {}
+    evaluated, pp = _zeroshot_settings(config), config.get('pp') or {}
+    vocab = evaluated.get('vocab') or (config.get('zeroshot') or {}).get('vocab')
+    vocab = vocab or pp.get('vocab') or None
   else:
     vocab = _stem(path) + VOCAB_SUFFIX[tokenizer_name]
     vocab = vocab if files.path(vocab).exists() else None

@@ -35,8 +35,9 @@ import tensorflow as tf
 from jax.sharding import Mesh
 
 from vit_jax import data as data_lib
-from vit_jax import files, parallel
+from vit_jax import families, files, parallel
 from vit_jax.evals import common
+from vit_jax.evals import spec as evals_spec
 
 BIAS_CONSTANT = 100.0
 STD_EPSILON = 1e-5
@@ -136,8 +137,10 @@ class Task:
   test_split: str
 
 
-def open_tasks(datasets: Sequence[Any], data_dir: str | None) -> tuple[Task, ...]:
-  """The `config.fewshot.datasets` entries opened; one-line ValueErrors."""
+def open_tasks(
+  datasets: Sequence[Any], data_dir: str | None, key: str = 'fewshot'
+) -> tuple[Task, ...]:
+  """The `config.<key>.datasets` entries opened; one-line ValueErrors."""
   tasks = []
   for entry in datasets:
     dataset, train_split, test_split = (entry, 'train', 'test') if isinstance(entry, str) else entry
@@ -145,23 +148,23 @@ def open_tasks(datasets: Sequence[Any], data_dir: str | None) -> tuple[Task, ...
     name = files.path(dataset).name if files.path(dataset).is_dir() else dataset
     for split in (train_split, test_split):
       if source.num_examples(split) == 0:
-        raise ValueError(f'config.fewshot.datasets: split {split!r} of {dataset!r} is empty.')
+        raise ValueError(f'config.{key}.datasets: split {split!r} of {dataset!r} is empty.')
     tasks.append(Task(name, source, train_split, test_split))
   names = [t.name for t in tasks]
   if len(set(names)) < len(names):
-    raise ValueError(f'config.fewshot.datasets names a dataset twice: {names}.')
+    raise ValueError(f'config.{key}.datasets names a dataset twice: {names}.')
   return tuple(tasks)
 
 
 def compile_features(model, mesh: Mesh) -> Callable:
-  """(params, batch) -> the batch's fields without the image, and `features` (the pre-logits),
-  replicated on every device, so every process holds the whole global batch (the parameters
-  keep their shardings)."""
-  headless = model.clone(num_classes=0)
+  """(params, batch) -> the batch's fields without the image, and `features` (the image
+  tower's pre-logits, `families.image_features`), replicated on every device, so every process
+  holds the whole global batch (the parameters keep their shardings)."""
+  image_features = families.of_module(model).image_features(model)
 
   def features(params, batch):
     out = {k: v for k, v in batch.items() if k != 'image'}
-    out['features'] = headless.apply({'params': params}, batch['image'], train=False)
+    out['features'] = image_features(params, batch['image'])
     return out
 
   return jax.jit(features, out_shardings=parallel.replicated(mesh))
@@ -194,14 +197,12 @@ class _Drawn:
 
 
 class Evaluator(common.Evaluator):
-  """`run(params)` -> {'<dataset>/<shots>shot': accuracy, ...}, named `fewshot/...`, every
-  `fewshot_every` steps."""
+  """`run(params)` -> {'<dataset>/<shots>shot': accuracy, ...}, named `<name>/...`."""
 
-  prefix = 'fewshot/'
-
-  def __init__(self, context: common.Context, tasks: Sequence[Task]):
-    super().__init__(context.evals.fewshot_every)
-    self._fewshot, self._data, self._tasks = context.evals.fewshot, context.data, tuple(tasks)
+  def __init__(self, context: common.Context, name: str, instance, tasks: Sequence[Task]):
+    super().__init__(instance.every)
+    self.prefix = f'{name}/'
+    self._fewshot, self._data, self._tasks = instance.settings, context.data, tuple(tasks)
     self._features_fn = compile_features(context.model, context.mesh)
     self._sharding = parallel.batch_sharding(context.mesh)
 
@@ -265,10 +266,9 @@ class Evaluator(common.Evaluator):
     )
 
 
-def build(context: common.Context) -> Evaluator | None:
-  """The evaluator of `config.fewshot`, its datasets opened and checked; None when
-  `fewshot_every` is 0."""
-  evals = context.evals
-  if not evals.fewshot_every:
-    return None
-  return Evaluator(context, open_tasks(evals.fewshot.datasets, context.data.tfds_data_dir or None))
+def build(context: common.Context, name: str, instance) -> Evaluator:
+  """The few-shot evaluator `name` (a `spec.Instance` of `Fewshot`), its datasets opened and
+  checked."""
+  key = evals_spec.config_key(context.evals, name)
+  tasks = open_tasks(instance.settings.datasets, context.data.tfds_data_dir or None, key)
+  return Evaluator(context, name, instance, tasks)

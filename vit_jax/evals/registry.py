@@ -1,28 +1,40 @@
-"""The evaluators a run can have, by name, in the order they run at a step.
+"""The evaluators a run can have, in the order they run at a step.
 
-Each entry builds its evaluator from the run (`common.Context`), opening and checking the
-data it reads (one-line ValueErrors, before any compute), or returns None when the run spec
-does not ask for it. A new evaluator is a module with a `common.Evaluator` subclass and its
-`build`, and an entry here; its config keys are fields of `Evals` (vit_jax/evals/spec.py).
+The classification task's own (the test split's pass, ImageNet ReaL's) first, then those of
+`config.evals` by name (or the flat keys' 'fewshot' and 'zeroshot', vit_jax/evals/spec.py),
+each built by its type's `build(context, name, instance)` in `TYPES`, which opens and checks
+the data it reads (one-line ValueErrors, before any compute). A new evaluator type is a
+module with a `common.Evaluator` subclass and its `build`, its settings in spec.py's `TYPES`,
+and an entry here.
 """
 
 from collections.abc import Callable
 
-from vit_jax.evals import classification, common, fewshot, real, zeroshot
+from vit_jax.evals import classification, common, fewshot, real, retrieval, zeroshot
+from vit_jax.evals import spec as evals_spec
 
-REGISTRY: dict[str, Callable[[common.Context], common.Evaluator | None]] = {
-  'test': classification.build,
-  'real': real.build,
+TYPES: dict[str, Callable[..., common.Evaluator]] = {
   'fewshot': fewshot.build,
   'zeroshot': zeroshot.build,
+  'retrieval': retrieval.build,
 }
 
 
-def build(
-  context: common.Context, names: tuple[str, ...] | None = None
-) -> dict[str, common.Evaluator]:
-  """The evaluators the run spec asks for, by name, in the registry's order; `names`: only
-  those (an image-text run has no class logits for the classification evaluators)."""
-  makers = {n: make for n, make in REGISTRY.items() if names is None or n in names}
-  built = {name: make(context) for name, make in makers.items()}
-  return {name: evaluator for name, evaluator in built.items() if evaluator is not None}
+def build(context: common.Context, class_logits: bool = True) -> dict[str, common.Evaluator]:
+  """The evaluators the run spec asks for, by name. A model without class logits (an
+  image-text run) has no test-split pass; ImageNet ReaL asked of it is a one-line error."""
+  evals = context.evals
+  built: dict[str, common.Evaluator] = {}
+  if class_logits:
+    built['test'] = classification.build(context)
+    if evals.real_split:
+      built['real'] = real.build(context)
+  elif evals.real_split:
+    raise ValueError(
+      f'config.real_split={evals.real_split!r} measures class logits, which an image-text '
+      "model has none of: set it to '' (zero-shot ImageNet: config.evals.<name> = "
+      "dict(type='zeroshot', datasets=('imagenet2012',)))."
+    )
+  for name, instance in evals_spec.instances(evals).items():
+    built[name] = TYPES[instance.type](context, name, instance)
+  return built

@@ -12,7 +12,7 @@ the texts, embeds them with the text tower in batches of `batch_size` (the last 
 so one compilation serves all), and returns (C, D): per class the mean of its prompts'
 L2-normalised embeddings, normalised again (divided by norm + 1e-8, as big_vision). `zimg` are
 the model's normalised image embeddings (B, D). The `Evaluator` ('zeroshot' in the registry,
-`config.zeroshot_every`, `config.zeroshot`) measures `zeroshot/<dataset>` top-1 on any dataset
+`config.evals.<name>` of type 'zeroshot') measures `<name>/<dataset>` top-1 on any dataset
 the trainer reads (tfds, an image folder, 'digits'), with class names from the dataset (for
 ImageNet CLIP's curated ones, vit_jax/evals/prompts.py) and the templates it names; the class
 embeddings are recomputed at each run (the text tower may be training), the prompts' tokens
@@ -30,6 +30,7 @@ import numpy as np
 from vit_jax import data as data_lib
 from vit_jax import families, files, parallel
 from vit_jax.evals import common, prompts
+from vit_jax.evals import spec as evals_spec
 
 NORM_EPSILON = 1e-8  # the original's: z / (|z| + 1e-8)
 
@@ -126,15 +127,17 @@ class Task:
   num_classes: int
 
 
-def open_tasks(zeroshot, data_dir: str | None, tokenizer: Callable) -> tuple[Task, ...]:
-  """The `config.zeroshot.datasets` entries opened, their prompts tokenized; one-line errors."""
+def open_tasks(
+  zeroshot, data_dir: str | None, tokenizer: Callable, key: str = 'zeroshot'
+) -> tuple[Task, ...]:
+  """The `config.<key>.datasets` entries opened, their prompts tokenized; one-line errors."""
   templates = prompts.templates(zeroshot.templates, zeroshot.canonicalize)
   tasks = []
   for entry in zeroshot.datasets:
     dataset, split = (entry, 'test') if isinstance(entry, str) else tuple(entry)
     source = data_lib.get_source(dataset, data_dir)
     if source.num_examples(split) == 0:
-      raise ValueError(f'config.zeroshot.datasets: split {split!r} of {dataset!r} is empty.')
+      raise ValueError(f'config.{key}.datasets: split {split!r} of {dataset!r} is empty.')
     names = prompts.class_names(dataset, source.class_names(), zeroshot.canonicalize)
     tokens = np.asarray(tokenizer(prompt_texts(names, templates)), np.int32)
     name = files.path(dataset).name if files.path(dataset).is_dir() else dataset
@@ -143,25 +146,26 @@ def open_tasks(zeroshot, data_dir: str | None, tokenizer: Callable) -> tuple[Tas
 
 
 def compile_images(model, mesh: jax.sharding.Mesh) -> Callable:
-  """(params, batch) -> {'z': normalised image embeddings, 'label', 'mask'}, replicated, so
-  every process holds the whole global batch (the parameters keep their shardings)."""
+  """(params, batch) -> the batch's fields but the image, and `z`, the normalised image
+  embeddings, replicated, so every process holds the whole global batch (the parameters keep
+  their shardings)."""
 
   def images(params, batch):
-    z = model.apply({'params': params}, images=batch['image'])[0]
-    return {'z': z, 'label': batch['label'], 'mask': batch['mask']}
+    out = {k: v for k, v in batch.items() if k != 'image'}
+    out['z'] = model.apply({'params': params}, images=batch['image'])[0]
+    return out
 
   return jax.jit(images, out_shardings=parallel.replicated(mesh))
 
 
 class Evaluator(common.Evaluator):
-  """`run(params)` -> {'<dataset>': top-1}, named `zeroshot/...`, every `zeroshot_every`."""
+  """`run(params)` -> {'<dataset>': top-1}, named `<name>/...`."""
 
-  prefix = 'zeroshot/'
-
-  def __init__(self, context: common.Context, tasks: Sequence[Task]):
-    super().__init__(context.evals.zeroshot_every)
+  def __init__(self, context: common.Context, name: str, instance, tasks: Sequence[Task]):
+    super().__init__(instance.every)
+    self.prefix = f'{name}/'
     self._data, self._tasks = context.data, tuple(tasks)
-    self._batch_texts = context.evals.zeroshot.batch_texts
+    self._batch_texts = instance.settings.batch_texts
     self._embed_texts = text_embedder(context.model, context.mesh)
     self._embed_images = compile_images(context.model, context.mesh)
     self._sharding = parallel.batch_sharding(context.mesh)
@@ -185,34 +189,40 @@ class Evaluator(common.Evaluator):
     return results
 
 
-def prompt_tokenizer(context: common.Context) -> Any:
+def check_image_text(context: common.Context, key: str) -> None:
+  """A one-line error where the run's model has no text tower to evaluate."""
+  if not families.of_module(context.model).image_text:
+    raise ValueError(
+      f'config.{key} evaluates an image-text model (LiT, SigLIP); this run trains a classifier: '
+      "use type='fewshot', or train with config.task='contrastive'."
+    )
+
+
+def prompt_tokenizer(context: common.Context, settings, key: str = 'zeroshot') -> Any:
   """The tokenizer of the prompts: the run's (`context.tokenizer`, its captions'), unless
-  `config.zeroshot.vocab` names another vocabulary: then the model family's tokenizer on it
-  (`config.zeroshot.tokenizer` and `max_len`, where set, must be the model's). One-line
-  errors."""
-  zeroshot = context.evals.zeroshot
-  overridden = zeroshot.vocab not in ('', context.data.pp.vocab)
+  `settings.vocab` names another vocabulary: then the model family's tokenizer on it
+  (`settings.tokenizer` and `max_len`, where set, must be the model's). One-line errors."""
+  overridden = getattr(settings, 'vocab', '') not in ('', context.data.pp.vocab)
   if context.tokenizer is not None and not overridden:
     return context.tokenizer
-  vocab = zeroshot.vocab or context.data.pp.vocab
+  vocab = getattr(settings, 'vocab', '') or context.data.pp.vocab
   if not vocab:
     raise ValueError(
-      'config.zeroshot_every is set but config.zeroshot.vocab is empty, and so is config.pp.vocab.'
+      f'config.{key}.vocab is empty, and so is config.pp.vocab: name the vocabulary.'
     )
   family = families.of_module(context.model)
+  name, max_len = getattr(settings, 'tokenizer', ''), getattr(settings, 'max_len', 0)
   try:
-    return family.tokenizer(
-      context.model.pp, vocab, name=zeroshot.tokenizer, max_len=zeroshot.max_len
-    )
+    return family.tokenizer(context.model.pp, vocab, name=name, max_len=max_len)
   except (AttributeError, ValueError, FileNotFoundError) as e:
-    raise ValueError(f'config.zeroshot: {e}') from None
+    raise ValueError(f'config.{key}: {e}') from None
 
 
-def build(context: common.Context) -> Evaluator | None:
-  """The evaluator of `config.zeroshot`, its datasets opened and prompts tokenized; None when
-  `zeroshot_every` is 0."""
-  evals = context.evals
-  if not evals.zeroshot_every:
-    return None
-  tasks = open_tasks(evals.zeroshot, context.data.tfds_data_dir or None, prompt_tokenizer(context))
-  return Evaluator(context, tasks)
+def build(context: common.Context, name: str, instance) -> Evaluator:
+  """The zero-shot evaluator `name` (a `spec.Instance` of `Zeroshot`), its datasets opened and
+  prompts tokenized."""
+  key = evals_spec.config_key(context.evals, name)
+  check_image_text(context, key)
+  tokenizer = prompt_tokenizer(context, instance.settings, key)
+  tasks = open_tasks(instance.settings, context.data.tfds_data_dir or None, tokenizer, key)
+  return Evaluator(context, name, instance, tasks)

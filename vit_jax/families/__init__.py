@@ -11,8 +11,9 @@ names, shapes and dtypes, so `param_shapes` and `init_params` need no pixel arra
 forward FLOPs (`forward_flops`), the architecture read off a tree's shapes (`infer_config`,
 `architecture`, `native_resolution`), the registered model of an architecture
 (`match_registry`), one-line descriptions (`describe`, `kind`), its image tower's config
-(`image_config`), what a run's config states beyond the shapes (`stated_fields`), its
-tokenizer (`tokenizer`, image-text families), and the formats it converts to (`writes`).
+(`image_config`) and pre-logits (`image_features`), what a run's config states beyond the
+shapes (`stated_fields`), its tokenizer (`tokenizer`, image-text families), and the formats
+it converts to (`writes`).
 Nothing outside a family module sniffs config or tree keys to tell families apart: it asks
 here.
 
@@ -43,6 +44,12 @@ def _same(config: Config) -> Config:
 def _nothing(config: Config) -> dict[str, Any]:
   del config
   return {}
+
+
+def _headless(model: nn.Module) -> Callable[[Any, jax.Array], jax.Array]:
+  """A classifier's pre-logits: the model without its head, in inference mode."""
+  headless = model.clone(num_classes=0)
+  return lambda params, images: headless.apply({'params': params}, images, train=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +88,11 @@ class Family:
   def feature_kwargs(self) -> Callable[[Any], dict[str, Any]]:
     """`apply` options for the model's features (a DeiT: both tokens')."""
     return getattr(self.module, 'feature_kwargs', lambda model: {})
+
+  @property
+  def image_features(self) -> Callable[[nn.Module], Callable[[Any, jax.Array], jax.Array]]:
+    """model -> (params, images) -> its image tower's pre-logits (what a linear probe reads)."""
+    return getattr(self.module, 'image_features', _headless)
 
   @property
   def stated_fields(self) -> Callable[[Config], dict[str, Any]]:

@@ -26,6 +26,7 @@ from vit_jax.models import model_from_config
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.text import TEXT_MODELS
 from vit_jax.models.two_towers import TwoTowerModel, out_dims
+from vit_jax.models.vit import VisionTransformer
 
 TOWERS = ('img', 'txt')
 _BERT = 'BertEncoder_0'
@@ -260,6 +261,13 @@ def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str
   return model_from_config(fields, image=tower, text=tower)
 
 
+def image_features(model: TwoTowerModel):
+  """(params, images) -> the image tower's pre-logits (its head's input), as big_vision's
+  few-shot evaluation of LiT and SigLIP reads them (`img/pre_logits`)."""
+  tower = VisionTransformer(**{**model.image, 'num_classes': 0})
+  return lambda params, images: tower.apply({'params': params['img']}, images, train=False)
+
+
 def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: int | None) -> dict:
   """The model's inputs for `init`: one image and one text of `max_len` tokens (default: its
   `pp.max_len`)."""
@@ -283,7 +291,7 @@ def tokenizer_settings(
   """(name, max_len, options) of the tokenizer of a two-tower model whose config's `pp` is
   `pp`: `tokenizer_name`, `max_len`, and with `lower_case` SigLIP's options (big_vision's
   sticky `</s>`, padding 1, lower case). `name` and `max_len` are what a run's config says
-  besides (`config.pp.tokenizer`, `config.pp.max_len`, `config.zeroshot.*`; '' and 0: nothing):
+  besides (`config.pp.tokenizer`, `config.pp.max_len`, a zero-shot evaluator's; '' and 0: none):
   they stand in where the model's pp is silent and must equal it where it speaks. Reads no
   file; one-line ValueErrors."""
   pp = dict(pp or {})

@@ -10,66 +10,31 @@ then on the 360 test digits reports, per seed and as mean +- std:
   zeroshot   top-1 of the class whose held-out prompts (digits_text.HELD_OUT_TEMPLATES, never
              trained on) embed closest (the run's `zeroshot/digits`, vit_jax/evals/zeroshot.py);
   i2t r@1    image-to-text recall@1 over the 30 held-out captions (3 per class): a hit is
-             any caption of the image's class (vit_jax/evals/retrieval.py);
-  t2i r@1    text-to-image recall@1 of the same captions;
+             any caption of the image's class (the run's `retrieval/digits/img2txt_recall@1`,
+             vit_jax/evals/retrieval.py);
+  t2i r@1    text-to-image recall@1 of the same captions (`.../txt2img_recall@1`);
 and the locked ViT's own classifier (`accuracy_test` of `--image_run`), for comparison.
 """
 
 from collections.abc import Sequence
 
-import jax
 import numpy as np
 
 from configs import lit_digits
-from vit_jax import data as data_lib
-from vit_jax import families, files, rundir, text, train
-from vit_jax.data import digits_text
-from vit_jax.evals import retrieval, zeroshot
-from vit_jax.train import setup as setup_lib
-
-
-def _test_images(config) -> tuple[np.ndarray, np.ndarray]:
-  """The 360 test digits, preprocessed as evaluation does, and their labels."""
-  spec = setup_lib.spec_lib.from_config(config)
-  source = data_lib.get_source('digits')
-  ds = data_lib.eval_dataset(source, 'test', spec.data, local_batch=360)
-  batches = list(data_lib.host_batches(ds))
-  keep = np.concatenate([b['mask'] for b in batches]) > 0
-  images = np.concatenate([b['image'] for b in batches])[keep]
-  return images, np.concatenate([b['label'] for b in batches])[keep]
-
-
-def caption_tokenizer(model, max_len: int = 0) -> text.Tokenizer:
-  """The captions' tokenizer: the model's (its `pp`) on the digits vocabulary, as training's."""
-  return families.of_module(model).tokenizer(model.pp, digits_text.VOCAB, max_len=max_len)
-
-
-def retrieval_of(model, params, images, labels, max_len: int) -> dict[str, float]:
-  """Recall@1 both ways between the test images and the held-out captions of the classes."""
-  tokenizer = caption_tokenizer(model, max_len)
-  captions = zeroshot.prompt_texts(digits_text.CLASS_NAMES, digits_text.HELD_OUT_TEMPLATES)
-  zimg = np.asarray(model.apply({'params': params}, images=images)[0])
-  ztxt = np.asarray(model.apply({'params': params}, tokens=tokenizer(captions))[1])
-  per_class = len(digits_text.HELD_OUT_TEMPLATES)
-  classes = np.repeat(np.arange(len(digits_text.CLASS_NAMES)), per_class)
-  owner = np.array([np.flatnonzero(labels == c)[0] for c in classes])  # an image of the class
-  r = retrieval.recalls(zimg, ztxt, owner, ks=(1,), image_labels=labels)
-  return {'i2t r@1': r['img2txt/r@1'], 't2i r@1': r['txt2img/r@1']}
+from vit_jax import files, rundir, train
 
 
 def run_seed(image_run: str, workdir: str, seed: int) -> dict[str, float]:
-  """Trains (or reads) the seed's run; its zero-shot and retrieval metrics."""
+  """Trains (or reads) the seed's run; its zero-shot and retrieval metrics (its evaluators')."""
   config = lit_digits.get_config()
   config.pretrained_path = image_run
   config.seed = seed
-  run = files.join(workdir, f'seed_{seed}')
-  result = train.train_and_evaluate(config, run)
-  model = setup_lib.prepare(config, run).model
-  images, labels = _test_images(config)
-  out = {'zeroshot': result['zeroshot/digits']}
-  params = jax.device_get(result['params'])
-  out.update(retrieval_of(model, params, images, labels, config.pp.max_len))
-  return out
+  result = train.train_and_evaluate(config, files.join(workdir, f'seed_{seed}'))
+  return {
+    'zeroshot': result['zeroshot/digits'],
+    'i2t r@1': result['retrieval/digits/img2txt_recall@1'],
+    't2i r@1': result['retrieval/digits/txt2img_recall@1'],
+  }
 
 
 def report(image_run: str, workdir: str, seeds: Sequence[int]) -> str:

@@ -8,7 +8,7 @@ without asking which one it is:
   build           the task of a resolved run: its files checked, or read (a teacher)
   batch_keys      the batch's arrays the step reads
   tokenizer       the tokenizer of the batch's texts, or None (the pipeline makes no texts)
-  default_evals   the evaluators it runs (None: every one the spec asks for)
+  class_logits    the model gives class logits: the test split's pass (and ReaL) run
   init_fn         rng -> the model's initial parameters (on its family's inputs)
   pretrained      the pretrained file fitted to those parameters
   optimizer       the run's optimizer, masked where the task trains less (LiT's lock)
@@ -44,7 +44,7 @@ class Task(abc.ABC):
   """One kind of training on the run's model (`model`, the flax module) and spec (`spec`)."""
 
   batch_keys: ClassVar[tuple[str, ...]] = ('image', 'label')
-  default_evals: ClassVar[tuple[str, ...] | None] = None
+  class_logits: ClassVar[bool] = True
   # The tokenizer of the batch's texts (the input pipeline's), for a task that reads them.
   tokenizer: Any = None
 

@@ -24,7 +24,8 @@ What differs from classification, each in one method here:
   reduce       inside `jax.shard_map` the loss is already the global one on every device;
                the gradients of each device's own terms are summed (`lax.psum`), and the
                metrics' `lax.pmean` types them replicated;
-  evaluators   zero-shot classification only: the model has no class logits.
+  evaluators   few-shot of the image tower, zero-shot and retrieval (config.evals); no
+               test-split pass, and ImageNet ReaL is a one-line error: no class logits.
 """
 
 import dataclasses
@@ -102,8 +103,8 @@ class Task(common.Task):
   """Image-text pairs; the step's batch `{'image': f32 (B, H, W, 3), 'text': int32 (B, L)}`."""
 
   batch_keys = ('image', 'text')
-  # The classification evaluators measure class logits: a contrastive run has none.
-  default_evals = ('zeroshot',)
+  # No class logits: no test-split pass; few-shot, zero-shot and retrieval evaluate it.
+  class_logits = False
 
   @classmethod
   def check(cls, spec: Any) -> None:

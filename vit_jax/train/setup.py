@@ -207,7 +207,7 @@ def prepare(
     captions.check_captioned(source)
   tx, schedule = optim.for_training(spec.optim, total_steps)
   context = evals_common.Context(spec.evals, spec.data, model, mesh, source, task.tokenizer)
-  evaluators = evals_registry.build(context, task.default_evals)
+  evaluators = evals_registry.build(context, task.class_logits)
   return Setup(
     spec=spec,
     source=source,

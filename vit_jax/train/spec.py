@@ -205,6 +205,30 @@ def _nested(key: str, kind: type, value: Any) -> Any:
   return kind(**fields)
 
 
+def _named_evals(value: Any) -> dict[str, evals_spec.Instance]:
+  """`config.evals`: name -> {type, every, the type's settings} as Instances; one-line errors."""
+  if not isinstance(value, Mapping):
+    raise ValueError(
+      f'config.evals={value!r}; expected evaluators by name: {{name: dict(type=...)}}.'
+    )
+  named = {}
+  for name, entry in value.items():
+    if not isinstance(entry, Mapping) or entry.get('type') not in evals_spec.TYPES:
+      got = entry.get('type') if isinstance(entry, Mapping) else entry
+      raise ValueError(
+        f'config.evals.{name}: type={got!r}; expected one of {tuple(evals_spec.TYPES)}.'
+      )
+    if not name.isidentifier():
+      raise ValueError(f'config.evals.{name}: a name of letters, digits and _ (it starts metrics).')
+    settings = {k: v for k, v in entry.items() if k not in ('type', 'every')}
+    every = _convert(f'evals.{name}.every', entry.get('every', 0), int)
+    kind = evals_spec.TYPES[entry['type']]
+    named[name] = evals_spec.Instance(
+      entry['type'], every, _nested(f'evals.{name}', kind, settings)
+    )
+  return named
+
+
 def _as_dict(config: ml_collections.ConfigDict | Mapping[str, Any]) -> dict[str, Any]:
   if isinstance(config, ml_collections.ConfigDict):
     return config.to_dict()
@@ -224,7 +248,9 @@ def from_config(config: ml_collections.ConfigDict | Mapping[str, Any]) -> RunSpe
   for key, value in values.items():
     section, field = SECTIONS[key]
     kind = _HINTS[section][field.name]
-    if dataclasses.is_dataclass(kind):
+    if key == 'evals':
+      converted = _named_evals(value)
+    elif dataclasses.is_dataclass(kind):
       converted = _nested(key, kind, value)
     else:
       converted = _convert(key, value, kind)
@@ -281,10 +307,14 @@ def check(spec: RunSpec) -> None:
 
 
 def _plain(value: Any) -> Any:
+  if isinstance(value, evals_spec.Instance):
+    return value.as_config()
   if dataclasses.is_dataclass(value):
     return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
   if isinstance(value, ml_collections.ConfigDict):
     return value.to_dict()
+  if isinstance(value, Mapping):  # config.evals
+    return {k: _plain(v) for k, v in value.items()}
   return value
 
 
