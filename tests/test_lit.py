@@ -649,6 +649,74 @@ def test_a_contrastive_run_logs_its_evaluators_by_name(image_file, tmp_path):
     assert last[f'retrieval/digits/txt2img_recall@{k}'] == pytest.approx(t2i, abs=1e-9)
 
 
+COCO_IMAGES = 12
+
+
+def _mock_coco_test(self, *args, **kwargs):
+  """coco_captions' mock: 12 JPEGs, each with 5 captions, every third with 2 more (the few of
+  COCO with 6 or 7), which the protocol leaves out."""
+  rng = np.random.default_rng(1)
+  images = [jpeg_bytes(rng, 40, 48) for _ in range(COCO_IMAGES)]
+  texts = [  # words of the digits vocabulary, no two captions alike: no ties to rank
+    [f'the numeral {i // 10} {i % 10} {j}' for j in range(5 + 2 * (i % 3 == 0))]
+    for i in range(COCO_IMAGES)
+  ]
+  signature = {
+    'image': tf.TensorSpec([], tf.string),
+    'captions': {'text': tf.TensorSpec([None], tf.string)},
+  }
+  rows = ({'image': x, 'captions': {'text': t}} for x, t in zip(images, texts, strict=True))
+  return tf.data.Dataset.from_generator(lambda: rows, output_signature=signature)
+
+
+def _coco_recalls(model, params, preprocess) -> dict[str, float]:
+  """The protocol computed plainly: every mock image preprocessed by `preprocess` and
+  embedded in one batch, its first 5 captions, recall@k by sorting the similarities."""
+  data = list(_mock_coco_test(None).as_numpy_iterator())
+  pixels = np.stack([preprocess(tf.io.decode_jpeg(r['image'], channels=3)) for r in data])
+  captions = [c.decode() for r in data for c in r['captions']['text'][:5]]
+  tokens = text.get_tokenizer('bert', str(digits_text.VOCAB), 12)(captions)
+  zimg = np.asarray(model.apply({'params': params}, images=pixels)[0])
+  ztxt = np.asarray(model.apply({'params': params}, tokens=tokens)[1])
+  match = np.arange(COCO_IMAGES)[:, None] == np.repeat(np.arange(COCO_IMAGES), 5)[None]
+  out = {}
+  for k in (1, 5, 10):
+    out[f'img2txt_recall@{k}'] = _recall_at(zimg @ ztxt.T, match, k)
+    out[f'txt2img_recall@{k}'] = _recall_at(ztxt @ zimg.T, match.T, k)
+  return out
+
+
+def test_the_coco_protocol_in_vit_zeroshot_and_in_a_run(lit_run, image_file, tmp_path, capsys):
+  """COCO's retrieval protocol on mock coco_captions: `vit-zeroshot --dataset=coco_captions`
+  on the LiT run (the original's preprocessing) and a run's 'retrieval' evaluator with
+  max_texts=5 (the evaluation preprocessing) each equal the plain computation, over 12 images
+  and their first 5 captions."""
+  from vit_jax.cli import zeroshot as zeroshot_cli
+  from vit_jax.data import preprocess
+  from vit_jax.evals import common as evals_common
+
+  workdir, result = lit_run
+  config = tiny_digits(image_file)
+  config.evals = {'coco': {'type': 'retrieval', 'datasets': ('coco_captions',), 'max_texts': 5}}
+  with tfds.testing.mock_data(as_dataset_fn=_mock_coco_test):
+    code = zeroshot_cli.run(workdir, [], dataset='coco_captions', options={'json': True})
+    printed = json.loads(capsys.readouterr().out)
+    s = setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+    params = jax.device_get(result['params'])
+    in_run = evals_common.evaluate(s.evaluators['coco'], {'': params})
+  assert code == 0 and (printed['num_images'], printed['num_texts']) == (COCO_IMAGES, 60)
+  assert (in_run['coco/coco_captions/num_images'], in_run['coco/coco_captions/num_texts']) == (
+    COCO_IMAGES, 60,
+  )  # fmt: skip
+  size = s.model.pp['size']
+  lit = _coco_recalls(s.model, params, lambda x: zeroshot_cli.lit_preprocess(x, size))
+  crop = s.spec.data.pp.crop
+  evaluation = _coco_recalls(s.model, params, lambda x: preprocess.eval_image(x, crop))
+  for key, value in lit.items():
+    assert printed[key] == pytest.approx(value, abs=1e-9), key
+    assert in_run[f'coco/coco_captions/{key}'] == pytest.approx(evaluation[key], abs=1e-9), key
+
+
 def test_an_evaluator_the_run_cannot_have_is_one_line(image_file):
   """ImageNet ReaL asked of an image-text run (no class logits), zero-shot asked of a
   classifier (no text tower), and config.evals beside the flat keys it replaces: each stops

@@ -12,17 +12,20 @@ class alone (they need not sum to 1). The second prints the top-1 accuracy over 
 tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'; with `--out` it
 also writes a run folder that `python -m vit_jax.reproduce report` puts beside the LiT model
 card's number. The third prints image-to-text and text-to-image recall@1/5/10
-(`vit_jax.evals.retrieval`) over `IMAGE<TAB>CAPTION` lines (an image may have several).
+(`vit_jax.evals.retrieval`, big_vision's metric names) over `IMAGE<TAB>CAPTION` lines (an
+image may have several). A `--dataset` with captions (`coco_captions`, a captions folder) is
+retrieval too: COCO's protocol by default, the 5,000 images of Karpathy's test split and the
+first 5 captions of each (`--max_texts`).
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
 for a BERT tower, `NAME.model` for a sentencepiece one), a training run's from its
-config.json (`config.zeroshot.vocab`, else `config.pp.vocab`), or from `--vocab` (a SigLIP
-file's is not beside it). Class names come from `--classes` (a comma-separated list, or a
+config.json (its zero-shot evaluator's `vocab`, else `config.pp.vocab`), or from `--vocab`
+(a SigLIP file's is not beside it). Class names come from `--classes` (a comma-separated list, or a
 file with one name a line), else from `--dataset` (ImageNet: CLIP's curated names);
 templates from `--templates` (set names of vit_jax/evals/prompts.py, or templates with '{}',
 separated by ';'), by default the ones a training run evaluated zero-shot with (its
-`config.zeroshot.templates`, also kept in NAME.json beside a file `vit-convert` wrote from
-it), else `clip_best`. Names and templates are canonicalised as big_vision does unless
+zero-shot evaluator's `templates`, also kept in NAME.json beside a file `vit-convert` wrote
+from it), else `clip_best`. Names and templates are canonicalised as big_vision does unless
 `--nocanonicalize` (a run's: as it did). So on a run directory, or on its converted file,
 the command prints the run's own zero-shot numbers.
 Each class embedding is the mean of its prompts' normalised embeddings, renormalised
@@ -233,10 +236,20 @@ def read_captions(path: str) -> tuple[list[str], list[str], np.ndarray]:
   return images, captions, np.asarray(owners)
 
 
+def _recalls(loaded: Loaded, zimg: np.ndarray, captions: list[str], owners) -> dict[str, float]:
+  """Recall@1/5/10 both ways of the image embeddings `zimg` and the captions (`owners`: the
+  image of each)."""
+  from vit_jax.evals import retrieval, zeroshot
+
+  tokens = np.asarray(loaded.tokenizer(captions), np.int32)
+  embed = zeroshot.text_embedder(loaded.model)
+  ztxt = zeroshot.embed_tokens(embed, loaded.params, tokens, min(256, len(tokens)))
+  return retrieval.recalls(zimg, ztxt, owners)
+
+
 def retrieval_recalls(loaded: Loaded, captions_file: str, batch_size: int) -> dict[str, float]:
   """Image-to-text and text-to-image recall@1/5/10 over a captions file."""
   from vit_jax.data.preprocess import read_image
-  from vit_jax.evals import retrieval, zeroshot
 
   images, captions, owners = read_captions(captions_file)
   pixels = [lit_preprocess(read_image(p), loaded.size).numpy() for p in images]
@@ -246,10 +259,39 @@ def retrieval_recalls(loaded: Loaded, captions_file: str, batch_size: int) -> di
       for i in range(0, len(pixels), batch_size)
     ]
   )
-  tokens = np.asarray(loaded.tokenizer(captions), np.int32)
-  embed = zeroshot.text_embedder(loaded.model)
-  ztxt = zeroshot.embed_tokens(embed, loaded.params, tokens, min(256, len(tokens)))
-  return retrieval.recalls(zimg, ztxt, owners)
+  return _recalls(loaded, zimg, captions, owners)
+
+
+# COCO's retrieval protocol keeps each image's first 5 captions (a few have 6 or 7).
+PROTOCOL_CAPTIONS = {'coco_captions': 5}
+
+
+def dataset_recalls(
+  loaded: Loaded, source, split: str, batch_size: int, limit: int, max_texts: int
+) -> tuple[dict[str, float], int, int]:
+  """Recall@1/5/10 over a captions dataset's split (its first `limit` images if set, each
+  image's first `max_texts` captions; 0: all): (recalls, images, captions)."""
+  import tensorflow as tf
+
+  from vit_jax import data as data_lib
+  from vit_jax.evals import retrieval
+
+  @tf.autograph.experimental.do_not_convert
+  def prepare(raw):
+    example = source.example(raw)
+    return lit_preprocess(source.decode(example['image']), loaded.size), example['texts']
+
+  records = source.records(split)
+  if limit:
+    records = records.take(limit)
+  zimg, joined = [], []
+  for images, texts in data_lib.host_batches(records.map(prepare).batch(batch_size)):
+    zimg.append(_embed_images(loaded, images))
+    joined += [t.decode() for t in texts]
+  if not zimg:
+    raise ValueError(f'split {split!r} is empty')
+  captions, owners = retrieval.image_captions(joined, max_texts)
+  return _recalls(loaded, np.concatenate(zimg), captions, owners), len(joined), len(captions)
 
 
 def write_run(out: str, checkpoint: str, loaded: Loaded, result: dict[str, Any]) -> None:
@@ -288,12 +330,27 @@ def _print_predictions(good, probs, names, k, loaded, as_json, errors) -> None:
     print(f'{row["image"]}: {shown}')
 
 
-def _print_recalls(loaded: Loaded, recalls: dict[str, float], o: dict[str, Any]) -> int:
-  if o['json']:
-    print(json.dumps({'model': loaded.name, 'captions': o['captions'], **recalls}))
+def _print_recalls(info: dict[str, Any], recalls: dict[str, float], as_json: bool) -> int:
+  if as_json:
+    print(json.dumps({**info, **recalls}))
   else:
     print(', '.join(f'{k} {v:.4f}' for k, v in recalls.items()))
   return 0
+
+
+def _dataset_retrieval(loaded: Loaded, source, dataset: str, o: dict[str, Any], say) -> int:
+  """Retrieval over a captions dataset's split, printed; COCO's protocol by default."""
+  max_texts = o['max_texts']
+  max_texts = PROTOCOL_CAPTIONS.get(dataset, 0) if max_texts is None else max_texts
+  say(f'Embedding the images and captions of split {o["split"]!r} of {dataset} ...')
+  recalls, images, texts = dataset_recalls(
+    loaded, source, o['split'], o['batch_size'], o['limit'], max_texts
+  )
+  info = {'model': loaded.name, 'dataset': dataset, 'split': o['split']}
+  info |= {'num_images': images, 'num_texts': texts}
+  if not o['json']:
+    print(f'{loaded.name}: {images} images, {texts} captions of split {o["split"]!r} of {dataset}')
+  return _print_recalls(info, recalls, o['json'])
 
 
 def run(
@@ -306,16 +363,18 @@ def run(
 ) -> int:
   """The command line's work; returns the exit status: 2 for a usage error (what to classify
   or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
-  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions, and
+  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions,
+  max_texts (None: the dataset's protocol, `PROTOCOL_CAPTIONS`), and
   `progress`: say on stderr what it is doing before each slow part (the command does at a
   terminal). `templates` and `canonicalize` None: the checkpoint's (`Loaded.uses`), else
   'clip_best' and True."""
   from vit_jax import data as data_lib
+  from vit_jax.data import captions as captions_lib
   from vit_jax.evals import prompts
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
   o |= {'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
-  o |= {'progress': False} | (options or {})
+  o |= {'max_texts': None, 'progress': False} | (options or {})
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = None
   if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
@@ -330,8 +389,11 @@ def run(
     loaded = load(checkpoint, o['vocab'])
     if o['captions']:
       say(f'Embedding the images and captions of {o["captions"]} ...')
-      return _print_recalls(loaded, retrieval_recalls(loaded, o['captions'], o['batch_size']), o)
+      recalls = retrieval_recalls(loaded, o['captions'], o['batch_size'])
+      return _print_recalls({'model': loaded.name, 'captions': o['captions']}, recalls, o['json'])
     source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
+    if source is not None and isinstance(source, captions_lib.CAPTIONED):
+      return _dataset_retrieval(loaded, source, dataset, o, say)
     names = read_classes(classes) if classes else source.class_names() if source else []
     if not names:
       raise ValueError(f'{dataset} names no classes: give them with --classes=a,b,c (or a file)')
@@ -395,6 +457,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     'captions', '', 'Retrieval recall@1/5/10 over IMAGE<TAB>CAPTION lines.', flag_values=fv
   )
   flags.DEFINE_string('split', 'test', 'The split of --dataset.', flag_values=fv)
+  flags.DEFINE_integer(
+    'max_texts',
+    None,
+    "A captions --dataset: each image's first N captions (default: coco_captions 5, else all).",
+    flag_values=fv,
+  )
   flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
   flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
   flags.DEFINE_string(
@@ -421,7 +489,7 @@ def main(argv: Sequence[str]) -> None:
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
-  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions')}
+  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions', 'max_texts')}
   options['progress'] = progress
   # Unless given, a run's own (or its converted file's): what it evaluated zero-shot with.
   options['canonicalize'] = f.canonicalize if f['canonicalize'].present else None
