@@ -187,29 +187,35 @@ def classify_files(loaded: Loaded, zcls, paths, batch_size: int):
   return good, (np.concatenate(probs) if probs else np.zeros((0, len(zcls)))), errors
 
 
-def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, limit: int):
-  """Top-1 accuracy over `split` (its first `limit` examples if set): (accuracy, count)."""
+def _embed_split(loaded: Loaded, source, split: str, batch_size: int, limit: int, field: str):
+  """The image embeddings of `split` (its first `limit` examples if set) and each example's
+  `field` ('label', 'texts'): (zimg (N, D), values (N,))."""
   import tensorflow as tf
 
   from vit_jax import data as data_lib
-  from vit_jax.evals import zeroshot
 
   @tf.autograph.experimental.do_not_convert
   def prepare(raw):
     example = source.example(raw)
-    image = lit_preprocess(source.decode(example['image']), loaded.size)
-    return image, example['label']
+    return lit_preprocess(source.decode(example['image']), loaded.size), example[field]
 
   records = source.records(split)
   if limit:
     records = records.take(limit)
-  zimg, labels = [], []
-  for images, label in data_lib.host_batches(records.map(prepare).batch(batch_size)):
+  zimg, values = [], []
+  for images, value in data_lib.host_batches(records.map(prepare).batch(batch_size)):
     zimg.append(_embed_images(loaded, images))
-    labels.append(label)
+    values.append(value)
   if not zimg:
     raise ValueError(f'split {split!r} is empty')
-  zimg, labels = np.concatenate(zimg), np.concatenate(labels)
+  return np.concatenate(zimg), np.concatenate(values)
+
+
+def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, limit: int):
+  """Top-1 accuracy over `split` (its first `limit` examples if set): (accuracy, count)."""
+  from vit_jax.evals import zeroshot
+
+  zimg, labels = _embed_split(loaded, source, split, batch_size, limit, 'label')
   return zeroshot.accuracy(zimg, labels, zcls), len(labels)
 
 
@@ -271,27 +277,11 @@ def dataset_recalls(
 ) -> tuple[dict[str, float], int, int]:
   """Recall@1/5/10 over a captions dataset's split (its first `limit` images if set, each
   image's first `max_texts` captions; 0: all): (recalls, images, captions)."""
-  import tensorflow as tf
-
-  from vit_jax import data as data_lib
   from vit_jax.evals import retrieval
 
-  @tf.autograph.experimental.do_not_convert
-  def prepare(raw):
-    example = source.example(raw)
-    return lit_preprocess(source.decode(example['image']), loaded.size), example['texts']
-
-  records = source.records(split)
-  if limit:
-    records = records.take(limit)
-  zimg, joined = [], []
-  for images, texts in data_lib.host_batches(records.map(prepare).batch(batch_size)):
-    zimg.append(_embed_images(loaded, images))
-    joined += [t.decode() for t in texts]
-  if not zimg:
-    raise ValueError(f'split {split!r} is empty')
-  captions, owners = retrieval.image_captions(joined, max_texts)
-  return _recalls(loaded, np.concatenate(zimg), captions, owners), len(joined), len(captions)
+  zimg, joined = _embed_split(loaded, source, split, batch_size, limit, 'texts')
+  captions, owners = retrieval.image_captions([t.decode() for t in joined], max_texts)
+  return _recalls(loaded, zimg, captions, owners), len(joined), len(captions)
 
 
 def write_run(out: str, checkpoint: str, loaded: Loaded, result: dict[str, Any]) -> None:
