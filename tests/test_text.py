@@ -58,6 +58,63 @@ def trained_model():
   return str(DATA / 'sp_unigram.model')
 
 
+# Gemma's settings and piece names (SigLIP 2's tokenizer.model, which cannot be downloaded
+# here): a BPE model trained in the test as Gemma's was.
+GEMMA_SETTINGS = dict(
+  model_type='bpe', pad_id=0, eos_id=1, bos_id=2, unk_id=3, pad_piece='<pad>',
+  eos_piece='<eos>', bos_piece='<bos>', unk_piece='<unk>', user_defined_symbols=['<mask>'],
+  byte_fallback=True, split_digits=True, add_dummy_prefix=False,
+  remove_extra_whitespaces=False, normalization_rule_name='identity',
+)  # fmt: skip
+GEMMA_CORPUS = [
+  'a photo of a cat', 'a photo of two dogs on the beach', 'the 2025 model reads 256 pieces',
+  'an apple with a note', 'a cold drink on a hot day', 'cow on the beach at noon',
+] * 20  # fmt: skip
+
+
+@pytest.fixture(scope='module')
+def gemma_model(tmp_path_factory):
+  import io
+
+  model = io.BytesIO()
+  sentencepiece.SentencePieceTrainer.train(
+    sentence_iterator=iter(GEMMA_CORPUS), model_writer=model, vocab_size=320,
+    hard_vocab_limit=False, minloglevel=2, **GEMMA_SETTINGS,
+  )  # fmt: skip
+  path = tmp_path_factory.mktemp('gemma') / 'tokenizer.model'
+  path.write_bytes(model.getvalue())
+  return str(path)
+
+
+def test_gemma_ids_are_big_visions_sticky_eos_and_padding_0(gemma_model):
+  """`tok(model=gemma, bos=no, eos=sticky)`: the pieces, <eos> (1) after them and kept last
+  when clipped (`x[:L-1] + x[-1:]`), padding 0, no <bos>; the family's (SigLIP 2's pp) lower-
+  cases first. At a24f8ac the EOS was looked up as the piece '</s>', which Gemma's model does
+  not have: every SigLIP 2 tokenizer stopped."""
+  from vit_jax.families import two_towers
+  from vit_jax.models import get_config
+
+  processor = sentencepiece.SentencePieceProcessor(model_file=gemma_model)
+  texts = ['a photo of a cat', 'a cold drink on a hot day at the beach with 2025 apples']
+  pieces = [processor.encode(t) for t in texts]
+  assert len(pieces[0]) + 1 < 16 < len(pieces[1]) + 1 and 2 not in pieces[0] + pieces[1]
+  want = np.zeros((2, 16), np.int32)
+  want[0, : len(pieces[0]) + 1] = [*pieces[0], 1]
+  want[1] = [*pieces[1][:15], 1]
+  np.testing.assert_array_equal(text.get_tokenizer('gemma', gemma_model, 16)(texts), want)
+  siglip2 = two_towers.tokenizer(get_config('SigLIP2-B16-224').pp, gemma_model)
+  assert siglip2.max_len == 64
+  np.testing.assert_array_equal(siglip2(['A Photo of a CAT']), siglip2(['a photo of a cat']))
+  assert siglip2(['a photo of a cat'])[0, len(pieces[0])] == 1  # <eos>, then padding 0
+  assert not siglip2(['a photo of a cat'])[0, len(pieces[0]) + 1 :].any()
+
+
+def test_a_model_without_gemmas_ids_is_refused_as_gemma(word_model):
+  with pytest.raises(ValueError) as error:
+    text.get_tokenizer('gemma', word_model, 16)
+  assert _one_line(error).startswith(f'{word_model}: not a Gemma tokenizer model (its ids')
+
+
 # BERT.
 
 
@@ -310,7 +367,9 @@ def test_a_missing_vocabulary_is_one_line(tmp_path, name):
 def test_an_unknown_tokenizer_is_one_line(bert_vocab):
   with pytest.raises(ValueError) as error:
     text.get_tokenizer('wordpiece', bert_vocab, 16)
-  assert _one_line(error) == "unknown tokenizer 'wordpiece'; choose one of bert, sentencepiece"
+  assert (
+    _one_line(error) == "unknown tokenizer 'wordpiece'; choose one of bert, sentencepiece, gemma"
+  )
 
 
 def test_the_wrong_tokenizer_for_a_file_is_one_line(bert_vocab, trained_model, tmp_path):

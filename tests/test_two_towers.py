@@ -120,6 +120,68 @@ def test_siglip_counts_by_hand_and_by_transformers(variant):
   assert two_towers.match_registry(two_towers.infer_config(shapes)) == name
 
 
+# SigLIP 2's standard files (big_vision's README_siglip2.md): (variant, patch, size).
+SIGLIP2 = (
+  ('B', 32, 256), ('B', 16, 224), ('B', 16, 256), ('B', 16, 384), ('B', 16, 512),
+  ('L', 16, 256), ('L', 16, 384), ('L', 16, 512), ('So400m', 14, 224), ('So400m', 14, 384),
+  ('So400m', 16, 256), ('So400m', 16, 384), ('So400m', 16, 512), ('g-opt', 16, 256),
+  ('g-opt', 16, 384),
+)  # fmt: skip
+BV_SIZES['g-opt'] = (1536, 40, 6144, 16)  # big_vision vit.py's decode_variant
+
+
+def _siglip2_by_hand(variant: str, patch: int, size: int) -> int:
+  """SigLIP 2 by hand: SigLIP's MAP ViT, a text transformer of Gemma's 256,000 pieces and 64
+  positions (g-opt's is So400m's, its head to 1536), t and b."""
+  width, layers, mlp, _ = BV_SIZES[variant]
+  image = vit_params(width, mlp, layers, patch, (size // patch) ** 2) - width
+  image += width + 4 * (width * width + width) + 2 * width + 2 * width * mlp + mlp + width
+  text_width, text_layers, text_mlp, _ = BV_SIZES['So400m' if variant == 'g-opt' else variant]
+  text = text_transformer_params(text_width, text_mlp, text_layers, 256_000, 64, width)
+  return image + text + 2
+
+
+@pytest.mark.slow
+def test_siglip2_counts_by_hand_for_every_file_and_by_transformers():
+  """All 15 standard SigLIP 2 models. The first file of each architecture (variant and patch):
+  the registry's shapes count what the architecture gives by hand, and as transformers'
+  SiglipModel (its text projection to 1536 for g-opt); the other files differ from it only in
+  `pp.size` (the position embedding, counted by hand). Every one has Gemma's tokenizer."""
+  import torch
+  from transformers import SiglipConfig, SiglipModel
+
+  first = {}
+  for variant, patch, size in SIGLIP2:
+    name = f'SigLIP2-{variant}{patch}-{size}'
+    config = get_config(name)
+    assert config.pp.to_dict() == {
+      'tokenizer_name': 'gemma', 'max_len': 64, 'lower_case': True, 'size': size,
+    }  # fmt: skip
+    if (variant, patch) in first:  # one architecture, another resolution
+      assert two_towers.architecture(config) == two_towers.architecture(first[variant, patch])
+      continue
+    first[variant, patch] = config
+    shapes = _registered_shapes(name)
+    assert stats.count_params(shapes) == _siglip2_by_hand(variant, patch, size), name
+    assert two_towers.match_registry(two_towers.infer_config(shapes)) == name
+    width, layers, mlp, heads = BV_SIZES[variant]
+    text_width, text_layers, text_mlp, text_heads = BV_SIZES[
+      'So400m' if variant == 'g-opt' else variant
+    ]
+    text = {'hidden_size': text_width, 'num_hidden_layers': text_layers}
+    text |= {'intermediate_size': text_mlp, 'num_attention_heads': text_heads}
+    text |= {'vocab_size': 256_000, 'max_position_embeddings': 64, 'projection_size': width}
+    vision = {'hidden_size': width, 'num_hidden_layers': layers, 'intermediate_size': mlp}
+    vision |= {'num_attention_heads': heads, 'image_size': size, 'patch_size': patch}
+    with torch.device('meta'):  # shapes only
+      hf = SiglipModel(SiglipConfig(text_config=text, vision_config=vision))
+    assert stats.count_params(shapes) == sum(p.numel() for p in hf.parameters()), name
+  assert len(first) == 6
+  # So400m/14 at 384 px: 27 x 27 patches of 14 (378 px), its file read back by its name.
+  shapes = _registered_shapes('SigLIP2-So400m14-384')
+  assert two_towers.match_registry(two_towers.infer_config(shapes)) == 'SigLIP2-So400m14-384'
+
+
 def test_vit_models_lists_classifiers_and_image_text_models_with_their_counts():
   """`vit-models` rows: a classifier at the table's 224 px, an image-text model at its own
   size (SigLIP L/16 at 256 px), counts from the original's models_test and by hand."""

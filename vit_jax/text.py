@@ -21,6 +21,11 @@ config's `pp`.
   clipped to max_len - 1, then padded with the `</s>` id, so the last position is always `</s>`
   (the model pools it). SigLIP's: `eos='sticky', pad_value=1, lower=True` (`</s>` kept at the
   end of a clipped text, padding 1, ASCII letters lower-cased as big_vision's pp does).
+  The EOS is the model's own (`eos_id`: `</s>` in these models).
+- 'gemma' (SigLIP 2): big_vision's `tok(model=gemma, bos=no, eos=sticky)` on Gemma's
+  sentencepiece model: no `<bos>`, `<eos>` (id 1) appended and kept last in a clipped text,
+  padding with the pad id 0 (not the EOS, as SigLIP 1 padded). The file must have Gemma's ids
+  (pad 0, eos 1, bos 2, unk 3), else a one-line error.
 
 Unicode properties come from Python's `unicodedata`, whose Unicode version may be older than
 the ICU and RE2 tables inside tensorflow_text: a character assigned after it is left as it is.
@@ -43,7 +48,9 @@ from vit_jax import files
 if TYPE_CHECKING:
   import tensorflow as tf
 
-TOKENIZERS = ('bert', 'sentencepiece')
+TOKENIZERS = ('bert', 'sentencepiece', 'gemma')
+# Gemma's special ids (its tokenizer.model): pad, eos, bos, unk.
+GEMMA_IDS = {'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}
 EOS = ('sticky', 'yes', 'none')  # big_vision's `tokenize(eos=...)`
 MAX_BYTES_PER_WORD = 100  # tensorflow_text's WordpieceTokenizer default: longer words are [UNK]
 
@@ -101,15 +108,33 @@ class Tokenizer(abc.ABC):
 
 
 def get_tokenizer(name: str, vocab_path: files.PathLike, max_len: int, **options) -> Tokenizer:
-  """The tokenizer `name` ('bert' or 'sentencepiece') on the vocabulary at `vocab_path`;
-  `options` are SentencepieceTokenizer's (`eos`, `pad_value`, `lower`)."""
+  """The tokenizer `name` ('bert', 'sentencepiece' or 'gemma') on the vocabulary at
+  `vocab_path`; `options` are SentencepieceTokenizer's (`eos`, `pad_value`, `lower`)."""
   if name not in TOKENIZERS:
     raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(TOKENIZERS)}')
   if not isinstance(max_len, int | np.integer) or max_len < 1:
     raise ValueError(f'max_len must be a positive integer, got {max_len!r}')
   if name == 'bert':
     return BertTokenizer(vocab_path, int(max_len), **options)
+  if name == 'gemma':
+    return _gemma(vocab_path, int(max_len), **options)
   return SentencepieceTokenizer(vocab_path, int(max_len), **options)
+
+
+def _gemma(vocab_path: files.PathLike, max_len: int, **options) -> 'SentencepieceTokenizer':
+  """SigLIP 2's tokenizer: a sentencepiece model with Gemma's special ids, sticky `<eos>`,
+  padding with the pad id."""
+  options = {'eos': 'sticky', 'pad_value': GEMMA_IDS['pad'], **options}
+  tokenizer = SentencepieceTokenizer(vocab_path, max_len, **options)
+  processor = tokenizer._processor
+  ids = {'pad': processor.pad_id(), 'eos': processor.eos_id()}
+  ids |= {'bos': processor.bos_id(), 'unk': processor.unk_id()}
+  if ids != GEMMA_IDS:
+    raise ValueError(
+      f"{vocab_path}: not a Gemma tokenizer model (its ids {ids}; Gemma's {GEMMA_IDS}): "
+      "SigLIP 2 reads Gemma's tokenizer.model"
+    )
+  return tokenizer
 
 
 def _read(vocab_path: files.PathLike) -> bytes:
@@ -238,7 +263,8 @@ class BertTokenizer(Tokenizer):
 
 
 class SentencepieceTokenizer(Tokenizer):
-  """Sentencepiece ids with `</s>` appended, fit to max_len as big_vision's `tokenize` op.
+  """Sentencepiece ids with the EOS (`</s>`) appended, fit to max_len as big_vision's
+  `tokenize` op.
 
   eos: 'sticky' (a text clipped to max_len keeps `</s>` last), 'yes' (`</s>` appended, then
     clipped), 'none' (no `</s>`).
@@ -269,9 +295,11 @@ class SentencepieceTokenizer(Tokenizer):
         "'bert' tokenizer)"
       )
     self._processor = processor
-    self.eos_token = processor.piece_to_id('</s>')
-    if eos != 'none' and processor.encode('', add_eos=True) != [self.eos_token]:
-      raise ValueError(f'{vocab_path}: the sentencepiece model does not end texts with </s>')
+    self.eos_token = processor.eos_id()  # `</s>` in LiT's and SigLIP's models, Gemma's `<eos>`
+    if eos != 'none' and (
+      self.eos_token < 0 or processor.encode('', add_eos=True) != [self.eos_token]
+    ):
+      raise ValueError(f'{vocab_path}: the sentencepiece model has no end-of-text piece')
     self.vocab_size = processor.get_piece_size()
     self.max_len = max_len
     self.eos = eos

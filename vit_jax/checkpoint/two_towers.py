@@ -48,7 +48,7 @@ SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
 PREFIXES = ('', 'params/')
 # Beside FILE.npz, as the released LiT files have them: the vocabulary (FILE.txt for BERT,
 # FILE.model for sentencepiece), and FILE.json, what `convert` of a run adds (`Uses`).
-VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model'}
+VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model', 'gemma': '.model'}
 SIDECAR_SUFFIX = '.json'
 # Image-text files can be read for one tower alone: `PATH:img` is the image ViT.
 _TOWER_SUFFIX = re.compile(r'^(?P<path>.+):(?P<tower>img)$')

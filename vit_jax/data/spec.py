@@ -29,7 +29,7 @@ class Pp:
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
-  # Image-text data (vit_jax/data/captions.py): the tokenizer ('bert' or 'sentencepiece'),
+  # Image-text data (vit_jax/data/captions.py): the tokenizer ('bert', 'sentencepiece', 'gemma'),
   # its vocabulary file, and the ids per text.
   tokenizer: str = ''
   vocab: str = ''

@@ -6,7 +6,8 @@ architecture is read off the shapes (`infer_config`), but for what they cannot s
 count (its attention kernels are (D, D)), taken as D / 64, BERT's, unless the file states it
 (a training run's config.json does); the init-only fields and `pp` are SigLIP's when the tree
 has a bias `b`, else LiT's. `pp` holds the model's preprocessing and its tokenizer's settings
-(`tokenizer_name`, `max_len`, SigLIP's `lower_case`): the one spelling of them.
+(`tokenizer_name`, `max_len`, SigLIP's `lower_case`): the one spelling of them. A text tower
+of Gemma's 256,000 pieces is SigLIP 2's, and its tokenizer Gemma's (`tokenizer_name='gemma'`).
 """
 
 import dataclasses
@@ -37,6 +38,8 @@ _TEXT_SHAPE_FIELDS = {
   'text_transformer': ('width', 'num_layers', 'mlp_dim', 'num_heads', 'vocab_size'),
 }
 
+# Gemma's vocabulary: SigLIP 2's text towers embed its 256,000 pieces.
+GEMMA_VOCAB = 256_000
 # big_vision's tokenize options for a model whose `pp.lower_case` is set (SigLIP).
 LOWER_CASE_OPTIONS = {'eos': 'sticky', 'pad_value': 1, 'lower': True}
 
@@ -126,6 +129,14 @@ def text_length(params: Mapping[str, Any]) -> int | None:
   return None if posemb is None else int(posemb.shape[1])
 
 
+def _tokenizer_name(text_model: str, text: Config) -> str:
+  """BERT's WordPiece; Gemma's sentencepiece for a tower of its 256,000 pieces (SigLIP 2);
+  else a sentencepiece model of its own (LiT's small towers, SigLIP)."""
+  if text_model == 'bert':
+    return 'bert'
+  return 'gemma' if text['vocab_size'] == GEMMA_VOCAB else 'sentencepiece'
+
+
 def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """The `TwoTowerModel` fields an image-text tree implies, read off its shapes; `pp.size` is
   the image tower's resolution and `pp.max_len` the text transformer's positions (BERT: 16)."""
@@ -149,7 +160,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.bias_init = -10.0 if siglip else None
   config.pp = ml_collections.ConfigDict(
     {
-      'tokenizer_name': 'bert' if text_model == 'bert' else 'sentencepiece',
+      'tokenizer_name': _tokenizer_name(text_model, text),
       'size': vit.native_resolution(img, image),
       'max_len': text_length(params) or 16,
     }
@@ -175,6 +186,11 @@ def architecture(config: Config) -> tuple:
   )
 
 
+def _grid(config: Config) -> int:
+  """Patches per side of the image tower at the model's `pp.size`."""
+  return int(config['pp']['size']) // int(config['image']['patches']['size'][0])
+
+
 def match_registry(config: Config) -> str | None:
   """The registered image-text model of this architecture, image size and text length."""
   if 'pp' not in config:
@@ -183,7 +199,8 @@ def match_registry(config: Config) -> str | None:
   for name, registered in MODEL_CONFIGS.items():
     if not owns_config(registered):
       continue
-    same_pp = registered.pp.size == pp['size'] and (
+    # The same patch grid: So400m/14 at 384 px reads as 378 (27 patches of 14) off the shapes.
+    same_pp = _grid(registered) == _grid(config) and (
       config['text_model'] == 'bert' or registered.pp.max_len == pp['max_len']
     )
     if same_pp and architecture(registered) == arch:
@@ -310,13 +327,15 @@ def tokenizer_settings(
   if not name or not max_len:
     raise ValueError(
       'the model names no tokenizer (its pp.tokenizer_name, pp.max_len): give the tokenizer '
-      "('bert' or 'sentencepiece') and max_len"
+      "('bert', 'sentencepiece' or 'gemma') and max_len"
     )
   if name not in text.TOKENIZERS:
     raise ValueError(f'unknown tokenizer {name!r}; choose one of {", ".join(text.TOKENIZERS)}')
-  # big_vision's options are sentencepiece's; BERT's WordPiece folds case itself.
-  siglip = pp.get('lower_case') and name == 'sentencepiece'
-  return name, max_len, dict(LOWER_CASE_OPTIONS) if siglip else {}
+  # big_vision's options are sentencepiece's; BERT's WordPiece folds case itself; Gemma's
+  # sticky <eos> and padding 0 are its tokenizer's own.
+  if not pp.get('lower_case') or name == 'bert':
+    return name, max_len, {}
+  return name, max_len, dict(LOWER_CASE_OPTIONS) if name == 'sentencepiece' else {'lower': True}
 
 
 def tokenizer(

@@ -197,7 +197,12 @@ for _name, _text_args in (
 # image ViT with MAP pooling and no class token, text transformer pooled at its last token,
 # vocabulary 32,000 (the c4_en sentencepiece, not beside the file; texts lower-cased), t and b.
 # (width, layers, mlp_dim, heads) of big_vision's variants, both towers alike.
-_BV_VARIANTS = {'B': (768, 12, 3072, 12), 'L': (1024, 24, 4096, 16), 'So400m': (1152, 27, 4304, 16)}
+_BV_VARIANTS = {
+  'B': (768, 12, 3072, 12),
+  'L': (1024, 24, 4096, 16),
+  'So400m': (1152, 27, 4304, 16),
+  'g-opt': (1536, 40, 6144, 16),  # SigLIP 2's
+}
 for _variant, _patch, _size, _max_len in (
   ('B', 16, 224, 64),
   ('B', 16, 256, 64),
@@ -219,3 +224,38 @@ for _variant, _patch, _size, _max_len in (
     bias_init=-10.0,
   )
   _register(f'SigLIP-{_variant}{_patch}-{_size}', _siglip)
+
+# SigLIP 2 (big_vision `README_siglip2.md`, `SigLIP2_demo.ipynb`: `siglip2_*.npz`): SigLIP's
+# layout and towers, Gemma's vocabulary of 256,000 pieces and its tokenizer (texts
+# lower-cased, 64 ids, sticky <eos>, padding 0). g-opt/16 (width 1536, 40 layers, MLP 6144, 16
+# heads) pairs with the So400m text tower, whose head maps to 1536.
+_SIGLIP2_PP = {'tokenizer_name': 'gemma', 'max_len': 64, 'lower_case': True}
+for _variant, _patch, _size in (
+  ('B', 32, 256),
+  ('B', 16, 224),
+  ('B', 16, 256),
+  ('B', 16, 384),
+  ('B', 16, 512),
+  ('L', 16, 256),
+  ('L', 16, 384),
+  ('L', 16, 512),
+  ('So400m', 14, 224),
+  ('So400m', 14, 384),
+  ('So400m', 16, 256),
+  ('So400m', 16, 384),
+  ('So400m', 16, 512),
+  ('g-opt', 16, 256),
+  ('g-opt', 16, 384),
+):
+  _width, _layers, _mlp, _heads = _BV_VARIANTS[_variant]
+  _text = _BV_VARIANTS['So400m' if _variant == 'g-opt' else _variant]
+  _siglip2 = _two_towers(
+    _vit(_patch, _width, _mlp, _heads, _layers, 0.0, classifier='map'),
+    'text_transformer',
+    _text_transformer(_text[0], _text[1], _text[2], _text[3], 256_000),
+    (None, _width),
+    {**_SIGLIP2_PP, 'size': _size},
+    temperature_init=10.0,
+    bias_init=-10.0,
+  )
+  _register(f'SigLIP2-{_variant}{_patch}-{_size}', _siglip2)
