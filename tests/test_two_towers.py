@@ -572,30 +572,42 @@ def siglip_to_big_vision(sd, layers, width, heads):
   return {k: np.float32(x) for k, x in flat.items()}
 
 
-@pytest.fixture
-def siglip_file(tmp_path):
-  """A tiny SigLIP in big_vision's layout, from a transformers `SiglipModel` with random
-  weights; returns (path, the torch model)."""
+def _write_siglip(path, vocab: int = VOCAB):
+  """A tiny SigLIP in big_vision's layout at `path`, from a transformers `SiglipModel` with
+  random weights and `vocab` text pieces; returns (path, the torch model)."""
   from transformers import SiglipConfig, SiglipModel
 
   towers = {'hidden_size': 32, 'num_hidden_layers': 2, 'num_attention_heads': 4}
   towers['intermediate_size'] = 64
   config = SiglipConfig(
-    text_config={**towers, 'vocab_size': VOCAB, 'max_position_embeddings': LEN},
+    text_config={**towers, 'vocab_size': vocab, 'max_position_embeddings': LEN},
     vision_config={**towers, 'image_size': SIZE, 'patch_size': 8},
   )
   config.text_config._attn_implementation = config.vision_config._attn_implementation = 'eager'
   hf = _hf_randomize(SiglipModel(config), seed=6)
   sd = {k: v.numpy() for k, v in hf.state_dict().items()}
-  np.savez(tmp_path / 'siglip.npz', **siglip_to_big_vision(sd, 2, 32, 4))
-  return tmp_path / 'siglip.npz', hf
+  np.savez(path, **siglip_to_big_vision(sd, 2, 32, 4))
+  return path, hf
 
 
-def test_big_vision_siglip_file_equals_transformers_siglip_model(siglip_file):
+@pytest.fixture
+def siglip_file(tmp_path):
+  return _write_siglip(tmp_path / 'siglip.npz')
+
+
+@pytest.mark.parametrize('generation', ['SigLIP', 'SigLIP 2'])
+def test_big_vision_siglip_file_equals_transformers_siglip_model(generation, tmp_path):
+  """A big_vision file of each generation (SigLIP 2: a narrow tower keeping all 256,000 of
+  Gemma's embedding rows) reads as its generation, with its tokenizer, and gives
+  transformers' embeddings and logits."""
   import torch
 
-  path, hf = siglip_file
+  vocab = 256_000 if generation == 'SigLIP 2' else VOCAB
+  path, hf = _write_siglip(tmp_path / 'siglip.npz', vocab)
   fitted = checkpoint.fit(path)
+  assert fitted.config.text.vocab_size == vocab
+  assert fitted.config.pp.tokenizer_name == ('gemma' if vocab == 256_000 else 'sentencepiece')
+  assert fitted.config.pp.lower_case
   assert "prefix 'params/'" in fitted.found.description
   assert 'scan-stacked blocks' in fitted.found.description
   assert fitted.config.image.classifier == 'map'
