@@ -1,6 +1,7 @@
 """NaFlex preprocessing (vit_jax/data/naflex.py): big_vision's `resize_to_sequence` sizes and
 `patchify` layout."""
 
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -46,3 +47,129 @@ def test_patchify_rows_columns_channels_then_padding():
   assert out['xidx'].tolist() == [0, 1, 2, 0, 1, 2, 0, 0]
   with pytest.raises(tf.errors.InvalidArgumentError, match='more than 5 patches'):
     naflex.patchify(tf.constant(image), 3, 5)
+
+
+# A tiny NaFlex tower: patches of 4, a 4 x 4 position grid, width 32, 2 layers, 4 heads.
+PATCH, GRID, WIDTH, LAYERS, HEADS, MLP = 4, 4, 32, 2, 4, 64
+# Three images' patch grids (rows, columns): wide, tall, square; 12 slots each.
+GRIDS, SLOTS = ((2, 6), (4, 3), (3, 3)), 12
+
+
+def _inputs(grids, slots, seed=0):
+  """Random patches in [-1, 1] of images with these grids, row-major, padded to `slots`."""
+  rng = np.random.default_rng(seed)
+  out = {k: np.zeros((len(grids), slots), np.int32) for k in ('ptype', 'yidx', 'xidx')}
+  out['patches'] = np.zeros((len(grids), slots, PATCH * PATCH * 3), np.float32)
+  for i, (rows, cols) in enumerate(grids):
+    n = rows * cols
+    out['patches'][i, :n] = rng.uniform(-1, 1, (n, PATCH * PATCH * 3))
+    out['ptype'][i, :n] = 1
+    out['yidx'][i, :n], out['xidx'][i, :n] = np.divmod(np.arange(n), cols)
+  return out
+
+
+def _from_siglip2(sd) -> dict:
+  """transformers' Siglip2VisionModel weights -> the NaFlex tower's tree (big_vision's names)."""
+  hd = WIDTH // HEADS
+
+  def dense(w, b, heads_out=False, heads_in=False):
+    kernel, bias = w.T, b
+    if heads_out:  # q/k/v: (D, heads, head_dim)
+      kernel, bias = kernel.reshape(WIDTH, HEADS, hd), b.reshape(HEADS, hd)
+    if heads_in:  # out: (heads, head_dim, D)
+      kernel = kernel.reshape(HEADS, hd, WIDTH)
+    return {'kernel': kernel, 'bias': bias}
+
+  def norm(prefix):
+    return {'scale': sd[f'{prefix}.weight'], 'bias': sd[f'{prefix}.bias']}
+
+  def mlp(prefix):
+    return {
+      f'Dense_{i}': dense(sd[f'{prefix}.{h}.weight'], sd[f'{prefix}.{h}.bias'])
+      for i, h in enumerate(('fc1', 'fc2'))
+    }
+
+  tree = {'Transformer': {'encoder_norm': norm('post_layernorm')}}
+  for i in range(LAYERS):
+    hf = f'encoder.layers.{i}'
+    attention = {
+      n: dense(sd[f'{hf}.self_attn.{h}_proj.weight'], sd[f'{hf}.self_attn.{h}_proj.bias'], True)
+      for n, h in (('query', 'q'), ('key', 'k'), ('value', 'v'))
+    }
+    out = sd[f'{hf}.self_attn.out_proj.weight'], sd[f'{hf}.self_attn.out_proj.bias']
+    attention['out'] = dense(*out, heads_in=True)
+    tree['Transformer'][f'encoderblock_{i}'] = {
+      'MultiHeadDotProductAttention_0': attention,
+      'LayerNorm_0': norm(f'{hf}.layer_norm1'),
+      'LayerNorm_1': norm(f'{hf}.layer_norm2'),
+      'MlpBlock_0': mlp(f'{hf}.mlp'),
+    }
+  embed = 'embeddings'
+  tree['embedding'] = dense(
+    sd[f'{embed}.patch_embedding.weight'], sd[f'{embed}.patch_embedding.bias']
+  )
+  tree['pos_embedding'] = sd[f'{embed}.position_embedding.weight'].reshape(GRID, GRID, WIDTH)
+  head = 'head'
+  qkv_w, qkv_b = sd[f'{head}.attention.in_proj_weight'], sd[f'{head}.attention.in_proj_bias']
+  attention = {
+    n: dense(qkv_w[i * WIDTH : (i + 1) * WIDTH], qkv_b[i * WIDTH : (i + 1) * WIDTH], True)
+    for i, n in enumerate(('query', 'key', 'value'))
+  }
+  out = sd[f'{head}.attention.out_proj.weight'], sd[f'{head}.attention.out_proj.bias']
+  attention['out'] = dense(*out, heads_in=True)
+  tree['MAPHead_0'] = {
+    'probe': sd[f'{head}.probe'],
+    'MultiHeadDotProductAttention_0': attention,
+    'LayerNorm_0': norm(f'{head}.layernorm'),
+    'MlpBlock_0': mlp(f'{head}.mlp'),
+  }
+  return jax.tree.map(np.float32, tree)
+
+
+@pytest.fixture(scope='module')
+def siglip2_vision():
+  """transformers' Siglip2VisionModel, random weights (float64), and our tower on them."""
+  from test_two_towers import _hf_randomize
+  from transformers import Siglip2VisionConfig, Siglip2VisionModel
+
+  from vit_jax.models.naflex import NaFlexViT
+
+  config = Siglip2VisionConfig(
+    hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+    intermediate_size=MLP, patch_size=PATCH, num_patches=GRID * GRID,
+  )  # fmt: skip
+  config._attn_implementation = 'eager'
+  hf = _hf_randomize(Siglip2VisionModel(config), seed=2)
+  params = _from_siglip2({k: v.numpy() for k, v in hf.state_dict().items()})
+  transformer = {'num_layers': LAYERS, 'mlp_dim': MLP, 'num_heads': HEADS}
+  transformer |= {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0}
+  model = NaFlexViT(None, PATCH, WIDTH, transformer, posemb_grid=GRID)
+  return hf, model, params
+
+
+def _ours(model, params, x):
+  apply = jax.jit(model.apply)
+  return np.asarray(apply({'params': params}, x['patches'], x['ptype'], x['yidx'], x['xidx']))
+
+
+def test_naflex_tower_equals_transformers_siglip2_on_three_aspect_ratios(siglip2_vision):
+  """Three images (2 x 6, 4 x 3 and 3 x 3 patches) batched in 12 slots: the pooled features
+  equal transformers' Siglip2VisionModel (its own position-embedding resize) to 1e-5, and
+  are the same for the wide image alone, without padding, and for all three in 20 slots."""
+  import torch
+
+  hf, model, params = siglip2_vision
+  x = _inputs(GRIDS, SLOTS)
+  ours = _ours(model, params, x)
+  with torch.no_grad():
+    want = hf(
+      pixel_values=torch.tensor(x['patches']).double(),
+      pixel_attention_mask=torch.tensor(x['ptype']),
+      spatial_shapes=torch.tensor(GRIDS),
+    ).pooler_output.numpy()
+  np.testing.assert_allclose(ours, want, atol=1e-5, rtol=0)
+  alone = {k: v[:1, :12] for k, v in x.items()}  # 2 x 6: no padding
+  np.testing.assert_allclose(_ours(model, params, alone)[0], ours[0], atol=1e-5, rtol=0)
+  wider = {k: np.pad(v, [(0, 0), (0, 8)] + [(0, 0)] * (v.ndim - 2)) for k, v in x.items()}
+  np.testing.assert_allclose(_ours(model, params, wider), ours, atol=1e-5, rtol=0)
+  assert np.abs(ours[0] - ours[1]).max() > 1e-2  # the images differ

@@ -29,9 +29,15 @@ def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, dtype: Dtype) -> jnp.
   return precision.einsum('bhqk,bhkd->bhqd', weights, v, dtype)
 
 
-def _attention_weights(q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype) -> jnp.ndarray:
-  """softmax(q k^T) over the keys, in float32, heads-major (batch, heads, queries, keys)."""
-  return jax.nn.softmax(precision.einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32))
+def _attention_weights(
+  q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype, mask: jnp.ndarray | None = None
+) -> jnp.ndarray:
+  """softmax(q k^T) over the keys, in float32, heads-major (batch, heads, queries, keys);
+  `mask` (batch, keys): the keys to attend to (False: padding, no weight)."""
+  logits = precision.einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits)
 
 
 @attend.defjvp
@@ -111,9 +117,14 @@ class MultiHeadDotProductAttention(precision.Precision):
 
   @nn.compact
   def __call__(
-    self, x: jnp.ndarray, deterministic: bool, kv: jnp.ndarray | None = None
+    self,
+    x: jnp.ndarray,
+    deterministic: bool,
+    kv: jnp.ndarray | None = None,
+    mask: jnp.ndarray | None = None,
   ) -> jnp.ndarray:
-    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`)."""
+    """Attention of the queries from `x` over the keys and values from `kv` (default: `x`);
+    `mask` (batch, keys): False for padding keys (NaFlex), which get no weight."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
@@ -129,7 +140,7 @@ class MultiHeadDotProductAttention(precision.Precision):
     )  # each (batch, tokens, heads, head_dim)
 
     use_dropout = not deterministic and self.dropout_rate > 0
-    if self.attention_impl == 'fused' and not use_dropout:
+    if self.attention_impl == 'fused' and not use_dropout and mask is None:
       if precision.is_mixed(self.dtype):
         q, k, v = (t.astype(self.dtype) for t in (q, k, v))
       y = fused_attention(q, k, v)
@@ -139,8 +150,8 @@ class MultiHeadDotProductAttention(precision.Precision):
       q, k, v = (jnp.swapaxes(t, 1, 2) for t in (q, k, v))
       q = q / jnp.sqrt(head_dim).astype(q.dtype)
       # Applied with mutable=['intermediates'] (attention maps, rollout), the weights are kept.
-      if use_dropout or self.is_mutable_collection('intermediates'):
-        weights = _attention_weights(q, k, self.dtype).astype(v.dtype)
+      if use_dropout or mask is not None or self.is_mutable_collection('intermediates'):
+        weights = _attention_weights(q, k, self.dtype, mask).astype(v.dtype)
         self.sow('intermediates', 'attention_weights', weights)
         weights = nn.Dropout(rate=self.dropout_rate)(weights, deterministic=not use_dropout)
         y = precision.einsum('bhqk,bhkd->bhqd', weights, v, self.dtype)

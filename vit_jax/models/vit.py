@@ -107,9 +107,14 @@ class Encoder1DBlock(precision.Precision):
 
   @nn.compact
   def __call__(
-    self, x: jnp.ndarray, deterministic: bool, drop_path_rate: jnp.ndarray | None = None
+    self,
+    x: jnp.ndarray,
+    deterministic: bool,
+    drop_path_rate: jnp.ndarray | None = None,
+    mask: jnp.ndarray | None = None,
   ) -> jnp.ndarray:
     # `drop_path_rate` as an argument: the rate of this layer inside `nn.scan` (traced).
+    # `mask` (batch, tokens): False for padding tokens, which no token attends to.
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
     y = self.norm('LayerNorm_0')(x)
     y = MultiHeadDotProductAttention(
@@ -118,7 +123,7 @@ class Encoder1DBlock(precision.Precision):
       attention_impl=self.attention_impl,
       **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
-    )(y, deterministic)
+    )(y, deterministic, mask=mask)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + _drop_path(y, rate, deterministic)
     y = self.norm('LayerNorm_1')(x)
@@ -141,9 +146,9 @@ class _ScanBlock(Encoder1DBlock):
   emit: bool = False
 
   def __call__(
-    self, x: jnp.ndarray, rate: jnp.ndarray | None
+    self, x: jnp.ndarray, rate: jnp.ndarray | None, mask: jnp.ndarray | None = None
   ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
-    x = super().__call__(x, self.deterministic, rate)
+    x = super().__call__(x, self.deterministic, rate, mask)
     return x, (x if self.emit else None)
 
 
@@ -184,6 +189,7 @@ class Encoder(precision.Precision):
     train: bool,
     grid: tuple[int, int] | None = None,
     capture: Sequence[int] | None = None,
+    mask: jnp.ndarray | None = None,
   ) -> tuple[jnp.ndarray | None, dict[int, jnp.ndarray]]:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
@@ -195,13 +201,13 @@ class Encoder(precision.Precision):
       )(x, grid)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     capture = () if capture is None else block_indices(capture, self.num_layers)
-    x, captured = self._blocks(x, train, capture)
+    x, captured = self._blocks(x, train, capture, mask)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
     return self.norm('encoder_norm')(x), captured
 
   def _blocks(
-    self, x: jnp.ndarray, train: bool, capture: tuple[int, ...]
+    self, x: jnp.ndarray, train: bool, capture: tuple[int, ...], mask: jnp.ndarray | None
   ) -> tuple[jnp.ndarray, dict[int, jnp.ndarray]]:
     """The encoder blocks (all of them, or up to the last captured), and the captured outputs."""
     block_args = {
@@ -224,11 +230,11 @@ class Encoder(precision.Precision):
         body,
         variable_axes={'params': 0, 'intermediates': 0},
         split_rngs={'params': True, 'dropout': True},
-        in_axes=0,
+        in_axes=(0, nn.broadcast),
         length=self.num_layers,
       )(
         **block_args, deterministic=not train, emit=bool(capture), name='encoderblock'
-      )(x, scanned_rates)
+      )(x, scanned_rates, mask)
       return x, {i: outputs[i] for i in capture}
     block = Encoder1DBlock
     if self.remat_policy != 'none':
@@ -236,7 +242,9 @@ class Encoder(precision.Precision):
       block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
     captured = {}
     for i in range(max(capture, default=self.num_layers - 1) + 1):
-      x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(x, not train)
+      x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(
+        x, not train, None, mask
+      )
       if i in capture:
         captured[i] = x
     return x, captured
@@ -253,7 +261,8 @@ class MAPHead(precision.Precision):
   gelu_approximate: bool = True
 
   @nn.compact
-  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+  def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
+    """`mask` (batch, tokens): False for padding tokens, which the probe does not read."""
     n, _, d = x.shape
     probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
     probe = jnp.tile(probe.astype(x.dtype), (n, 1, 1))
@@ -262,7 +271,7 @@ class MAPHead(precision.Precision):
       attention_impl=self.attention_impl,
       **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
-    )(probe, True, kv=x)
+    )(probe, True, kv=x, mask=mask)
     z = self.norm('LayerNorm_0')(y)
     mlp = MlpBlock(
       self.mlp_dim,

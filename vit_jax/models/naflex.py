@@ -1,0 +1,133 @@
+"""NaFlex ViT (SigLIP 2's native-aspect image tower): NaViT's patch sequences with FlexiViT's
+resizable position embedding, as big_vision's `models/proj/image_text/naflex_vit.py`.
+
+An image comes as a sequence of `max_len` patch slots (vit_jax/data/naflex.py): `patches`
+(B, N, p * p * 3, pixels in [-1, 1], (row, column, channel) order), `ptype` (B, N; 1 a patch,
+0 padding), `yidx`, `xidx` (B, N; each patch's row and column in its image's grid). So images
+of any aspect ratio and size batch together without distortion.
+
+  embedding      a Dense over the flattened patch (kernel (p * p * 3, D))
+  pos_embedding  a learned (G, G, D) grid (G = `posemb_grid`, 16), resized per image to its
+                 own patch grid (antialiased bilinear, `jax.image.scale_and_translate` onto a
+                 static `posemb_canvas` x `posemb_canvas` canvas, 64: at most 64 patches a
+                 side) and taken at each patch's (row, column)
+  Transformer    this project's ViT encoder, padding masked in every attention layer
+  MAPHead_0      attention pooling over the patches alone (or 'gap': their mean)
+  head           of width `num_classes` (SigLIP 2's image tower has none)
+
+The parameter names are big_vision's, so its files (`siglip2_*_naflex.npz`) read by name.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.models import precision
+from vit_jax.models.vit import Encoder, MAPHead
+
+CLASSIFIERS = ('map', 'gap')
+
+
+def resized_posemb(
+  grid: jnp.ndarray, rows: jnp.ndarray, cols: jnp.ndarray, yidx, xidx, canvas: int
+) -> jnp.ndarray:
+  """The (G, G, D) grid resized to each image's (rows, cols) patches, at its patches' (y, x):
+  (B, N, D)."""
+
+  def one(r, c, y, x):
+    size = jnp.stack([r, c]).astype(jnp.float32)
+    resized = jax.image.scale_and_translate(
+      grid,
+      shape=(canvas, canvas, grid.shape[-1]),
+      spatial_dims=(0, 1),
+      scale=size / jnp.asarray(grid.shape[:2], jnp.float32),
+      translation=jnp.zeros(2, jnp.float32),
+      method='bilinear',
+      antialias=True,
+    )
+    return resized[y, x]
+
+  return jax.vmap(one)(rows, cols, yidx, xidx)
+
+
+class NaFlexViT(precision.Precision):
+  """The NaFlex image tower; the fields as the registry's (see the module docstring).
+
+  Attributes:
+    num_classes: head width; 0 or None: none (the pooled features are the output).
+    patch_size: the side of a patch (its inputs come flattened: p * p * 3 values).
+    hidden_size: D.
+    transformer: {'num_layers', 'mlp_dim', 'num_heads', 'dropout_rate',
+      'attention_dropout_rate'}.
+    classifier: 'map' (big_vision's attention pooling) or 'gap', over the patches alone.
+    posemb_grid: G, the learned position embedding's side.
+    posemb_canvas: the most patches a side (the resize's static canvas).
+  """
+
+  num_classes: int | None
+  patch_size: int
+  hidden_size: int
+  transformer: Mapping[str, Any]
+  classifier: str = 'map'
+  posemb_grid: int = 16
+  posemb_canvas: int = 64
+  head_zeroinit: bool = True
+  attention_impl: str = 'xla'
+  remat_policy: str = 'none'
+  scan_layers: bool = False
+  gelu_approximate: bool = True
+
+  @nn.compact
+  def __call__(self, patches, ptype, yidx, xidx, *, train: bool = False) -> jnp.ndarray:
+    """(B, N, p * p * 3) patches with their type and grid positions -> logits, or the pooled
+    features without a head (float32)."""
+    if self.classifier not in CLASSIFIERS:
+      raise ValueError(f'classifier={self.classifier!r}; NaFlex pools with one of {CLASSIFIERS}')
+    dense = self.dense_layers(nn.Dense)
+    x = dense(self.hidden_size, name='embedding')(jnp.asarray(patches, self.activation_dtype()))
+    grid = self.param(
+      'pos_embedding',
+      nn.initializers.normal(stddev=1 / np.sqrt(self.hidden_size)),
+      (self.posemb_grid, self.posemb_grid, self.hidden_size),
+      self.param_dtype,
+    )
+    rows, cols = jnp.max(yidx, axis=1) + 1, jnp.max(xidx, axis=1) + 1
+    x = x + resized_posemb(grid, rows, cols, yidx, xidx, self.posemb_canvas).astype(x.dtype)
+    mask = ptype == 1
+    encoded, _ = Encoder(
+      **self.transformer,
+      attention_impl=self.attention_impl,
+      remat_policy=self.remat_policy,
+      scan_layers=self.scan_layers,
+      learned_posemb=False,
+      gelu_approximate=self.gelu_approximate,
+      **self.precision_fields(),
+      name='Transformer',
+    )(x, train=train, mask=mask)
+    x = self._pool(encoded, mask)
+    if self.num_classes:
+      init = nn.initializers.zeros if self.head_zeroinit else nn.initializers.lecun_normal()
+      x = nn.Dense(
+        self.num_classes,
+        **precision.matmul_kwargs(self.dtype, self.param_dtype),
+        kernel_init=init,
+        name='head',
+      )(x)
+    return x.astype(jnp.float32)
+
+  def _pool(self, x: jnp.ndarray, mask: jnp.ndarray) -> jnp.ndarray:
+    if self.classifier == 'gap':
+      weights = mask[..., None].astype(x.dtype)
+      return jnp.sum(x * weights, axis=1) / jnp.sum(weights, axis=1)
+    return MAPHead(
+      num_heads=self.transformer['num_heads'],
+      mlp_dim=self.transformer['mlp_dim'],
+      attention_impl=self.attention_impl,
+      gelu_approximate=self.gelu_approximate,
+      **self.precision_fields(),
+      name='MAPHead_0',
+    )(x, mask)
