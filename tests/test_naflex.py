@@ -173,3 +173,44 @@ def test_naflex_tower_equals_transformers_siglip2_on_three_aspect_ratios(siglip2
   wider = {k: np.pad(v, [(0, 0), (0, 8)] + [(0, 0)] * (v.ndim - 2)) for k, v in x.items()}
   np.testing.assert_allclose(_ours(model, params, wider), ours, atol=1e-5, rtol=0)
   assert np.abs(ours[0] - ours[1]).max() > 1e-2  # the images differ
+
+
+def test_naflex_tower_in_big_visions_names_equals_timms_naflexvit(tmp_path):
+  """The scanned tower's tree is big_vision's NaFlex layout by name: written as a
+  `params/img/...` .npz, timm's NaFlexVit (`naflexvit_base_patch16_siglip`'s recipe, tiny)
+  reads it with its big_vision loader and gives our pooled features to 1e-5 on the three
+  aspect ratios."""
+  import timm
+  import torch
+
+  from vit_jax.flat import flatten, unflatten
+  from vit_jax.models.naflex import NaFlexViT
+
+  transformer = {'num_layers': LAYERS, 'mlp_dim': MLP, 'num_heads': HEADS}
+  transformer |= {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0}
+  model = NaFlexViT(None, PATCH, WIDTH, transformer, posemb_grid=GRID, scan_layers=True)
+  x = _inputs(GRIDS, SLOTS)
+  shapes = jax.eval_shape(
+    model.init, jax.random.key(0), x['patches'], x['ptype'], x['yidx'], x['xidx']
+  )['params']
+  rng = np.random.default_rng(3)
+  flat = {k: rng.normal(0, 0.3, s.shape).astype(np.float32) for k, s in flatten(shapes).items()}
+  assert 'Transformer/encoderblock/MlpBlock_0/Dense_0/kernel' in flat  # scan-stacked
+  assert flat['embedding/kernel'].shape == (PATCH * PATCH * 3, WIDTH)
+  assert flat['pos_embedding'].shape == (GRID, GRID, WIDTH)
+  np.savez(tmp_path / 'naflex.npz', **{f'params/img/{k}': v for k, v in flat.items()})
+  theirs = timm.create_model(
+    'naflexvit_base_patch16_siglip', pretrained=False, num_classes=0, embed_dim=WIDTH,
+    depth=LAYERS, num_heads=HEADS, patch_size=PATCH, pos_embed_grid_size=(GRID, GRID),
+    mlp_ratio=MLP / WIDTH,
+  ).eval()  # fmt: skip
+  theirs.load_pretrained(str(tmp_path / 'naflex.npz'), prefix='params/img/')
+  params = unflatten(flat)
+  ours = _ours(model, params, x)
+  coord = torch.tensor(np.stack([x['yidx'], x['xidx']], -1)).long()
+  with torch.no_grad():
+    want = theirs(
+      {'patches': torch.tensor(x['patches']), 'patch_coord': coord,
+       'patch_valid': torch.tensor(x['ptype'] > 0)}
+    ).numpy()  # fmt: skip
+  np.testing.assert_allclose(ours, want, atol=1e-5, rtol=0)
