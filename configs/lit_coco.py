@@ -16,9 +16,10 @@ CLIP's softmax loss, t init log 10. Adam (lr 1e-3, weight decay 0.01 of big_visi
 `configs/proj/image_text/siglip_lit_coco.py` with the softmax loss
 (configs/siglip_lit_coco.py is that recipe itself).
 
-Expected result: not measured in this project (no COCO and no accelerator here); big_vision
-reports none for this minimal recipe either. Zero-shot and retrieval evaluators run after
-training (docs/image-text.md).
+Evaluation: COCO retrieval every 1,000 steps, as big_vision's recipe (`retrieval_coco/
+coco_captions/img2txt_recall@1`, ...: Karpathy's test split, the first 5 captions of each
+image). Expected result: not measured in this project (no COCO and no accelerator here);
+big_vision reports none for this minimal recipe either.
 """
 
 import ml_collections
@@ -68,6 +69,16 @@ def coco_recipe(loss: str, img_head: bool = False) -> ml_collections.ConfigDict:
   config.accum_steps = 1
   config.progress_every = 50
   config.checkpoint_every = 1_000
+  # big_vision's `retrieval_coco` every 1,000 steps: Karpathy's 5,000 test images, here with
+  # the protocol's first 5 captions of each (big_vision's evaluator reads them all).
+  config.evals = {
+    'retrieval_coco': {
+      'type': 'retrieval',
+      'every': 1_000,
+      'datasets': ('coco_captions',),
+      'max_texts': 5,
+    }
+  }
   return config
 
 

@@ -393,8 +393,9 @@ def _mock_coco(self, *args, **kwargs):
 )
 def test_configs_run_on_mock_data(module, variant, tmp_path, image_file):
   """The COCO configs, tiny towers, two steps on coco_captions (tfds' mock data), with finite
-  losses (`:img_head` too: its image head trains from a random start); the digits config is
-  the reference run's."""
+  losses (`:img_head` too: its image head trains from a random start), then their COCO
+  retrieval evaluator over the mock's 16 images and 80 captions; the digits config is the
+  reference run's."""
   config = tiny(module.get_config(variant), image_file, total_steps=2, checkpoint_every=2)
   config.zeroshot_every = 0  # COCO names no classes
   config.model.image, config.model.out_dim = IMAGE, (64 if variant else None, 64)
@@ -407,8 +408,14 @@ def test_configs_run_on_mock_data(module, variant, tmp_path, image_file):
     result = train.train_and_evaluate(config, str(tmp_path / 'run'))
   assert result['status'] == 'done'
   lines = _lines(str(tmp_path / 'run'))
-  assert len(lines) == 2 and all(np.isfinite(m['loss']) for m in lines)
+  steps = [m for m in lines if 'loss' in m]
+  assert len(steps) == 2 and all(np.isfinite(m['loss']) for m in steps)
   assert ('bias' in lines[0]) == (module is siglip_lit_coco)
+  counts = {
+    k.rsplit('/', 1)[1]: v for k, v in lines[-1].items() if k.endswith(('_images', '_texts'))
+  }
+  assert counts == {'num_images': 16, 'num_texts': 80}
+  assert 0 <= lines[-1]['retrieval_coco/coco_captions/img2txt_recall@1'] <= 1
 
 
 def test_a_contrastive_run_on_a_dataset_without_captions_is_one_line(image_file):
