@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.models import precision
-from vit_jax.models.vit import Encoder, MAPHead
+from vit_jax.models.vit import Encoder, map_head
 
 CLASSIFIERS = ('map', 'gap')
 
@@ -123,11 +123,4 @@ class NaFlexViT(precision.Precision):
     if self.classifier == 'gap':
       weights = mask[..., None].astype(x.dtype)
       return jnp.sum(x * weights, axis=1) / jnp.sum(weights, axis=1)
-    return MAPHead(
-      num_heads=self.transformer['num_heads'],
-      mlp_dim=self.transformer['mlp_dim'],
-      attention_impl=self.attention_impl,
-      gelu_approximate=self.gelu_approximate,
-      **self.precision_fields(),
-      name='MAPHead_0',
-    )(x, mask)
+    return map_head(self)(x, mask)

@@ -282,6 +282,19 @@ class MAPHead(precision.Precision):
     return (y + mlp(z, deterministic=True))[:, 0]
 
 
+def map_head(tower: Any) -> MAPHead:
+  """`MAPHead_0` of an image tower (a ViT, a NaFlex ViT): its encoder's heads and MLP width,
+  attention, GELU and precision; built inside the tower's compact method, as its child."""
+  return MAPHead(
+    num_heads=tower.transformer['num_heads'],
+    mlp_dim=tower.transformer['mlp_dim'],
+    attention_impl=tower.attention_impl,
+    gelu_approximate=tower.gelu_approximate,
+    **tower.precision_fields(),
+    name='MAPHead_0',
+  )
+
+
 class VisionTransformer(precision.Precision):
   """ViT and the ResNet+ViT hybrids; the fields are the registry's config fields.
 
@@ -395,14 +408,7 @@ class VisionTransformer(precision.Precision):
     if self.classifier == 'gap':
       return jnp.mean(x, axis=tuple(range(1, x.ndim - 1)))
     if self.classifier == 'map':
-      return MAPHead(
-        num_heads=self.transformer['num_heads'],
-        mlp_dim=self.transformer['mlp_dim'],
-        attention_impl=self.attention_impl,
-        gelu_approximate=self.gelu_approximate,
-        **self.precision_fields(),
-        name='MAPHead_0',
-      )(x)
+      return map_head(self)(x)
     return x
 
   def _head(self, x: jnp.ndarray, name: str = 'head') -> jnp.ndarray:
