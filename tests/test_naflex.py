@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import naflex
+from vit_jax.flat import unflatten
 
 # big_vision's ops_naflex_test.py: (image size, patch, max patches, the size it resizes to).
 SIZES = [
@@ -69,61 +70,23 @@ def _inputs(grids, slots, seed=0):
 
 
 def _from_siglip2(sd) -> dict:
-  """transformers' Siglip2VisionModel weights -> the NaFlex tower's tree (big_vision's names)."""
-  hd = WIDTH // HEADS
+  """transformers' Siglip2VisionModel weights -> the NaFlex tower's tree (big_vision's names,
+  blocks unrolled), through test_two_towers' SigLIP mapping of each part."""
+  from test_two_towers import hf_dense, hf_encoder_block, hf_map_head
 
-  def dense(w, b, heads_out=False, heads_in=False):
-    kernel, bias = w.T, b
-    if heads_out:  # q/k/v: (D, heads, head_dim)
-      kernel, bias = kernel.reshape(WIDTH, HEADS, hd), b.reshape(HEADS, hd)
-    if heads_in:  # out: (heads, head_dim, D)
-      kernel = kernel.reshape(HEADS, hd, WIDTH)
-    return {'kernel': kernel, 'bias': bias}
-
-  def norm(prefix):
-    return {'scale': sd[f'{prefix}.weight'], 'bias': sd[f'{prefix}.bias']}
-
-  def mlp(prefix):
-    return {
-      f'Dense_{i}': dense(sd[f'{prefix}.{h}.weight'], sd[f'{prefix}.{h}.bias'])
-      for i, h in enumerate(('fc1', 'fc2'))
-    }
-
-  tree = {'Transformer': {'encoder_norm': norm('post_layernorm')}}
+  flat = {}
   for i in range(LAYERS):
-    hf = f'encoder.layers.{i}'
-    attention = {
-      n: dense(sd[f'{hf}.self_attn.{h}_proj.weight'], sd[f'{hf}.self_attn.{h}_proj.bias'], True)
-      for n, h in (('query', 'q'), ('key', 'k'), ('value', 'v'))
-    }
-    out = sd[f'{hf}.self_attn.out_proj.weight'], sd[f'{hf}.self_attn.out_proj.bias']
-    attention['out'] = dense(*out, heads_in=True)
-    tree['Transformer'][f'encoderblock_{i}'] = {
-      'MultiHeadDotProductAttention_0': attention,
-      'LayerNorm_0': norm(f'{hf}.layer_norm1'),
-      'LayerNorm_1': norm(f'{hf}.layer_norm2'),
-      'MlpBlock_0': mlp(f'{hf}.mlp'),
-    }
-  embed = 'embeddings'
-  tree['embedding'] = dense(
-    sd[f'{embed}.patch_embedding.weight'], sd[f'{embed}.patch_embedding.bias']
+    block = hf_encoder_block(sd, f'encoder.layers.{i}', WIDTH, HEADS)
+    flat |= {f'Transformer/encoderblock_{i}/{k}': v for k, v in block.items()}
+  flat['Transformer/encoder_norm/scale'] = sd['post_layernorm.weight']
+  flat['Transformer/encoder_norm/bias'] = sd['post_layernorm.bias']
+  embed = hf_dense(
+    sd['embeddings.patch_embedding.weight'], sd['embeddings.patch_embedding.bias'], WIDTH, HEADS
   )
-  tree['pos_embedding'] = sd[f'{embed}.position_embedding.weight'].reshape(GRID, GRID, WIDTH)
-  head = 'head'
-  qkv_w, qkv_b = sd[f'{head}.attention.in_proj_weight'], sd[f'{head}.attention.in_proj_bias']
-  attention = {
-    n: dense(qkv_w[i * WIDTH : (i + 1) * WIDTH], qkv_b[i * WIDTH : (i + 1) * WIDTH], True)
-    for i, n in enumerate(('query', 'key', 'value'))
-  }
-  out = sd[f'{head}.attention.out_proj.weight'], sd[f'{head}.attention.out_proj.bias']
-  attention['out'] = dense(*out, heads_in=True)
-  tree['MAPHead_0'] = {
-    'probe': sd[f'{head}.probe'],
-    'MultiHeadDotProductAttention_0': attention,
-    'LayerNorm_0': norm(f'{head}.layernorm'),
-    'MlpBlock_0': mlp(f'{head}.mlp'),
-  }
-  return jax.tree.map(np.float32, tree)
+  flat |= {f'embedding/{k}': v for k, v in embed.items()}
+  flat['pos_embedding'] = sd['embeddings.position_embedding.weight'].reshape(GRID, GRID, WIDTH)
+  flat |= {f'MAPHead_0/{k}': v for k, v in hf_map_head(sd, 'head', WIDTH, HEADS).items()}
+  return unflatten({k: np.float32(v) for k, v in flat.items()})
 
 
 @pytest.fixture(scope='module')
@@ -183,7 +146,7 @@ def test_naflex_tower_in_big_visions_names_equals_timms_naflexvit(tmp_path):
   import timm
   import torch
 
-  from vit_jax.flat import flatten, unflatten
+  from vit_jax.flat import flatten
   from vit_jax.models.naflex import NaFlexViT
 
   transformer = {'num_layers': LAYERS, 'mlp_dim': MLP, 'num_heads': HEADS}

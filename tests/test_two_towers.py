@@ -508,35 +508,64 @@ def test_lit_text_transformer_file_equals_the_numpy_equations(lit_text_transform
   np.testing.assert_allclose(out['t'], np.exp(flat['t']), rtol=1e-6)
 
 
+def hf_dense(w, b, width, heads, qkv=False, out=False):
+  """A transformers Linear (out, in) as big_vision's Dense: q/k/v (D, heads, head_dim), the
+  attention's out (heads, head_dim, D)."""
+  kernel, hd = w.T, width // heads
+  if qkv:
+    kernel, b = kernel.reshape(width, heads, hd), b.reshape(heads, hd)
+  if out:
+    kernel = kernel.reshape(heads, hd, width)
+  return {'kernel': kernel, 'bias': b}
+
+
+def hf_encoder_block(sd, hf, width, heads):
+  """A SigLIP (or SigLIP 2) encoder layer `hf` of transformers as big_vision's flat block."""
+  out = {}
+  for n, h in zip(QKV, 'qkv', strict=True):
+    w, b = sd[f'{hf}.self_attn.{h}_proj.weight'], sd[f'{hf}.self_attn.{h}_proj.bias']
+    d = hf_dense(w, b, width, heads, qkv=True)
+    out |= {f'MultiHeadDotProductAttention_0/{n}/{k}': v for k, v in d.items()}
+  w, b = sd[f'{hf}.self_attn.out_proj.weight'], sd[f'{hf}.self_attn.out_proj.bias']
+  d = hf_dense(w, b, width, heads, out=True)
+  out |= {f'MultiHeadDotProductAttention_0/out/{k}': v for k, v in d.items()}
+  for ours, h in (('LayerNorm_0', 'layer_norm1'), ('LayerNorm_1', 'layer_norm2')):
+    out |= {f'{ours}/scale': sd[f'{hf}.{h}.weight'], f'{ours}/bias': sd[f'{hf}.{h}.bias']}
+  return out | hf_mlp(sd, f'{hf}.mlp', width, heads)
+
+
+def hf_mlp(sd, prefix, width, heads):
+  out = {}
+  for ours, h in (('Dense_0', 'fc1'), ('Dense_1', 'fc2')):
+    d = hf_dense(sd[f'{prefix}.{h}.weight'], sd[f'{prefix}.{h}.bias'], width, heads)
+    out |= {f'MlpBlock_0/{ours}/{k}': v for k, v in d.items()}
+  return out
+
+
+def hf_map_head(sd, head, width, heads):
+  """transformers' MAP head `head` (probe, a fused in-projection) as big_vision's `MAPHead_0`."""
+  out = {'probe': sd[f'{head}.probe']}
+  qkv_w, qkv_b = sd[f'{head}.attention.in_proj_weight'], sd[f'{head}.attention.in_proj_bias']
+  for i, n in enumerate(QKV):
+    rows = slice(i * width, (i + 1) * width)
+    d = hf_dense(qkv_w[rows], qkv_b[rows], width, heads, qkv=True)
+    out |= {f'MultiHeadDotProductAttention_0/{n}/{k}': x for k, x in d.items()}
+  w, b = sd[f'{head}.attention.out_proj.weight'], sd[f'{head}.attention.out_proj.bias']
+  d = hf_dense(w, b, width, heads, out=True)
+  out |= {f'MultiHeadDotProductAttention_0/out/{k}': x for k, x in d.items()}
+  out['LayerNorm_0/scale'] = sd[f'{head}.layernorm.weight']
+  out['LayerNorm_0/bias'] = sd[f'{head}.layernorm.bias']
+  return out | hf_mlp(sd, f'{head}.mlp', width, heads)
+
+
 def siglip_to_big_vision(sd, layers, width, heads):
   """transformers' SiglipModel weights -> big_vision's two-tower .npz (`params/` prefix, both
   towers scan-stacked, image posemb at the top level without a class row, MAP head, t, b)."""
-  hd = width // heads
-
-  def dense(w, b, shape_in=None, shape_out=None):
-    kernel = w.T
-    if shape_in:  # q/k/v: (D, heads, head_dim)
-      kernel, b = kernel.reshape(width, heads, hd), b.reshape(heads, hd)
-    if shape_out:  # out: (heads, head_dim, D)
-      kernel = kernel.reshape(heads, hd, width)
-    return {'kernel': kernel, 'bias': b}
-
-  def block(hf):
-    out = {}
-    for n, h in zip(QKV, 'qkv', strict=True):
-      w, b = sd[f'{hf}.self_attn.{h}_proj.weight'], sd[f'{hf}.self_attn.{h}_proj.bias']
-      out |= {f'MultiHeadDotProductAttention_0/{n}/{k}': v for k, v in dense(w, b, 1).items()}
-    o = dense(sd[f'{hf}.self_attn.out_proj.weight'], sd[f'{hf}.self_attn.out_proj.bias'], None, 1)
-    out |= {f'MultiHeadDotProductAttention_0/out/{k}': v for k, v in o.items()}
-    for ours, h in (('LayerNorm_0', 'layer_norm1'), ('LayerNorm_1', 'layer_norm2')):
-      out |= {f'{ours}/scale': sd[f'{hf}.{h}.weight'], f'{ours}/bias': sd[f'{hf}.{h}.bias']}
-    for ours, h in (('Dense_0', 'fc1'), ('Dense_1', 'fc2')):
-      d = dense(sd[f'{hf}.mlp.{h}.weight'], sd[f'{hf}.mlp.{h}.bias'])
-      out |= {f'MlpBlock_0/{ours}/{k}': v for k, v in d.items()}
-    return out
 
   def stacked(tower):
-    blocks = [block(f'{tower}.encoder.layers.{i}') for i in range(layers)]
+    blocks = [
+      hf_encoder_block(sd, f'{tower}.encoder.layers.{i}', width, heads) for i in range(layers)
+    ]
     return {k: np.stack([b[k] for b in blocks]) for k in blocks[0]}
 
   v, t = 'vision_model', 'text_model'
@@ -546,25 +575,14 @@ def siglip_to_big_vision(sd, layers, width, heads):
   img['pos_embedding'] = sd[f'{v}.embeddings.position_embedding.weight'][None]
   img['Transformer/encoder_norm/scale'] = sd[f'{v}.post_layernorm.weight']
   img['Transformer/encoder_norm/bias'] = sd[f'{v}.post_layernorm.bias']
-  head = f'{v}.head'
-  img['MAPHead_0/probe'] = sd[f'{head}.probe']
-  qkv_w, qkv_b = sd[f'{head}.attention.in_proj_weight'], sd[f'{head}.attention.in_proj_bias']
-  for i, n in enumerate(QKV):
-    d = dense(qkv_w[i * width : (i + 1) * width], qkv_b[i * width : (i + 1) * width], 1)
-    img |= {f'MAPHead_0/MultiHeadDotProductAttention_0/{n}/{k}': x for k, x in d.items()}
-  o = dense(sd[f'{head}.attention.out_proj.weight'], sd[f'{head}.attention.out_proj.bias'], None, 1)
-  img |= {f'MAPHead_0/MultiHeadDotProductAttention_0/out/{k}': x for k, x in o.items()}
-  img['MAPHead_0/LayerNorm_0/scale'] = sd[f'{head}.layernorm.weight']
-  img['MAPHead_0/LayerNorm_0/bias'] = sd[f'{head}.layernorm.bias']
-  for ours, h in (('Dense_0', 'fc1'), ('Dense_1', 'fc2')):
-    d = dense(sd[f'{head}.mlp.{h}.weight'], sd[f'{head}.mlp.{h}.bias'])
-    img |= {f'MAPHead_0/MlpBlock_0/{ours}/{k}': x for k, x in d.items()}
+  img |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}.head', width, heads).items()}
   txt = {f'Encoder_0/encoderblock/{k}': x for k, x in stacked(t).items()}
   txt['Embed_0/embedding'] = sd[f'{t}.embeddings.token_embedding.weight']
   txt['pos_embedding'] = sd[f'{t}.embeddings.position_embedding.weight'][None]
   txt['Encoder_0/encoder_norm/scale'] = sd[f'{t}.final_layer_norm.weight']
   txt['Encoder_0/encoder_norm/bias'] = sd[f'{t}.final_layer_norm.bias']
-  txt |= {f'head/{k}': x for k, x in dense(sd[f'{t}.head.weight'], sd[f'{t}.head.bias']).items()}
+  head = hf_dense(sd[f'{t}.head.weight'], sd[f'{t}.head.bias'], width, heads)
+  txt |= {f'head/{k}': x for k, x in head.items()}
   flat = {f'params/img/{k}': x for k, x in img.items()} | {
     f'params/txt/{k}': x for k, x in txt.items()
   }
