@@ -69,24 +69,28 @@ def _inputs(grids, slots, seed=0):
   return out
 
 
-def _from_siglip2(sd) -> dict:
-  """transformers' Siglip2VisionModel weights -> the NaFlex tower's tree (big_vision's names,
-  blocks unrolled), through test_two_towers' SigLIP mapping of each part."""
-  from test_two_towers import hf_dense, hf_encoder_block, hf_map_head
+def siglip2_vision_to_big_vision(sd, v='', stacked=False) -> dict:
+  """transformers' Siglip2VisionModel weights (under the prefix `v`) -> the NaFlex tower's
+  flat tree in big_vision's names, blocks unrolled or scan-stacked, through test_two_towers'
+  SigLIP mapping of each part."""
+  from test_two_towers import hf_dense, hf_encoder_block, hf_map_head, hf_stacked_blocks
 
   flat = {}
-  for i in range(LAYERS):
-    block = hf_encoder_block(sd, f'encoder.layers.{i}', WIDTH, HEADS)
-    flat |= {f'Transformer/encoderblock_{i}/{k}': v for k, v in block.items()}
-  flat['Transformer/encoder_norm/scale'] = sd['post_layernorm.weight']
-  flat['Transformer/encoder_norm/bias'] = sd['post_layernorm.bias']
-  embed = hf_dense(
-    sd['embeddings.patch_embedding.weight'], sd['embeddings.patch_embedding.bias'], WIDTH, HEADS
-  )
-  flat |= {f'embedding/{k}': v for k, v in embed.items()}
-  flat['pos_embedding'] = sd['embeddings.position_embedding.weight'].reshape(GRID, GRID, WIDTH)
-  flat |= {f'MAPHead_0/{k}': v for k, v in hf_map_head(sd, 'head', WIDTH, HEADS).items()}
-  return unflatten({k: np.float32(v) for k, v in flat.items()})
+  if stacked:
+    blocks = hf_stacked_blocks(sd, v.removesuffix('.'), LAYERS, WIDTH, HEADS)
+    flat |= {f'Transformer/encoderblock/{k}': x for k, x in blocks.items()}
+  for i in range(0 if stacked else LAYERS):
+    block = hf_encoder_block(sd, f'{v}encoder.layers.{i}', WIDTH, HEADS)
+    flat |= {f'Transformer/encoderblock_{i}/{k}': x for k, x in block.items()}
+  flat['Transformer/encoder_norm/scale'] = sd[f'{v}post_layernorm.weight']
+  flat['Transformer/encoder_norm/bias'] = sd[f'{v}post_layernorm.bias']
+  patch = f'{v}embeddings.patch_embedding'
+  embed = hf_dense(sd[f'{patch}.weight'], sd[f'{patch}.bias'], WIDTH, HEADS)
+  flat |= {f'embedding/{k}': x for k, x in embed.items()}
+  posemb = sd[f'{v}embeddings.position_embedding.weight']
+  flat['pos_embedding'] = posemb.reshape(GRID, GRID, WIDTH)
+  flat |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}head', WIDTH, HEADS).items()}
+  return {k: np.float32(x) for k, x in flat.items()}
 
 
 @pytest.fixture(scope='module')
@@ -103,7 +107,8 @@ def siglip2_vision():
   )  # fmt: skip
   config._attn_implementation = 'eager'
   hf = _hf_randomize(Siglip2VisionModel(config), seed=2)
-  params = _from_siglip2({k: v.numpy() for k, v in hf.state_dict().items()})
+  sd = {k: v.numpy() for k, v in hf.state_dict().items()}
+  params = unflatten(siglip2_vision_to_big_vision(sd))
   transformer = {'num_layers': LAYERS, 'mlp_dim': MLP, 'num_heads': HEADS}
   transformer |= {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0}
   model = NaFlexViT(None, PATCH, WIDTH, transformer, posemb_grid=GRID)
@@ -177,3 +182,84 @@ def test_naflex_tower_in_big_visions_names_equals_timms_naflexvit(tmp_path):
        'patch_valid': torch.tensor(x['ptype'] > 0)}
     ).numpy()  # fmt: skip
   np.testing.assert_allclose(ours, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('variant', ['B', 'So400m'])
+def test_naflex_siglip2_counts_by_hand_and_by_transformers(variant):
+  """SigLIP2-{B,So400m}16-naflex: a Dense over 16 x 16 x 3 values has the conv's parameters
+  and the 16 x 16 position grid is a 256 px model's, so each counts as SigLIP 2 at 256 px
+  by hand, and as transformers' Siglip2Model; the registry names its shapes."""
+  import torch
+  from test_two_towers import BV_SIZES, _siglip2_by_hand
+  from transformers import Siglip2Config, Siglip2Model
+
+  from vit_jax import families
+  from vit_jax.families import two_towers
+  from vit_jax.models import get_model, stats
+
+  name = f'SigLIP2-{variant}16-naflex'
+  model = get_model(name)
+  assert model.pp.to_dict() == {
+    'tokenizer_name': 'gemma', 'max_len': 64, 'lower_case': True, 'max_patches': 256,
+  }  # fmt: skip
+  shapes = families.param_shapes(model)
+  assert stats.count_params(shapes) == _siglip2_by_hand(variant, 16, 256)
+  assert two_towers.match_registry(two_towers.infer_config(shapes)) == name
+  width, layers, mlp, heads = BV_SIZES[variant]
+  tower = {'hidden_size': width, 'num_hidden_layers': layers}
+  tower |= {'intermediate_size': mlp, 'num_attention_heads': heads}
+  text = {**tower, 'vocab_size': 256_000, 'max_position_embeddings': 64}
+  vision = {**tower, 'patch_size': 16, 'num_patches': 256}
+  with torch.device('meta'):  # shapes only
+    hf = Siglip2Model(Siglip2Config(text_config=text, vision_config=vision))
+  assert stats.count_params(shapes) == sum(p.numel() for p in hf.parameters())
+
+
+def test_naflex_siglip2_file_equals_transformers_siglip2_model(tmp_path):
+  """A SigLIP 2 NaFlex file in big_vision's layout (`params/`, both towers scan-stacked, the
+  2-D patch embedding, the (16, 16, D) grid; a narrow text tower keeping Gemma's 256,000
+  rows) reads by name as a NaFlex two-tower model with Gemma's tokenizer; its embeddings and
+  logits of three aspect ratios batched with padding equal transformers' Siglip2Model."""
+  import torch
+  from test_two_towers import _hf_randomize, siglip_text_to_big_vision
+  from transformers import Siglip2Config, Siglip2Model
+
+  from vit_jax import checkpoint
+
+  tower = {'hidden_size': WIDTH, 'num_hidden_layers': LAYERS, 'num_attention_heads': HEADS}
+  tower['intermediate_size'] = MLP
+  config = Siglip2Config(
+    text_config={**tower, 'vocab_size': 256_000, 'max_position_embeddings': 16},
+    vision_config={**tower, 'patch_size': PATCH, 'num_patches': GRID * GRID},
+  )
+  config.text_config._attn_implementation = config.vision_config._attn_implementation = 'eager'
+  hf = _hf_randomize(Siglip2Model(config), seed=4)
+  sd = {k: v.numpy() for k, v in hf.state_dict().items()}
+  img = siglip2_vision_to_big_vision(sd, 'vision_model.', stacked=True)
+  flat = {f'params/img/{k}': x for k, x in img.items()}
+  flat |= {k: np.float32(x) for k, x in siglip_text_to_big_vision(sd, LAYERS, WIDTH, HEADS).items()}
+  np.savez(tmp_path / 'siglip2_naflex.npz', **flat)
+
+  fitted = checkpoint.fit(tmp_path / 'siglip2_naflex.npz')
+  assert fitted.config.image_model == 'naflex' and fitted.config.image.posemb_grid == GRID
+  assert fitted.config.pp.to_dict() == {
+    'tokenizer_name': 'gemma', 'max_len': 16, 'lower_case': True, 'max_patches': 256,
+  }  # fmt: skip
+  assert 'NaFlex, scan-stacked blocks' in fitted.found.description
+  x = _inputs(GRIDS, SLOTS, seed=5)
+  tokens = np.random.default_rng(6).integers(5, 256_000, (3, 16)).astype(np.int32)
+  apply = jax.jit(fitted.model().apply)
+  zimg, ztxt, out = apply({'params': fitted.params}, images=x, tokens=tokens)
+  with torch.no_grad():
+    want = hf(
+      input_ids=torch.tensor(tokens).long(),
+      pixel_values=torch.tensor(x['patches']).double(),
+      pixel_attention_mask=torch.tensor(x['ptype']),
+      spatial_shapes=torch.tensor(GRIDS),
+    )
+  np.testing.assert_allclose(zimg, want.image_embeds.numpy(), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(ztxt, want.text_embeds.numpy(), atol=1e-5, rtol=0)
+  logits = out['t'] * zimg @ ztxt.T + out['b']
+  np.testing.assert_allclose(logits, want.logits_per_image.numpy(), atol=1e-4, rtol=1e-5)
+

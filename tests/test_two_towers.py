@@ -558,35 +558,48 @@ def hf_map_head(sd, head, width, heads):
   return out | hf_mlp(sd, f'{head}.mlp', width, heads)
 
 
-def siglip_to_big_vision(sd, layers, width, heads):
-  """transformers' SiglipModel weights -> big_vision's two-tower .npz (`params/` prefix, both
-  towers scan-stacked, image posemb at the top level without a class row, MAP head, t, b)."""
+def hf_stacked_blocks(sd, tower, layers, width, heads):
+  """A tower's encoder layers in big_vision's names, scan-stacked (a leading depth axis)."""
+  blocks = [
+    hf_encoder_block(sd, f'{tower}.encoder.layers.{i}', width, heads) for i in range(layers)
+  ]
+  return {k: np.stack([b[k] for b in blocks]) for k in blocks[0]}
 
-  def stacked(tower):
-    blocks = [
-      hf_encoder_block(sd, f'{tower}.encoder.layers.{i}', width, heads) for i in range(layers)
-    ]
-    return {k: np.stack([b[k] for b in blocks]) for k in blocks[0]}
 
-  v, t = 'vision_model', 'text_model'
-  img = {f'Transformer/encoderblock/{k}': x for k, x in stacked(v).items()}
-  img['embedding/kernel'] = sd[f'{v}.embeddings.patch_embedding.weight'].transpose(2, 3, 1, 0)
-  img['embedding/bias'] = sd[f'{v}.embeddings.patch_embedding.bias']
-  img['pos_embedding'] = sd[f'{v}.embeddings.position_embedding.weight'][None]
-  img['Transformer/encoder_norm/scale'] = sd[f'{v}.post_layernorm.weight']
-  img['Transformer/encoder_norm/bias'] = sd[f'{v}.post_layernorm.bias']
-  img |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}.head', width, heads).items()}
-  txt = {f'Encoder_0/encoderblock/{k}': x for k, x in stacked(t).items()}
+def siglip_text_to_big_vision(sd, layers, width, heads):
+  """transformers' SigLIP text model -> big_vision's `txt/` tower (blocks scan-stacked) and the
+  scalars, prefixed `params/`: SigLIP 2's NaFlex files have the same text side."""
+  t = 'text_model'
+  txt = {
+    f'Encoder_0/encoderblock/{k}': x
+    for k, x in hf_stacked_blocks(sd, t, layers, width, heads).items()
+  }
   txt['Embed_0/embedding'] = sd[f'{t}.embeddings.token_embedding.weight']
   txt['pos_embedding'] = sd[f'{t}.embeddings.position_embedding.weight'][None]
   txt['Encoder_0/encoder_norm/scale'] = sd[f'{t}.final_layer_norm.weight']
   txt['Encoder_0/encoder_norm/bias'] = sd[f'{t}.final_layer_norm.bias']
   head = hf_dense(sd[f'{t}.head.weight'], sd[f'{t}.head.bias'], width, heads)
   txt |= {f'head/{k}': x for k, x in head.items()}
-  flat = {f'params/img/{k}': x for k, x in img.items()} | {
-    f'params/txt/{k}': x for k, x in txt.items()
+  flat = {f'params/txt/{k}': x for k, x in txt.items()}
+  return flat | {'params/t': sd['logit_scale'], 'params/b': sd['logit_bias']}
+
+
+def siglip_to_big_vision(sd, layers, width, heads):
+  """transformers' SiglipModel weights -> big_vision's two-tower .npz (`params/` prefix, both
+  towers scan-stacked, image posemb at the top level without a class row, MAP head, t, b)."""
+  v = 'vision_model'
+  img = {
+    f'Transformer/encoderblock/{k}': x
+    for k, x in hf_stacked_blocks(sd, v, layers, width, heads).items()
   }
-  flat |= {'params/t': sd['logit_scale'], 'params/b': sd['logit_bias']}
+  img['embedding/kernel'] = sd[f'{v}.embeddings.patch_embedding.weight'].transpose(2, 3, 1, 0)
+  img['embedding/bias'] = sd[f'{v}.embeddings.patch_embedding.bias']
+  img['pos_embedding'] = sd[f'{v}.embeddings.position_embedding.weight'][None]
+  img['Transformer/encoder_norm/scale'] = sd[f'{v}.post_layernorm.weight']
+  img['Transformer/encoder_norm/bias'] = sd[f'{v}.post_layernorm.bias']
+  img |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}.head', width, heads).items()}
+  flat = {f'params/img/{k}': x for k, x in img.items()}
+  flat |= siglip_text_to_big_vision(sd, layers, width, heads)
   return {k: np.float32(x) for k, x in flat.items()}
 
 

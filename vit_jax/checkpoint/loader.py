@@ -25,6 +25,7 @@ from vit_jax import families, files, rundir
 from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
+from vit_jax.families import naflex
 from vit_jax.families import two_towers as two_towers_family
 from vit_jax.models import get_config, model_from_config
 
@@ -342,9 +343,13 @@ def _fit_two_towers(
       f' ({two_towers_family.describe(found_config)}); leave --model out to use that.'
     )
   init, resolution = request.init_params, request.resolution
-  if init is not None:  # the tree is the model: its image grid
-    resolution = resolution or tree.native_resolution(init['img'], config.image)
-  resolution = _resolution(resolution, config.image, found.resolution, source)
+  if two_towers_family.image_family(config) is naflex:  # any size: its images' own
+    if resolution is not None:
+      raise CheckpointError(f'{source}: a NaFlex image tower takes no --resolution')
+  else:
+    if init is not None:  # the tree is the model: its image grid
+      resolution = resolution or tree.native_resolution(init['img'], config.image)
+    resolution = _resolution(resolution, config.image, found.resolution, source)
   params, report = two_towers.fit_params(restored, config, resolution, source, init)
   return Fitted(params, config, name, resolution, found, report)
 

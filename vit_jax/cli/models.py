@@ -28,10 +28,11 @@ def table_rows(
     columns = family.table_columns(config)
     size = columns.pop('resolution', resolution)
     params = stats.count_params(families.param_shapes(model, size))
+    if 'patch' not in columns:  # a NaFlex tower's columns say it: it has no `patches`
+      columns['patch'] = family.image_config(config)['patches']['size'][0]
     row = {
       'model': name,
       **columns,
-      'patch': family.image_config(config)['patches']['size'][0],
       'params': params,
       'gflops': families.forward_flops(config, size, num_classes) / 1e9,
       'paper': '',

@@ -8,6 +8,8 @@ count (its attention kernels are (D, D)), taken as D / 64, BERT's, unless the fi
 has a bias `b`, else LiT's. `pp` holds the model's preprocessing and its tokenizer's settings
 (`tokenizer_name`, `max_len`, SigLIP's `lower_case`): the one spelling of them. A text tower
 of Gemma's 256,000 pieces is SigLIP 2's, and its tokenizer Gemma's (`tokenizer_name='gemma'`).
+The image tower is a ViT (families/vit.py) or, with `image_model='naflex'`, SigLIP 2's NaFlex
+tower (families/naflex.py: no image size, `pp.max_patches` patches an image).
 """
 
 import dataclasses
@@ -21,13 +23,12 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import text
-from vit_jax.families import vit
+from vit_jax.families import naflex, vit
 from vit_jax.flat import SEP, CheckpointError, flatten
 from vit_jax.models import model_from_config
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.text import TEXT_MODELS
-from vit_jax.models.two_towers import TwoTowerModel, out_dims
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.two_towers import TwoTowerModel, image_inputs, out_dims, tower_classes
 
 TOWERS = ('img', 'txt')
 _BERT = 'BertEncoder_0'
@@ -40,6 +41,9 @@ _TEXT_SHAPE_FIELDS = {
 
 # Gemma's vocabulary: SigLIP 2's text towers embed its 256,000 pieces.
 GEMMA_VOCAB = 256_000
+# The patches an image of a NaFlex tower is given where no run says otherwise: SigLIP 2's
+# evaluation sequence.
+NAFLEX_PATCHES = 256
 # big_vision's tokenize options for a model whose `pp.lower_case` is set (SigLIP).
 LOWER_CASE_OPTIONS = {'eos': 'sticky', 'pad_value': 1, 'lower': True}
 
@@ -54,6 +58,16 @@ def owns_config(config: Config) -> bool:
 def owns_tree(flat: Mapping[str, Any]) -> bool:
   """The flat params of an image-text model: an `img` and a `txt` tower."""
   return all(any(k.startswith(f'{t}{SEP}') for k in flat) for t in TOWERS)
+
+
+def image_family(config: Config) -> Any:
+  """The module of the image tower's functions: families/vit.py or families/naflex.py."""
+  return naflex if config.get('image_model', 'vit') == 'naflex' else vit
+
+
+def sequence_patch(config: Config) -> int | None:
+  """A NaFlex image tower's patch side (it takes images as patch sequences), else None."""
+  return config['image']['patch_size'] if image_family(config) is naflex else None
 
 
 def image_config(config: Config) -> dict[str, Any]:
@@ -118,9 +132,10 @@ def _text_transformer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDi
 
 def native_resolution(flat: Mapping[str, Any], config: Config) -> int:
   """The image size the model was trained at: its `pp.size` (read off the image tower's
-  position embeddings, or stated by the file)."""
+  position embeddings, or stated by the file); None for a NaFlex tower (any size)."""
   del flat
-  return int(config['pp']['size'])
+  size = config['pp'].get('size')
+  return None if size is None else int(size)
 
 
 def text_length(params: Mapping[str, Any]) -> int | None:
@@ -141,7 +156,8 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """The `TwoTowerModel` fields an image-text tree implies, read off its shapes; `pp.size` is
   the image tower's resolution and `pp.max_len` the text transformer's positions (BERT: 16)."""
   img = flatten(params['img'])
-  image = vit.infer_config(img)
+  image_model = 'naflex' if naflex.owns_tree(img) else 'vit'
+  image = image_family({'image_model': image_model}).infer_config(img)
   text_flat = flatten(params['txt'])
   text_model = text_model_of(text_flat)
   if text_model is None:
@@ -158,13 +174,13 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config.out_dim = out_dim
   config.temperature_init = 10.0 if siglip else 1.0
   config.bias_init = -10.0 if siglip else None
-  config.pp = ml_collections.ConfigDict(
-    {
-      'tokenizer_name': _tokenizer_name(text_model, text),
-      'size': vit.native_resolution(img, image),
-      'max_len': text_length(params) or 16,
-    }
-  )
+  pp = {'tokenizer_name': _tokenizer_name(text_model, text), 'max_len': text_length(params) or 16}
+  if image_model == 'naflex':
+    config.image_model = 'naflex'
+    pp['max_patches'] = NAFLEX_PATCHES
+  else:
+    pp['size'] = vit.native_resolution(img, image)
+  config.pp = ml_collections.ConfigDict(pp)
   if siglip and text_model != 'bert':  # BERT's WordPiece lower-cases by itself
     config.pp.lower_case = True
   return config
@@ -178,7 +194,7 @@ def architecture(config: Config) -> tuple:
   defaults = {f.name: f.default for f in dataclasses.fields(TEXT_MODELS[text_model])}
   text = {k: config['text'].get(k, defaults[k]) for k in _TEXT_SHAPE_FIELDS[text_model]}
   return (
-    vit.architecture(config['image']),
+    image_family(config).architecture(config['image']),
     text_model,
     tuple(text.items()),
     tuple(config['out_dim']),
@@ -186,8 +202,10 @@ def architecture(config: Config) -> tuple:
   )
 
 
-def _grid(config: Config) -> int:
-  """Patches per side of the image tower at the model's `pp.size`."""
+def _grid(config: Config) -> int | None:
+  """Patches per side of the image tower at the model's `pp.size` (NaFlex: None, any)."""
+  if image_family(config) is naflex:
+    return None
   return int(config['pp']['size']) // int(config['image']['patches']['size'][0])
 
 
@@ -219,7 +237,7 @@ def describe(config: Config) -> str:
   image_dim, text_dim = config['out_dim']
   bias = ', logit bias b' if config.get('bias_init') is not None else ''
   return (
-    f'image tower ({vit.describe(config["image"])}); text tower ({txt});'
+    f'image tower ({image_family(config).describe(config["image"])}); text tower ({txt});'
     f' out_dim ({image_dim}, {text_dim}){bias}'
   )
 
@@ -247,15 +265,17 @@ def is_plain(config: Config) -> bool:
 def table_columns(config: Config) -> dict[str, Any]:
   """The model table's columns (`vit-models`): the image tower's shape, the text tower in
   the note, and the image size the row is counted at (`resolution`: the model's own)."""
-  columns = vit.table_columns(config['image'])
+  columns = image_family(config).table_columns(config['image'])
   text = config['text']
   width = text.get('hidden_size', text.get('width'))
   kind = 'BERT' if config['text_model'] == 'bert' else 'text transformer'
+  pp = config['pp']
+  size = f'{pp["size"]} px' if 'size' in pp else f'up to {pp["max_patches"]} patches (NaFlex)'
   columns['note'] = (
-    f'{model_kind(config)} at {config["pp"]["size"]} px; {kind} text tower of '
-    f'{text["num_layers"]} layers, width {width}'
+    f'{model_kind(config)} at {size}; {kind} text tower of {text["num_layers"]} layers,'
+    f' width {width}'
   )
-  columns['resolution'] = config['pp']['size']
+  columns['resolution'] = pp.get('size')
   return columns
 
 
@@ -281,8 +301,14 @@ def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str
 def image_features(model: TwoTowerModel):
   """(params, images) -> the image tower's pre-logits (its head's input), as big_vision's
   few-shot evaluation of LiT and SigLIP reads them (`img/pre_logits`)."""
-  tower = VisionTransformer(**{**model.image, 'num_classes': 0})
-  return lambda params, images: tower.apply({'params': params['img']}, images, train=False)
+  tower_class = tower_classes({'image_model': model.image_model})['image']
+  tower = tower_class(**{**model.image, 'num_classes': 0})
+
+  def features(params, images):
+    inputs = image_inputs(model.image_model, images)
+    return tower.apply({'params': params['img']}, **inputs, train=False)
+
+  return features
 
 
 def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: int | None) -> dict:
@@ -292,13 +318,20 @@ def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: in
   if not max_len:
     raise ValueError('the text length of this image-text model: pass max_len (no pp.max_len)')
   tokens = jax.ShapeDtypeStruct((1, int(max_len)), jnp.int32)
+  if model.image_model == 'naflex':
+    patches = (model.pp or {}).get('max_patches', NAFLEX_PATCHES)
+    return {'images': naflex.image_input(model.image, patches), 'tokens': tokens}
   return {'images': vit.image_input(resolution), 'tokens': tokens}
 
 
 def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
-  """The image tower's forward FLOPs per image (what `vit-models` and the benchmark count)."""
+  """The image tower's forward FLOPs per image (what `vit-models` and the benchmark count); a
+  NaFlex tower's at its `pp.max_patches` patches."""
   del num_classes  # the image head's width is out_dim[0]
   image_dim = config['out_dim'][0]
+  if image_family(config) is naflex:
+    patches = config['pp'].get('max_patches', NAFLEX_PATCHES)
+    return naflex.forward_flops(config['image'], patches, image_dim or 0)
   return vit.forward_flops(config['image'], resolution, image_dim or 0)
 
 

@@ -64,7 +64,7 @@ def infer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.patches = ml_collections.ConfigDict({'size': patch})
   config.hidden_size = width
-  config.transformer = _infer_transformer(flat)
+  config.transformer = infer_transformer(flat)
   config.resnet = _infer_resnet(flat)
   config.classifier = 'token' if 'cls' in flat else 'map' if 'MAPHead_0/probe' in flat else 'gap'
   if 'dist_token' in flat:
@@ -78,7 +78,7 @@ def infer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
-def _infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
+def infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
   """The encoder's fields from `Transformer/encoderblock_{i}`; None without encoder blocks."""
   blocks = block_numbers(flat)
   if not blocks:

@@ -259,3 +259,28 @@ for _variant, _patch, _size in (
     bias_init=-10.0,
   )
   _register(f'SigLIP2-{_variant}{_patch}-{_size}', _siglip2)
+
+# SigLIP 2's NaFlex models (`siglip2_{b16,so400m16}_naflex.npz`): the image tower takes each
+# image at its own aspect ratio as a sequence of at most `pp.max_patches` patches of 16
+# (evaluated at 256), its learned position embedding a 16 x 16 grid resized to each image's.
+for _variant in ('B', 'So400m'):
+  _width, _layers, _mlp, _heads = _BV_VARIANTS[_variant]
+  _naflex = _two_towers(
+    ml_collections.ConfigDict(
+      {
+        'patch_size': 16,
+        'hidden_size': _width,
+        'transformer': _vit(16, _width, _mlp, _heads, _layers, 0.0).transformer,
+        'classifier': 'map',
+        'posemb_grid': 16,
+      }
+    ),
+    'text_transformer',
+    _text_transformer(_width, _layers, _mlp, _heads, 256_000),
+    (None, _width),
+    {**_SIGLIP2_PP, 'max_patches': 256},
+    temperature_init=10.0,
+    bias_init=-10.0,
+  )
+  _naflex.image_model = 'naflex'
+  _register(f'SigLIP2-{_variant}16-naflex', _naflex)

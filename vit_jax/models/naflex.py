@@ -4,7 +4,9 @@ resizable position embedding, as big_vision's `models/proj/image_text/naflex_vit
 An image comes as a sequence of `max_len` patch slots (vit_jax/data/naflex.py): `patches`
 (B, N, p * p * 3, pixels in [-1, 1], (row, column, channel) order), `ptype` (B, N; 1 a patch,
 0 padding), `yidx`, `xidx` (B, N; each patch's row and column in its image's grid). So images
-of any aspect ratio and size batch together without distortion.
+of any aspect ratio and size batch together without distortion. The input pipeline packs the
+four into one float32 array (B, N, p * p * 3 + 3): the patch, then its ptype, yidx and xidx,
+so a batch stays one array per key (`inputs` unpacks it).
 
   embedding      a Dense over the flattened patch (kernel (p * p * 3, D))
   pos_embedding  a learned (G, G, D) grid (G = `posemb_grid`, 16), resized per image to its
@@ -30,6 +32,16 @@ from vit_jax.models import precision
 from vit_jax.models.vit import Encoder, map_head
 
 CLASSIFIERS = ('map', 'gap')
+
+
+def inputs(images: jnp.ndarray | Mapping[str, jnp.ndarray]) -> dict[str, jnp.ndarray]:
+  """The tower's call's arrays, from their dict or from one packed array (B, N, P + 3): each
+  slot's P patch values, then its ptype, yidx and xidx (small integers, exact in float32)."""
+  if isinstance(images, Mapping):
+    return dict(images)
+  index = jnp.asarray(images[..., -3:]).astype(jnp.int32)
+  return {'patches': images[..., :-3], 'ptype': index[..., 0], 'yidx': index[..., 1],
+          'xidx': index[..., 2]}  # fmt: skip
 
 
 def resized_posemb(

@@ -53,6 +53,17 @@ def mixer_forward_flops(
   return flops + 2 * c * num_classes
 
 
+def encoder_flops(d: int, transformer: Any, tokens: int, map_head: bool) -> int:
+  """The transformer encoder's forward FLOPs over `tokens` tokens of width `d` (and a MAP
+  head's: one probe query's q and out, k and v of every token, its MLP)."""
+  t, m = tokens, transformer['mlp_dim']
+  per_block = 2 * t * d * 4 * d + 2 * 2 * t * t * d + 2 * 2 * t * d * m
+  flops = transformer['num_layers'] * per_block
+  if map_head:
+    flops += 2 * 2 * d * d + 2 * 2 * t * d * d + 2 * 2 * t * d + 2 * 2 * d * m
+  return flops
+
+
 def vit_forward_flops(
   config: ml_collections.ConfigDict, resolution: int = 224, num_classes: int = 1000
 ) -> int:
@@ -73,11 +84,7 @@ def vit_forward_flops(
   distilled = config.get('distilled', False)
   if config.transformer is not None:
     t = patches + int(config.classifier in ('token', 'token_unpooled')) + int(distilled)
-    m = config.transformer.mlp_dim
-    per_block = 2 * t * d * 4 * d + 2 * 2 * t * t * d + 2 * 2 * t * d * m
-    flops += config.transformer.num_layers * per_block
-    if config.classifier == 'map':  # one probe query: q and out, k and v of t tokens, MLP
-      flops += 2 * 2 * d * d + 2 * 2 * t * d * d + 2 * 2 * t * d + 2 * 2 * d * m
+    flops += encoder_flops(d, config.transformer, t, config.classifier == 'map')
   width = d
   if config.representation_size is not None:
     flops += 2 * d * config.representation_size
