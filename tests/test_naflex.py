@@ -263,3 +263,102 @@ def test_naflex_siglip2_file_equals_transformers_siglip2_model(tmp_path):
   logits = out['t'] * zimg @ ztxt.T + out['b']
   np.testing.assert_allclose(logits, want.logits_per_image.numpy(), atol=1e-4, rtol=1e-5)
 
+
+# A tiny SigLIP 2 NaFlex model for training: patches of 4 on a 4 x 4 grid, at most 16 an
+# image; a one-block text transformer on tests/data/sp_bpe.model's 1,200 pieces.
+TINY_NAFLEX = {
+  'image': {
+    'patch_size': 4, 'hidden_size': 32, 'classifier': 'map', 'posemb_grid': 4,
+    'posemb_canvas': 16,  # at most 16 patches a side
+    'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2, 'dropout_rate': 0.0,
+                    'attention_dropout_rate': 0.0, 'drop_path_rate': 0.0},
+  },
+  'text': {'width': 16, 'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2, 'vocab_size': 1200},
+  'out_dim': (None, 32),
+  'pp': {'tokenizer_name': 'sentencepiece', 'max_len': 16, 'lower_case': True, 'max_patches': 16},
+}  # fmt: skip
+# Images of mixed aspect ratios: wide, tall, square, and one that rounds to whole patches.
+SHAPES = ((12, 40), (40, 12), (20, 20), (17, 29), (44, 8), (8, 8), (30, 18), (16, 36))
+
+
+def _naflex_finetune(tmp_path, pretrained):
+  """configs/siglip2_finetune.py:B16-naflex with TINY_NAFLEX on a captions folder of SHAPES,
+  4 steps of 8 pairs, a checkpoint every 2, retrieval at the end."""
+  from conftest import jpeg_bytes
+  from test_lit import SP_MODEL
+
+  from configs import siglip2_finetune
+  from vit_jax.data import captions
+
+  folder = tmp_path / 'pairs'
+  if not folder.exists():
+    (folder / 'train').mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    lines = []
+    for i, (h, w) in enumerate(SHAPES):
+      (folder / 'train' / f'{i}.jpg').write_bytes(jpeg_bytes(rng, h, w))
+      lines.append(f'{i}.jpg\ta picture {h} by {w}, number {i}.')
+    (folder / 'train' / captions.CAPTIONS_FILE).write_text('\n'.join(lines) + '\n')
+    (folder / 'test').symlink_to('train')  # retrieval reads the test split
+  config = siglip2_finetune.get_config('B16-naflex')
+  config.model = {**config.model.to_dict(), **TINY_NAFLEX}
+  config.dataset, config.pp.test = str(folder), 'test'
+  config.pp.max_patches, config.pp.patch_size, config.pp.vocab = 16, 4, SP_MODEL
+  config.pretrained_path = pretrained
+  config.total_steps, config.batch, config.batch_eval = 4, 8, 8
+  config.checkpoint_every, config.warmup_steps, config.progress_every = 2, 1, 1
+  config.base_lr = 1e-3
+  config.evals = {'retrieval': {'type': 'retrieval', 'every': 0, 'datasets': (str(folder),)}}
+  return config
+
+
+@pytest.mark.slow
+def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
+  tmp_path, monkeypatch
+):
+  """configs/siglip2_finetune.py on a NaFlex SigLIP 2 file: both towers start from the file,
+  images of 8 aspect ratios are batched as patch sequences, the loss falls, and a SIGTERM
+  at step 2 then a rerun gives the uninterrupted run's parameters and metrics bit for bit."""
+  import os
+  import signal
+
+  from conftest import randomize
+  from test_lit import _flat, _lines
+
+  from vit_jax import checkpoint, families, train
+  from vit_jax.models import get_config, model_from_config
+  from vit_jax.train import loop as loop_lib
+
+  model = model_from_config({**get_config('SigLIP2-B16-naflex').to_dict(), **TINY_NAFLEX})
+  start = randomize(families.param_shapes(model), seed=3, scale=0.3)
+  checkpoint.save_npz(start, tmp_path / 'siglip2_tiny_naflex.npz')
+  pretrained = str(tmp_path / 'siglip2_tiny_naflex.npz')
+
+  ref = train.train_and_evaluate(_naflex_finetune(tmp_path, pretrained), str(tmp_path / 'ref'))
+  losses = [m['loss'] for m in _lines(tmp_path / 'ref') if 'loss' in m]
+  assert len(losses) == 4 and losses[-1] < losses[0]
+  recall = 'retrieval/pairs/img2txt_recall@1'
+  recalls = [m[recall] for m in _lines(tmp_path / 'ref') if recall in m]
+  assert len(recalls) == 1 and 0 <= recalls[0] <= 1
+
+  batches = loop_lib._train_batches
+
+  def signalled(*args, **kwargs):
+    for i, batch in enumerate(batches(*args, **kwargs)):
+      assert batch['image'].shape[1:] == (16, 4 * 4 * 3 + 3)  # packed patch sequences
+      if i == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield batch
+
+  workdir = str(tmp_path / 'run')
+  with monkeypatch.context() as m:
+    m.setattr(loop_lib, '_train_batches', signalled)
+    first = train.train_and_evaluate(_naflex_finetune(tmp_path, pretrained), workdir)
+  assert first['status'] == 'preempted' and first['step'] == 2
+  second = train.train_and_evaluate(_naflex_finetune(tmp_path, pretrained), workdir)
+  assert second['status'] == 'done' and second['step'] == 4
+  ours, theirs = _flat(second['params']), _flat(ref['params'])
+  assert ours.keys() == theirs.keys()
+  for key in ours:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+  assert _lines(workdir) == _lines(tmp_path / 'ref')

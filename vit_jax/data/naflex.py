@@ -6,6 +6,7 @@ big_vision's `resize_to_sequence(patch, max_len)|patchify(patch)|pad_to_shape(..
   sequence_size(h, w, patch, max_len)   the size an (h, w) image is resized to
   resize_to_sequence(image, patch, max_len)
   patchify(image, patch, max_len)       {'patches', 'ptype', 'yidx', 'xidx'}, padded to max_len
+  pack(patchified)                      the four as one float32 array (max_len, p * p * 3 + 3)
 
 The size keeps the aspect ratio up to rounding each side up to whole patches (at least one),
 as large as fits `max_len` patches: big_vision finds the scale by a binary search on float32
@@ -73,3 +74,11 @@ def patchify(image: tf.Tensor, patch: int, max_len: int) -> dict[str, tf.Tensor]
   }
   out['patches'] = tf.ensure_shape(out['patches'], [max_len, patch * patch * channels])
   return {k: tf.ensure_shape(v, [max_len, *v.shape[1:]]) for k, v in out.items()}
+
+
+def pack(patchified: dict[str, tf.Tensor]) -> tf.Tensor:
+  """`patchify`'s arrays as one float32 array (..., max_len, P + 3): each slot's patch, then
+  its ptype, yidx and xidx (integers below 2**24: exact). A batch of them is one array, as
+  every other image batch; `vit_jax.models.naflex.inputs` unpacks it."""
+  index = tf.stack([patchified[k] for k in ('ptype', 'yidx', 'xidx')], axis=-1)
+  return tf.concat([tf.cast(patchified['patches'], tf.float32), tf.cast(index, tf.float32)], -1)

@@ -175,14 +175,16 @@ def _train_example(
 ) -> Callable:
   """(position, raw record) -> {'image', 'label'} (and with a `tokenizer`, 'text': the tokens
   of a caption drawn from the example's captions), augmented with the position's seed."""
-  whole = source.holds_pixels or pp.subpixel or not pp.decode_window
+  whole = source.holds_pixels or pp.subpixel or not pp.decode_window or pp.max_patches
   if tokenizer is not None:
     captions.check_captioned(source)
 
   def process(position, raw):
     example = source.example(raw)
     seed = tf.random.experimental.stateless_fold_in(host_seed, position)
-    if whole:
+    if pp.max_patches:
+      image = preprocess.train_patch_sequence(source.decode(example['image']), seed, pp)
+    elif whole:
       image = preprocess.train_image(source.decode(example['image']), seed, pp)
     else:
       image = preprocess.train_image_from_bytes(
@@ -253,7 +255,8 @@ def train_dataset(
   process_count: int = 1,
   tokenizer: Tokenizer | None = None,
 ) -> tf.data.Dataset:
-  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1], 'label': int32 (B,),
+  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1] (with `pp.max_patches`:
+  (B, max_patches, patch_size ** 2 * 3 + 3) packed patch sequences), 'label': int32 (B,),
   'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`,
   preprocessed as `data.pp` says, by `data.input_threads` threads; with a `tokenizer` (of
   an image-text task), also `'text': int32 (B, max_len)`, a caption of each image.
@@ -379,8 +382,9 @@ def eval_dataset(
   process_count: int = 1,
 ) -> tf.data.Dataset:
   """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches at the evaluation
-  preprocessing of `data.pp` (a resize to `crop`), by `data.input_threads` threads; padding
-  and unreadable examples have mask 0, the unreadable ones `bad` = 1 and their `name`.
+  preprocessing of `data.pp` (a resize to `crop`, or a patch sequence), by
+  `data.input_threads` threads; padding and unreadable examples have mask 0, the unreadable
+  ones `bad` = 1 and their `name`.
 
   Any other field of the source's examples (ImageNet ReaL's label sets, a subset's example
   index) comes along unchanged, as zeros where the mask is 0.
@@ -391,7 +395,7 @@ def eval_dataset(
   @_graph_fn
   def process(_, raw):
     example = source.example(raw)
-    image = preprocess.eval_image(source.decode(example['image']), data.pp.crop)
+    image = preprocess.eval_input(source.decode(example['image']), data.pp)
     return {**example, 'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
   @_graph_fn

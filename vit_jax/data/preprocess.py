@@ -6,6 +6,8 @@ that window is decoded), resize to `crop` x `crop`, random horizontal flip, opti
 RandAugment (on the resized image rounded to uint8, as big_vision's
 `inception_crop|flip_lr|randaug`), pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
+A NaFlex tower's inputs (`pp.max_patches`): the whole image at its aspect ratio as a sequence
+of patches (vit_jax/data/naflex.py), flipped at random in training.
 
 Every random op takes an explicit seed, so the same example at the same stream position
 gets the same augmentation in an uninterrupted and in a resumed run.
@@ -21,7 +23,7 @@ import tensorflow as tf
 from PIL import Image
 
 from vit_jax import files
-from vit_jax.data import randaugment
+from vit_jax.data import naflex, randaugment
 from vit_jax.data.spec import Pp
 
 # fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
@@ -209,6 +211,30 @@ def train_image_from_bytes(
   if adjust is not None:
     image = adjust(image)
   return _finish(tf.image.resize(image, [pp.crop, pp.crop]), seed, flip_seed, pp)
+
+
+def train_patch_sequence(image: tf.Tensor, seed: tf.Tensor, pp: Pp) -> tf.Tensor:
+  """A NaFlex tower's training input: the image flipped at random (`pp.flip`), as its
+  `patch_sequence` (no crop: the sequence keeps the whole image at its aspect ratio)."""
+  if pp.flip:
+    image = tf.image.stateless_random_flip_left_right(image, _seeds(seed)[1])
+  return patch_sequence(image, pp.patch_size, pp.max_patches)
+
+
+def eval_input(image: tf.Tensor, pp: Pp) -> tf.Tensor:
+  """The evaluation input of decoded pixels: a `pp.crop` square (`eval_image`), or with
+  `pp.max_patches` a NaFlex tower's `patch_sequence`."""
+  if pp.max_patches:
+    return patch_sequence(image, pp.patch_size, pp.max_patches)
+  return eval_image(image, pp.crop)
+
+
+def patch_sequence(image: tf.Tensor, patch: int, max_patches: int) -> tf.Tensor:
+  """A NaFlex tower's input: the image at its own aspect ratio, resized to at most
+  `max_patches` patches of `patch` (`naflex.resize_to_sequence`), in [-1, 1], as the packed
+  sequence (`naflex.pack`: (max_patches, patch * patch * 3 + 3))."""
+  resized = naflex.resize_to_sequence(tf.cast(image, tf.float32), patch, max_patches)
+  return naflex.pack(naflex.patchify(value_range(resized), patch, max_patches))
 
 
 def eval_image(image: tf.Tensor, crop: int) -> tf.Tensor:

@@ -26,6 +26,11 @@ class Pp:
   # is 2 and 10 (vit_jax/data/randaugment.py).
   randaug_layers: int = 0
   randaug_magnitude: float = 10.0
+  # A NaFlex image tower's inputs (vit_jax/data/naflex.py): each image at its own aspect ratio
+  # as at most `max_patches` patches of `patch_size` pixels (its model's), instead of a crop;
+  # training flips it at random (`flip`), nothing else. 0: square `crop` x `crop` images.
+  max_patches: int = 0
+  patch_size: int = 0
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
@@ -77,6 +82,12 @@ def check(data: Data) -> None:
     raise ValueError(
       f'config.pp.randaug_layers={data.pp.randaug_layers}, config.pp.randaug_magnitude='
       f'{data.pp.randaug_magnitude}; expected >= 0 (0 layers: no RandAugment).'
+    )
+  if (data.pp.max_patches > 0) != (data.pp.patch_size > 0) or data.pp.max_patches < 0:
+    raise ValueError(
+      f'config.pp.max_patches={data.pp.max_patches}, config.pp.patch_size='
+      f'{data.pp.patch_size}: a NaFlex tower takes both (its patches per image and their'
+      ' side), any other model neither.'
     )
   if data.input_threads < 0:
     raise ValueError(f'config.input_threads={data.input_threads}; expected >= 0 (0: all cores).')

@@ -11,7 +11,8 @@ names, shapes and dtypes, so `param_shapes` and `init_params` need no pixel arra
 forward FLOPs (`forward_flops`), the architecture read off a tree's shapes (`infer_config`,
 `architecture`, `native_resolution`), the registered model of an architecture
 (`match_registry`), one-line descriptions (`describe`, `kind`), its image tower's config
-(`image_config`) and pre-logits (`image_features`), what a run's config states beyond the
+(`image_config`), pre-logits (`image_features`) and, for a tower that takes images as patch
+sequences, its patch (`sequence_patch`), what a run's config states beyond the
 shapes (`stated_fields`), its tokenizer (`tokenizer`, image-text families), and the formats
 it converts to (`writes`).
 Nothing outside a family module sniffs config or tree keys to tell families apart: it asks
@@ -93,6 +94,12 @@ class Family:
   def image_features(self) -> Callable[[nn.Module], Callable[[Any, jax.Array], jax.Array]]:
     """model -> (params, images) -> its image tower's pre-logits (what a linear probe reads)."""
     return getattr(self.module, 'image_features', _headless)
+
+  @property
+  def sequence_patch(self) -> Callable[[Config], int | None]:
+    """The patch side of an image tower that takes images as patch sequences (NaFlex), or
+    None: the model takes square images."""
+    return getattr(self.module, 'sequence_patch', lambda config: None)
 
   @property
   def stated_fields(self) -> Callable[[Config], dict[str, Any]]:

@@ -49,4 +49,5 @@ def check(spec: Any) -> None:
   ValueErrors."""
   common.one_of('task', spec.step.task, CONFIG_TASKS)
   distillation.check(spec.step)
+  common.check_image_inputs(spec)
   get_task(spec).check(spec)
