@@ -561,6 +561,10 @@ def test_vit_zeroshot_on_the_run_and_on_its_converted_file_prints_the_runs_numbe
   assert json.loads(capsys.readouterr().out)['accuracy'] == result['zeroshot/digits']
   fitted = checkpoint.fit(converted)
   assert fitted.config.text.num_heads == 2 and fitted.config.pp.max_len == 12
+  # Patch sequences are a NaFlex model's: a ViT tower's run says so in one line.
+  assert zeroshot_cli.run(workdir, [], dataset='digits', options={'max_patches': 16}) == 1
+  error = capsys.readouterr().err.strip().splitlines()
+  assert len(error) == 1 and '--max_patches=16' in error[0] and 'not patches' in error[0]
 
 
 def test_vit_predict_with_classes_classifies_zero_shot_as_vit_zeroshot(lit_run, tmp_path, capsys):

@@ -314,11 +314,13 @@ def _naflex_finetune(tmp_path, pretrained):
 
 @pytest.mark.slow
 def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
-  tmp_path, monkeypatch
+  tmp_path, monkeypatch, capsys
 ):
   """configs/siglip2_finetune.py on a NaFlex SigLIP 2 file: both towers start from the file,
   images of 8 aspect ratios are batched as patch sequences, the loss falls, and a SIGTERM
-  at step 2 then a rerun gives the uninterrupted run's parameters and metrics bit for bit."""
+  at step 2 then a rerun gives the uninterrupted run's parameters and metrics bit for bit;
+  vit-zeroshot on the run prints its retrieval numbers."""
+  import json
   import os
   import signal
 
@@ -362,3 +364,20 @@ def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
   for key in ours:
     np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
   assert _lines(workdir) == _lines(tmp_path / 'ref')
+
+  # vit-zeroshot on the run takes the images as the run's evaluator did: its recalls.
+  from vit_jax.cli import zeroshot as zeroshot_cli
+
+  options = {'json': True, 'cache_dir': ''}
+  folder = str(tmp_path / 'pairs')
+  capsys.readouterr()  # the runs' progress lines
+  assert zeroshot_cli.run(workdir, [], dataset=folder, options=options) == 0
+  printed = json.loads(capsys.readouterr().out)
+  ran = next(m for m in _lines(workdir) if recall in m)
+  assert printed['num_images'] == 8
+  metrics = [k for k in printed if 'recall@' in k]
+  assert len(metrics) == 6
+  for key in metrics:
+    assert printed[key] == ran[f'retrieval/pairs/{key}'], key
+  assert zeroshot_cli.run(workdir, [], dataset=folder, options={**options, 'max_patches': 4}) == 0
+  assert json.loads(capsys.readouterr().out)['num_images'] == 8  # 4 patches an image: runs

@@ -20,8 +20,8 @@ are the class and distillation tokens side by side (2 x hidden), of which that m
 linear map.
 
 An image-text model (LiT, SigLIP: a file or a training run) has no head: with
-`--classes=a,b,c` (and `--templates`) it classifies the images zero-shot, as `vit-zeroshot`
-does with the same flags.
+`--classes=a,b,c` (and `--templates`, `--max_patches` for a NaFlex model) it classifies the
+images zero-shot, as `vit-zeroshot` does with the same flags.
 
 A head that is all zeros (the released imagenet21k files, whose heads Google zeroed on
 purpose) gives a warning instead of meaningless predictions.
@@ -487,11 +487,13 @@ def run(
   features_block: int | None = None,
   classes: str = '',
   templates: str | None = None,
+  max_patches: int = 0,
 ) -> int:
   """The command line's work; returns the exit status: 2 for a usage error (flags that do not
   go together, or a value the model cannot take), 1 for anything else that failed. With
   `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
-  in `templates`, default the checkpoint's own, else clip_best)."""
+  in `templates`, default the checkpoint's own, else clip_best; a NaFlex model's images as at
+  most `max_patches` patches, 0: its own count)."""
   if not images:
     print(
       'error: no images given; usage: python -m vit_jax.predict --checkpoint PATH IMAGE...',
@@ -504,8 +506,11 @@ def run(
       return 2
     from vit_jax.cli import zeroshot  # the image-text model's zero-shot classification
 
-    options = {'json': as_json, 'top_k': k, 'batch_size': batch_size}
+    options = {'json': as_json, 'top_k': k, 'batch_size': batch_size, 'max_patches': max_patches}
     return zeroshot.run(checkpoint, images, classes, templates, options=options)
+  if max_patches:
+    print('error: --max_patches is for a NaFlex image-text model, with --classes', file=sys.stderr)
+    return 2
   try:
     if features:
       _features_path(features)
@@ -596,6 +601,12 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_string(
     'templates', None, 'With --classes: templates as vit-zeroshot takes them.', flag_values=fv
   )
+  flags.DEFINE_integer(
+    'max_patches',
+    0,
+    "With --classes: a NaFlex model's patches an image (0: its own).",
+    flag_values=fv,
+  )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -616,6 +627,7 @@ def main(argv: Sequence[str]) -> None:
       f.features_block,
       f.classes,
       f.templates,
+      f.max_patches,
     )
   )
 

@@ -34,7 +34,9 @@ Each class embedding is the mean of its prompts' normalised embeddings, renormal
 80,000 text passes.
 
 Images are preprocessed as the original LiT code does: resized to the model's size without a
-crop (bilinear), cast to uint8, then to [-1, 1]. A file that is not an image-text model, a
+crop (bilinear), cast to uint8, then to [-1, 1]; a NaFlex model's (SigLIP 2's `*-naflex`) at
+their own aspect ratio as at most `--max_patches` patches (default: its own, 256), as a run
+evaluates it. A file that is not an image-text model, a
 missing vocabulary, a vocabulary of the wrong kind or size for the text tower, an unknown
 dataset and an unreadable image are errors of one line; the other images are still classified.
 """
@@ -70,6 +72,17 @@ class Loaded:
   b: float | None  # SigLIP's logit bias
   # How it is used beyond its weights: a run's zero-shot templates, or its converted file's.
   uses: ckpt.two_towers.Uses
+  # A NaFlex image tower's (patch side, patches an image); None: `size` x `size` images.
+  sequence: tuple[int, int] | None = None
+
+  def preprocess(self, image):
+    """Decoded pixels -> the image tower's input: the original LiT's resize to `size`, or a
+    NaFlex tower's patch sequence (`vit_jax.data.preprocess.patch_sequence`)."""
+    if self.sequence is None:
+      return lit_preprocess(image, self.size)
+    from vit_jax.data.preprocess import patch_sequence
+
+    return patch_sequence(image, *self.sequence)
 
   @functools.cached_property
   def apply(self):
@@ -77,8 +90,9 @@ class Loaded:
     return jax.jit(self.model.apply)
 
 
-def load(checkpoint: str, vocab: str | None = None) -> Loaded:
-  """The image-text model of `checkpoint` and its tokenizer; one-line ValueErrors."""
+def load(checkpoint: str, vocab: str | None = None, max_patches: int = 0) -> Loaded:
+  """The image-text model of `checkpoint` and its tokenizer; one-line ValueErrors.
+  `max_patches`: a NaFlex image tower's patches an image (0: its `pp.max_patches`)."""
   fitted = ckpt.fit(checkpoint)
   config = fitted.config
   family = families.of_config(config)
@@ -109,7 +123,12 @@ def load(checkpoint: str, vocab: str | None = None) -> Loaded:
   b = float(np.asarray(params['b']).reshape(())) if 'b' in params else None
   label = fitted.name or family.describe(config)
   size = int(pp.get('size', 224))
-  return Loaded(fitted.model(), params, tokenizer, label, size, path, t, b, uses)
+  patch, sequence = family.sequence_patch(config), None
+  if patch is not None:
+    sequence = (patch, max_patches or int(pp['max_patches']))
+  elif max_patches:
+    raise ValueError(f'--max_patches={max_patches}: {label} takes {size} px images, not patches')
+  return Loaded(fitted.model(), params, tokenizer, label, size, path, t, b, uses, sequence)
 
 
 def read_classes(classes: str) -> list[str]:
@@ -176,7 +195,7 @@ def classify_files(loaded: Loaded, zcls, paths, batch_size: int):
   good, pixels, errors = [], [], []
   for path in paths:
     try:
-      pixels.append(lit_preprocess(read_image(path), loaded.size).numpy())
+      pixels.append(loaded.preprocess(read_image(path)).numpy())
       good.append(path)
     except ImageError as e:
       errors.append(str(e))
@@ -197,7 +216,7 @@ def _embed_split(loaded: Loaded, source, split: str, batch_size: int, limit: int
   @tf.autograph.experimental.do_not_convert
   def prepare(raw):
     example = source.example(raw)
-    return lit_preprocess(source.decode(example['image']), loaded.size), example[field]
+    return loaded.preprocess(source.decode(example['image'])), example[field]
 
   records = source.records(split)
   if limit:
@@ -258,7 +277,7 @@ def retrieval_recalls(loaded: Loaded, captions_file: str, batch_size: int) -> di
   from vit_jax.data.preprocess import read_image
 
   images, captions, owners = read_captions(captions_file)
-  pixels = [lit_preprocess(read_image(p), loaded.size).numpy() for p in images]
+  pixels = [loaded.preprocess(read_image(p)).numpy() for p in images]
   zimg = np.concatenate(
     [
       _embed_images(loaded, np.stack(pixels[i : i + batch_size]))
@@ -354,7 +373,8 @@ def run(
   """The command line's work; returns the exit status: 2 for a usage error (what to classify
   or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
   limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions,
-  max_texts (None: the dataset's protocol, `PROTOCOL_CAPTIONS`), and
+  max_texts (None: the dataset's protocol, `PROTOCOL_CAPTIONS`), max_patches (a NaFlex
+  tower's patches an image; 0: the model's), and
   `progress`: say on stderr what it is doing before each slow part (the command does at a
   terminal). `templates` and `canonicalize` None: the checkpoint's (`Loaded.uses`), else
   'clip_best' and True."""
@@ -364,7 +384,7 @@ def run(
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
   o |= {'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
-  o |= {'max_texts': None, 'progress': False} | (options or {})
+  o |= {'max_texts': None, 'max_patches': 0, 'progress': False} | (options or {})
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = None
   if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
@@ -376,7 +396,7 @@ def run(
     return 2
   try:
     say(f'Reading {checkpoint} ...')
-    loaded = load(checkpoint, o['vocab'])
+    loaded = load(checkpoint, o['vocab'], o['max_patches'])
     if o['captions']:
       say(f'Embedding the images and captions of {o["captions"]} ...')
       recalls = retrieval_recalls(loaded, o['captions'], o['batch_size'])
@@ -453,6 +473,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     "A captions --dataset: each image's first N captions (default: coco_captions 5, else all).",
     flag_values=fv,
   )
+  flags.DEFINE_integer(
+    'max_patches', 0, "A NaFlex model's patches an image (0: the model's).", flag_values=fv
+  )
   flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
   flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
   flags.DEFINE_string(
@@ -479,7 +502,8 @@ def main(argv: Sequence[str]) -> None:
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
-  options = {k: f[k].value for k in (*keys, 'tfds_data_dir', 'out', 'captions', 'max_texts')}
+  keys += ('tfds_data_dir', 'out', 'captions', 'max_texts', 'max_patches')
+  options = {k: f[k].value for k in keys}
   options['progress'] = progress
   # Unless given, a run's own (or its converted file's): what it evaluated zero-shot with.
   options['canonicalize'] = f.canonicalize if f['canonicalize'].present else None
