@@ -145,6 +145,31 @@ def read_state_dict(path: Path) -> dict[str, np.ndarray]:
   return _read_safetensors(path) if path.suffix == '.safetensors' else _read_torch(path)
 
 
+def state_keys(path: Path) -> list[str]:
+  """The tensor names of a weights file, without reading the tensors; [] if unreadable (the
+  format that claims the file reports the problem: detection only asks)."""
+  try:
+    if not files.is_local(path):  # a bucket object: read whole
+      return list(read_state_dict(path))
+    if path.suffix == '.safetensors':
+      from safetensors import safe_open
+
+      with safe_open(str(path), framework='numpy') as f:
+        return list(f.keys())
+    import torch
+
+    state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
+  except Exception:  # not ours to judge: the format that claims the file reports the problem
+    return []
+  if (
+    isinstance(state, Mapping)
+    and len(state) == 1
+    and isinstance(next(iter(state.values())), Mapping)
+  ):
+    state = next(iter(state.values()))
+  return [str(k) for k in state] if isinstance(state, Mapping) else []
+
+
 def read_config(path: Path) -> dict[str, Any] | None:
   """The `config.json` of a model directory, or beside a weights file; None if there is none."""
   path = (path if path.is_dir() else path.parent) / 'config.json'
@@ -210,14 +235,16 @@ def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, 
 
 def torch_to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
   """A PyTorch weight in our layout: `kind` is 'copy', 'linear' ((out, in) -> (in, out)),
-  'conv' (OIHW -> HWIO), or an attention kernel split into `heads`: 'qkv_kernel', 'qkv_bias',
-  'out_kernel'."""
+  'conv' (OIHW -> HWIO), 'posemb' (an embedding's (N, D) rows -> (1, N, D)), or an attention
+  kernel split into `heads`: 'qkv_kernel', 'qkv_bias', 'out_kernel'."""
   if kind == 'copy':
     return w
   if kind == 'linear':
     return np.ascontiguousarray(w.T)
   if kind == 'conv':
     return np.ascontiguousarray(np.transpose(w, (2, 3, 1, 0)))  # OIHW -> HWIO
+  if kind == 'posemb':
+    return w[None]  # an nn.Embedding's (N, D) rows as our (1, N, D)
   d = w.shape[1] if kind == 'out_kernel' else w.shape[0]  # the width split into heads
   h = _num_heads(w, d, heads, key, source)
   if kind == 'qkv_kernel':
@@ -235,6 +262,8 @@ def ours_to_torch(kind: str, value: np.ndarray) -> np.ndarray:
     value = value.T
   elif kind == 'conv':
     value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
+  elif kind == 'posemb':
+    value = value[0]
   elif kind == 'qkv_kernel':
     value = value.reshape(value.shape[0], -1).T
   elif kind == 'qkv_bias':
@@ -242,6 +271,18 @@ def ours_to_torch(kind: str, value: np.ndarray) -> np.ndarray:
   elif kind == 'out_kernel':
     value = value.reshape(-1, value.shape[-1]).T
   return np.ascontiguousarray(value)
+
+
+def split_qkv(
+  kind: str, value: np.ndarray, heads: int | None, key: str, source: str
+) -> dict[str, np.ndarray]:
+  """A fused (3D, D) in-projection weight or (3D,) bias (timm's `qkv`, PyTorch's
+  `nn.MultiheadAttention.in_proj_*`) as our {'query', 'key', 'value'} kernels or biases;
+  `kind` is 'qkv_kernel' or 'qkv_bias'."""
+  if value.shape[0] % 3:
+    raise CheckpointError(f'{source}: {key} {shape_str(value.shape)} does not split into q, k, v')
+  parts = np.split(value, 3, axis=0)
+  return {n: torch_to_ours(kind, p, heads, key, source) for n, p in zip(QKV, parts, strict=True)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,32 +424,38 @@ def _grid_image_size(flat: Mapping[str, np.ndarray]) -> ImageSize:
 
 
 def write_model_dir(
-  out_dir: str | os.PathLike, state: Mapping[str, np.ndarray], config: Mapping[str, Any]
+  out_dir: str | os.PathLike,
+  state: Mapping[str, np.ndarray],
+  config: Mapping[str, Any],
+  extra: Mapping[str, bytes] | None = None,
 ) -> Path:
-  """Writes `model.safetensors` (PyTorch metadata) and `config.json` into `out_dir`.
+  """Writes `model.safetensors` (PyTorch metadata), `config.json` and the `extra` files
+  ({name: contents}: a processor's, a tokenizer's) into `out_dir`.
 
-  Nothing partial is left: both files are written to a temporary folder first, then moved
-  into `out_dir` (a new folder, or one holding at most these two files); in a bucket each
-  file is an object written whole.
+  Nothing partial is left: the files are written to a temporary folder first, then moved
+  into `out_dir` (a new folder, or one holding at most these files); in a bucket each file
+  is an object written whole, the weights first.
   """
   from safetensors.numpy import save, save_file
 
   out_dir = files.path(out_dir)
-  names = ('model.safetensors', 'config.json')
   config_text = json.dumps(config, indent=2, sort_keys=True) + '\n'
-  _check_out_dir(out_dir)
+  others = {'config.json': config_text.encode(), **(extra or {})}
+  _check_out_dir(out_dir, ('model.safetensors', *others))
   if not files.is_local(out_dir):  # each object is written whole; weights first
     weights = save(dict(state), metadata={'format': 'pt'})
     files.atomic_write(out_dir / 'model.safetensors', lambda f: f.write(weights))
-    files.atomic_write_text(out_dir / 'config.json', config_text)
+    for name, data in others.items():
+      files.atomic_write(out_dir / name, lambda f, data=data: f.write(data))
     return out_dir
   out_dir.parent.mkdir(parents=True, exist_ok=True)
   tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f'.{out_dir.name}.', suffix='.tmp'))
   try:
     save_file(dict(state), str(tmp / 'model.safetensors'), metadata={'format': 'pt'})
-    (tmp / 'config.json').write_text(config_text)
+    for name, data in others.items():
+      (tmp / name).write_bytes(data)
     if out_dir.exists():
-      for name in names:
+      for name in ('model.safetensors', *others):
         os.replace(tmp / name, out_dir / name)
       tmp.rmdir()
     else:
@@ -420,14 +467,12 @@ def write_model_dir(
   return out_dir
 
 
-def _check_out_dir(out_dir: Path) -> None:
-  """A new directory, or one that holds at most the two files written."""
+def _check_out_dir(out_dir: Path, names: Iterable[str]) -> None:
+  """A new directory, or one that holds at most the files written (`names`)."""
   if out_dir.exists():
     if not out_dir.is_dir():
       raise CheckpointError(f'{out_dir} exists and is not a directory; choose a directory name')
-    others = sorted(
-      p.name for p in out_dir.iterdir() if p.name not in ('model.safetensors', 'config.json')
-    )
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in set(names))
     if others:
       raise CheckpointError(
         f'{out_dir} already holds {others[:3]}: choose a new or empty directory'

@@ -130,30 +130,6 @@ _OUR_QKV_RE = re.compile(r'/MultiHeadDotProductAttention_0/(query|key|value)/')
 # Reading.
 
 
-def _state_keys(path: Path) -> list[str]:
-  """The tensor names of a weights file, without reading the tensors; [] if unreadable."""
-  try:
-    if not files.is_local(path):  # a bucket object: read whole
-      return list(pytorch.read_state_dict(path))
-    if path.suffix == '.safetensors':
-      from safetensors import safe_open
-
-      with safe_open(str(path), framework='numpy') as f:
-        return list(f.keys())
-    import torch
-
-    state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-  except Exception:  # not ours to judge: the format that claims the file reports the problem
-    return []
-  if (
-    isinstance(state, Mapping)
-    and len(state) == 1
-    and isinstance(next(iter(state.values())), Mapping)
-  ):
-    state = next(iter(state.values()))
-  return [str(k) for k in state] if isinstance(state, Mapping) else []
-
-
 def _looks_like_timm(keys: list[str]) -> bool:
   return any(k.removeprefix('module.') in ('patch_embed.proj.weight', 'pos_embed') for k in keys)
 
@@ -173,9 +149,9 @@ def detect(path: Path) -> bool:
     weights = pytorch.weights_in(path, WEIGHT_FILES)
     if weights is None:
       return False
-    return _read_config(path) is not None or _looks_like_timm(_state_keys(weights))
+    return _read_config(path) is not None or _looks_like_timm(pytorch.state_keys(weights))
   suffixes = ('.safetensors', *pytorch.TORCH_SUFFIXES)
-  return path.is_file() and path.suffix in suffixes and _looks_like_timm(_state_keys(path))
+  return path.is_file() and path.suffix in suffixes and _looks_like_timm(pytorch.state_keys(path))
 
 
 def heads_of_architecture(name: str) -> int | None:
@@ -292,23 +268,11 @@ def _unsupported(key: str, source: str) -> None:
       raise CheckpointError(f'{source}: {key!r} is {what}, which our ViT does not compute')
 
 
-def _split_qkv(
-  kind: str, value: np.ndarray, heads: int | None, key: str, source: str
-) -> dict[str, np.ndarray]:
-  """A fused (3D, D) qkv weight or (3D,) bias as our query/key/value kernels or biases."""
-  if value.shape[0] % 3:
-    raise CheckpointError(f'{source}: {key} {shape_str(value.shape)} does not split into q, k, v')
-  parts = np.split(value, 3, axis=0)
-  return {
-    n: pytorch.torch_to_ours(kind, p, heads, key, source) for n, p in zip(QKV, parts, strict=True)
-  }
-
-
 def _map_key(key: str, value: np.ndarray, heads: int | None, source: str) -> dict[str, np.ndarray]:
   """One timm tensor (not pos_embed) as our key(s) and array(s)."""
   if m := _QKV_RE.match(key):
     leaf = 'kernel' if m.group(2) == 'weight' else 'bias'
-    split = _split_qkv(f'qkv_{leaf}', value, heads, key, source)
+    split = pytorch.split_qkv(f'qkv_{leaf}', value, heads, key, source)
     return {f'{ATTN.format(i=int(m.group(1)))}/{n}/{leaf}': v for n, v in split.items()}
   found = pytorch.lookup(key, _TOP_MAP, _LAYER_RE, _BLOCK_MAP)
   if found is None:
