@@ -53,6 +53,24 @@ def randomize(params, seed: int = 0, scale: float = 0.2):
   return jax.tree.map(lambda x: (scale * rng.standard_normal(x.shape)).astype(np.float32), params)
 
 
+def big_vision_siglip(params) -> dict:
+  """Our image-text tree in big_vision's two-tower .npz layout, as its SigLIP files are: a
+  `params/` prefix, both towers' blocks scan-stacked (`encoderblock/...`, layer first), the
+  image position embedding at the tower's top level (`img/pos_embedding`), t and b."""
+  from vit_jax.flat import flatten
+
+  flat, stacked = {}, {}
+  for key, value in flatten(params).items():
+    key = key.replace('Transformer/posembed_input/pos_embedding', 'pos_embedding')
+    if m := re.match(r'^(.*/encoderblock)_(\d+)/(.*)$', key):
+      stacked.setdefault(f'{m.group(1)}/{m.group(3)}', {})[int(m.group(2))] = value
+    else:
+      flat[key] = value
+  for key, layers in stacked.items():
+    flat[key] = np.stack([layers[i] for i in range(len(layers))])
+  return {f'params/{k}': np.float32(v) for k, v in flat.items()}
+
+
 # A tiny ViT on configs/digits.py and a short run of it, as dotted config overrides (also
 # `--config.KEY=VALUE` flags of subprocess runs).
 TINY = {

@@ -69,28 +69,42 @@ def _inputs(grids, slots, seed=0):
   return out
 
 
-def siglip2_vision_to_big_vision(sd, v='', stacked=False) -> dict:
-  """transformers' Siglip2VisionModel weights (under the prefix `v`) -> the NaFlex tower's
-  flat tree in big_vision's names, blocks unrolled or scan-stacked, through test_two_towers'
-  SigLIP mapping of each part."""
-  from test_two_towers import hf_dense, hf_encoder_block, hf_map_head, hf_stacked_blocks
+def _naflex_embeddings(sd, theirs: str, ours: str) -> dict:
+  """transformers' Siglip2 vision embeddings (a Linear over flattened patches, the position
+  grid as (G * G, D) rows) in big_vision's NaFlex names."""
+  patch, posemb = f'{theirs}embeddings.patch_embedding', f'{theirs}embeddings.position_embedding'
+  return {
+    f'{ours}embedding/kernel': sd[f'{patch}.weight'].T,
+    f'{ours}embedding/bias': sd[f'{patch}.bias'],
+    f'{ours}pos_embedding': sd[f'{posemb}.weight'].reshape(GRID, GRID, WIDTH),
+  }
 
-  flat = {}
-  if stacked:
-    blocks = hf_stacked_blocks(sd, v.removesuffix('.'), LAYERS, WIDTH, HEADS)
-    flat |= {f'Transformer/encoderblock/{k}': x for k, x in blocks.items()}
-  for i in range(0 if stacked else LAYERS):
-    block = hf_encoder_block(sd, f'{v}encoder.layers.{i}', WIDTH, HEADS)
-    flat |= {f'Transformer/encoderblock_{i}/{k}': x for k, x in block.items()}
-  flat['Transformer/encoder_norm/scale'] = sd[f'{v}post_layernorm.weight']
-  flat['Transformer/encoder_norm/bias'] = sd[f'{v}post_layernorm.bias']
-  patch = f'{v}embeddings.patch_embedding'
-  embed = hf_dense(sd[f'{patch}.weight'], sd[f'{patch}.bias'], WIDTH, HEADS)
-  flat |= {f'embedding/{k}': x for k, x in embed.items()}
-  posemb = sd[f'{v}embeddings.position_embedding.weight']
-  flat['pos_embedding'] = posemb.reshape(GRID, GRID, WIDTH)
-  flat |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}head', WIDTH, HEADS).items()}
-  return {k: np.float32(x) for k, x in flat.items()}
+
+def _from_siglip2(sd) -> dict:
+  """transformers' Siglip2VisionModel weights -> the NaFlex tower's tree (big_vision's names,
+  blocks unrolled): the encoder, post_layernorm and MAP head through `hf_siglip`'s vision map
+  (SiglipModel's), the embeddings here."""
+  from vit_jax.checkpoint import hf_siglip
+
+  keys = hf_siglip.vision_encoder_map('', '', LAYERS)
+  flat = hf_siglip.to_flat({k: sd[k] for k in keys}, keys, lambda name: HEADS, 'siglip2')
+  flat |= _naflex_embeddings(sd, '', '')
+  return unflatten({k: np.float32(v) for k, v in flat.items()})
+
+
+def _siglip2_to_big_vision(sd) -> dict:
+  """transformers' Siglip2Model weights -> a big_vision SigLIP 2 NaFlex .npz's arrays: every
+  tensor but the vision embeddings through `hf_siglip`'s SigLIP map, in conftest's big_vision
+  layout (`params/`, blocks scan-stacked)."""
+  from conftest import big_vision_siglip
+
+  from vit_jax.checkpoint import hf_siglip
+
+  keys = hf_siglip.key_map(LAYERS, LAYERS)
+  keys = {k: v for k, v in keys.items() if not k.startswith('vision_model.embeddings.')}
+  flat = hf_siglip.to_flat({k: sd[k] for k in keys}, keys, lambda name: HEADS, 'siglip2')
+  flat |= _naflex_embeddings(sd, 'vision_model.', 'img/')
+  return big_vision_siglip(unflatten(flat))
 
 
 @pytest.fixture(scope='module')
@@ -107,8 +121,7 @@ def siglip2_vision():
   )  # fmt: skip
   config._attn_implementation = 'eager'
   hf = _hf_randomize(Siglip2VisionModel(config), seed=2)
-  sd = {k: v.numpy() for k, v in hf.state_dict().items()}
-  params = unflatten(siglip2_vision_to_big_vision(sd))
+  params = _from_siglip2({k: v.numpy() for k, v in hf.state_dict().items()})
   transformer = {'num_layers': LAYERS, 'mlp_dim': MLP, 'num_heads': HEADS}
   transformer |= {'dropout_rate': 0.0, 'attention_dropout_rate': 0.0}
   model = NaFlexViT(None, PATCH, WIDTH, transformer, posemb_grid=GRID)
@@ -222,7 +235,7 @@ def test_naflex_siglip2_file_equals_transformers_siglip2_model(tmp_path):
   rows) reads by name as a NaFlex two-tower model with Gemma's tokenizer; its embeddings and
   logits of three aspect ratios batched with padding equal transformers' Siglip2Model."""
   import torch
-  from test_two_towers import _hf_randomize, siglip_text_to_big_vision
+  from test_two_towers import _hf_randomize
   from transformers import Siglip2Config, Siglip2Model
 
   from vit_jax import checkpoint
@@ -236,10 +249,7 @@ def test_naflex_siglip2_file_equals_transformers_siglip2_model(tmp_path):
   config.text_config._attn_implementation = config.vision_config._attn_implementation = 'eager'
   hf = _hf_randomize(Siglip2Model(config), seed=4)
   sd = {k: v.numpy() for k, v in hf.state_dict().items()}
-  img = siglip2_vision_to_big_vision(sd, 'vision_model.', stacked=True)
-  flat = {f'params/img/{k}': x for k, x in img.items()}
-  flat |= {k: np.float32(x) for k, x in siglip_text_to_big_vision(sd, LAYERS, WIDTH, HEADS).items()}
-  np.savez(tmp_path / 'siglip2_naflex.npz', **flat)
+  np.savez(tmp_path / 'siglip2_naflex.npz', **_siglip2_to_big_vision(sd))
 
   fitted = checkpoint.fit(tmp_path / 'siglip2_naflex.npz')
   assert fitted.config.image_model == 'naflex' and fitted.config.image.posemb_grid == GRID

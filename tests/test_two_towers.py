@@ -9,12 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import randomize
+from conftest import big_vision_siglip, randomize
 from jax.sharding import PartitionSpec as P
 from numpy_models import l2_normalize, text_transformer, vit
 
 from vit_jax import checkpoint, families, parallel
-from vit_jax.checkpoint import tree
+from vit_jax.checkpoint import hf_siglip, tree
 from vit_jax.cli import convert, predict
 from vit_jax.families import two_towers
 from vit_jax.models import MODEL_CONFIGS, get_config, get_model, model_from_config, stats
@@ -508,104 +508,11 @@ def test_lit_text_transformer_file_equals_the_numpy_equations(lit_text_transform
   np.testing.assert_allclose(out['t'], np.exp(flat['t']), rtol=1e-6)
 
 
-def hf_dense(w, b, width, heads, qkv=False, out=False):
-  """A transformers Linear (out, in) as big_vision's Dense: q/k/v (D, heads, head_dim), the
-  attention's out (heads, head_dim, D)."""
-  kernel, hd = w.T, width // heads
-  if qkv:
-    kernel, b = kernel.reshape(width, heads, hd), b.reshape(heads, hd)
-  if out:
-    kernel = kernel.reshape(heads, hd, width)
-  return {'kernel': kernel, 'bias': b}
-
-
-def hf_encoder_block(sd, hf, width, heads):
-  """A SigLIP (or SigLIP 2) encoder layer `hf` of transformers as big_vision's flat block."""
-  out = {}
-  for n, h in zip(QKV, 'qkv', strict=True):
-    w, b = sd[f'{hf}.self_attn.{h}_proj.weight'], sd[f'{hf}.self_attn.{h}_proj.bias']
-    d = hf_dense(w, b, width, heads, qkv=True)
-    out |= {f'MultiHeadDotProductAttention_0/{n}/{k}': v for k, v in d.items()}
-  w, b = sd[f'{hf}.self_attn.out_proj.weight'], sd[f'{hf}.self_attn.out_proj.bias']
-  d = hf_dense(w, b, width, heads, out=True)
-  out |= {f'MultiHeadDotProductAttention_0/out/{k}': v for k, v in d.items()}
-  for ours, h in (('LayerNorm_0', 'layer_norm1'), ('LayerNorm_1', 'layer_norm2')):
-    out |= {f'{ours}/scale': sd[f'{hf}.{h}.weight'], f'{ours}/bias': sd[f'{hf}.{h}.bias']}
-  return out | hf_mlp(sd, f'{hf}.mlp', width, heads)
-
-
-def hf_mlp(sd, prefix, width, heads):
-  out = {}
-  for ours, h in (('Dense_0', 'fc1'), ('Dense_1', 'fc2')):
-    d = hf_dense(sd[f'{prefix}.{h}.weight'], sd[f'{prefix}.{h}.bias'], width, heads)
-    out |= {f'MlpBlock_0/{ours}/{k}': v for k, v in d.items()}
-  return out
-
-
-def hf_map_head(sd, head, width, heads):
-  """transformers' MAP head `head` (probe, a fused in-projection) as big_vision's `MAPHead_0`."""
-  out = {'probe': sd[f'{head}.probe']}
-  qkv_w, qkv_b = sd[f'{head}.attention.in_proj_weight'], sd[f'{head}.attention.in_proj_bias']
-  for i, n in enumerate(QKV):
-    rows = slice(i * width, (i + 1) * width)
-    d = hf_dense(qkv_w[rows], qkv_b[rows], width, heads, qkv=True)
-    out |= {f'MultiHeadDotProductAttention_0/{n}/{k}': x for k, x in d.items()}
-  w, b = sd[f'{head}.attention.out_proj.weight'], sd[f'{head}.attention.out_proj.bias']
-  d = hf_dense(w, b, width, heads, out=True)
-  out |= {f'MultiHeadDotProductAttention_0/out/{k}': x for k, x in d.items()}
-  out['LayerNorm_0/scale'] = sd[f'{head}.layernorm.weight']
-  out['LayerNorm_0/bias'] = sd[f'{head}.layernorm.bias']
-  return out | hf_mlp(sd, f'{head}.mlp', width, heads)
-
-
-def hf_stacked_blocks(sd, tower, layers, width, heads):
-  """A tower's encoder layers in big_vision's names, scan-stacked (a leading depth axis)."""
-  blocks = [
-    hf_encoder_block(sd, f'{tower}.encoder.layers.{i}', width, heads) for i in range(layers)
-  ]
-  return {k: np.stack([b[k] for b in blocks]) for k in blocks[0]}
-
-
-def siglip_text_to_big_vision(sd, layers, width, heads):
-  """transformers' SigLIP text model -> big_vision's `txt/` tower (blocks scan-stacked) and the
-  scalars, prefixed `params/`: SigLIP 2's NaFlex files have the same text side."""
-  t = 'text_model'
-  txt = {
-    f'Encoder_0/encoderblock/{k}': x
-    for k, x in hf_stacked_blocks(sd, t, layers, width, heads).items()
-  }
-  txt['Embed_0/embedding'] = sd[f'{t}.embeddings.token_embedding.weight']
-  txt['pos_embedding'] = sd[f'{t}.embeddings.position_embedding.weight'][None]
-  txt['Encoder_0/encoder_norm/scale'] = sd[f'{t}.final_layer_norm.weight']
-  txt['Encoder_0/encoder_norm/bias'] = sd[f'{t}.final_layer_norm.bias']
-  head = hf_dense(sd[f'{t}.head.weight'], sd[f'{t}.head.bias'], width, heads)
-  txt |= {f'head/{k}': x for k, x in head.items()}
-  flat = {f'params/txt/{k}': x for k, x in txt.items()}
-  return flat | {'params/t': sd['logit_scale'], 'params/b': sd['logit_bias']}
-
-
-def siglip_to_big_vision(sd, layers, width, heads):
-  """transformers' SiglipModel weights -> big_vision's two-tower .npz (`params/` prefix, both
-  towers scan-stacked, image posemb at the top level without a class row, MAP head, t, b)."""
-  v = 'vision_model'
-  img = {
-    f'Transformer/encoderblock/{k}': x
-    for k, x in hf_stacked_blocks(sd, v, layers, width, heads).items()
-  }
-  img['embedding/kernel'] = sd[f'{v}.embeddings.patch_embedding.weight'].transpose(2, 3, 1, 0)
-  img['embedding/bias'] = sd[f'{v}.embeddings.patch_embedding.bias']
-  img['pos_embedding'] = sd[f'{v}.embeddings.position_embedding.weight'][None]
-  img['Transformer/encoder_norm/scale'] = sd[f'{v}.post_layernorm.weight']
-  img['Transformer/encoder_norm/bias'] = sd[f'{v}.post_layernorm.bias']
-  img |= {f'MAPHead_0/{k}': x for k, x in hf_map_head(sd, f'{v}.head', width, heads).items()}
-  flat = {f'params/img/{k}': x for k, x in img.items()}
-  flat |= siglip_text_to_big_vision(sd, layers, width, heads)
-  return {k: np.float32(x) for k, x in flat.items()}
-
-
 def _write_siglip(path, vocab: int = VOCAB):
   """A tiny SigLIP in big_vision's layout at `path`, from a transformers `SiglipModel` with
-  random weights and `vocab` text pieces; returns (path, the torch model)."""
+  random weights and `vocab` text pieces (mapped to our names by `hf_siglip`, whose mapping
+  this test and tests/test_hf_siglip.py check against transformers' outputs); returns (path,
+  the torch model)."""
   from transformers import SiglipConfig, SiglipModel
 
   towers = {'hidden_size': 32, 'num_hidden_layers': 2, 'num_attention_heads': 4}
@@ -617,7 +524,7 @@ def _write_siglip(path, vocab: int = VOCAB):
   config.text_config._attn_implementation = config.vision_config._attn_implementation = 'eager'
   hf = _hf_randomize(SiglipModel(config), seed=6)
   sd = {k: v.numpy() for k, v in hf.state_dict().items()}
-  np.savez(path, **siglip_to_big_vision(sd, 2, 32, 4))
+  np.savez(path, **big_vision_siglip(hf_siglip.from_state_dict(sd, lambda name: 4)))
   return path, hf
 
 
@@ -724,7 +631,8 @@ def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_pat
     (lambda: checkpoint.fit(path, num_classes=5), f'read {path}:img'),
     (lambda: checkpoint.fit(path, 'LiT-B16B'), 'does not fit the checkpoint'),
     (lambda: checkpoint.fit(tmp_path / 'vit.npz', 'LiT-L16S'), 'holds no image-text model'),
-    (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'hf'), 'converts to npz only'),
+    (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'hf'), 'a LiT model (a softmax'),
+    (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'timm'), 'to npz or hf only'),
     (
       lambda: predict.load(path),
       f"classify zero-shot, or take its image tower's features from {path}:img",

@@ -6,6 +6,7 @@ params = load_pretrained(path, init_params, model_config)  # fine-tuning surgery
 save_npz(params, 'out.npz')                    # the released Google layout (an image-text
                                                # tree: LiT's)
 export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json, transformers
+                                               # (a SigLIP model: SiglipModel + processor)
 export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json, timm
 export(params, model_config, 'out_dir', to=name)  # any format of FORMATS that writes
 """
@@ -14,6 +15,7 @@ from vit_jax.checkpoint import (
   catalog,
   formats,
   hf,
+  hf_siglip,
   npz,
   orbax,
   pytorch,
@@ -62,6 +64,7 @@ __all__ = [
   'from_hf_state_dict',
   'from_timm_state_dict',
   'hf',
+  'hf_siglip',
   'holds_image_text',
   'infer_config',
   'load',

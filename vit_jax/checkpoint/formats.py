@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from etils.epath import Path
 
-from vit_jax import files
-from vit_jax.checkpoint import hf, npz, orbax, pytorch, timm, two_towers
+from vit_jax import families, files
+from vit_jax.checkpoint import hf, hf_siglip, npz, orbax, pytorch, timm, two_towers
 from vit_jax.checkpoint.tree import CheckpointError
 
 
@@ -45,6 +45,9 @@ class Format:
 
 
 FORMATS: list[Format] = [
+  # transformers' SiglipModel (SigLIP, SigLIP 2): an image-text tree; its config.json says so.
+  # It writes through `export_hf` (a directory with its processor's files).
+  Format('hf_siglip', hf_siglip.detect, hf_siglip.read, hf_siglip.model_fields),
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
   Format(
     'timm', timm.detect, timm.read, timm.model_fields, timm.to_timm_state_dict, timm.timm_config
@@ -129,7 +132,13 @@ def export_hf(
   params: Mapping[str, Any], model_config: Any, out_dir: str | os.PathLike, **kw: Any
 ) -> Path:
   """`export(..., to='hf')`: a directory that transformers' `from_pretrained` loads with our
-  logits (`ViTForImageClassification` with a head, else `ViTModel`)."""
+  logits (`ViTForImageClassification` with a head, else `ViTModel`); a SigLIP model's:
+  `hf_siglip.export` (`SiglipModel`, its processor's files; `vocab=` the sentencepiece file
+  for its tokenizer's)."""
+  family = families.of_tree(params)
+  if family is not None and family.image_text:
+    kw.pop('labels', None)  # an image-text model has no classes
+    return hf_siglip.export(params, model_config, out_dir, **kw)
   return export(params, model_config, out_dir, to='hf', **kw)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from etils.epath import Path
 
 from vit_jax import families, files, rundir
-from vit_jax.checkpoint import npz
+from vit_jax.checkpoint import hf_siglip, npz
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError, flatten, shape_str, unflatten
 from vit_jax.families import naflex
@@ -107,7 +107,7 @@ def _zeroshot_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 def uses(path: Any, tokenizer_name: str) -> Uses:
   """A training run's (its config.json: its zero-shot evaluator's vocabulary or
   `config.pp.vocab`, and the evaluator's templates), or a file's (FILE.txt or FILE.model
-  beside it, FILE.json)."""
+  beside it, FILE.json; a Hugging Face SigLIP directory's tokenizer file)."""
   run = rundir.find_run(path)
   if run is not None:
     config = rundir.read_config(run)
@@ -115,11 +115,20 @@ def uses(path: Any, tokenizer_name: str) -> Uses:
     vocab = evaluated.get('vocab') or (config.get('zeroshot') or {}).get('vocab')
     vocab = vocab or pp.get('vocab') or None
   else:
-    vocab = _stem(path) + VOCAB_SUFFIX[tokenizer_name]
-    vocab = vocab if files.path(vocab).exists() else None
+    vocab = _vocab_beside(path, tokenizer_name)
     evaluated = _sidecar(path).get('zeroshot') or {}
   templates = tuple(evaluated['templates']) if evaluated.get('templates') else None
   return Uses(vocab, templates, bool(evaluated.get('canonicalize', True)))
+
+
+def _vocab_beside(path: Any, tokenizer_name: str) -> str | None:
+  """FILE.txt or FILE.model beside FILE.npz, or a Hugging Face SigLIP directory's
+  sentencepiece file (spiece.model, tokenizer.model); None if there is none."""
+  if files.path(path).is_dir():
+    found = [files.path(path) / name for name in hf_siglip.VOCAB_FILES]
+  else:
+    found = [files.path(_stem(path) + VOCAB_SUFFIX[tokenizer_name])]
+  return next((str(p) for p in found if p.exists()), None)
 
 
 def write_beside(path: Any, model_fields: Mapping[str, Any], used: Uses) -> list[str]:

@@ -1,11 +1,15 @@
-r"""Converts ViT and MLP-Mixer checkpoints between the Google .npz layout, Hugging Face and timm.
+r"""Converts ViT, MLP-Mixer and image-text checkpoints between the Google .npz layout, Hugging
+Face and timm.
 
   python -m vit_jax.convert SRC DST --to={npz,hf,timm} [--model=NAME] [--num_classes=K] \
       [--resolution=R] [--params=polyak]
   python -m vit_jax.convert --list [QUERY]     # the released checkpoints and their --model
 
 SRC is any format `vit_jax.checkpoint.read` reads (original/AugReg/big_vision .npz, a Hugging
-Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). The pre_logits
+Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). A SigLIP model
+(SigLIP, SigLIP 2) converts to hf as transformers' `SiglipModel` with its processor's files and,
+where its vocabulary is at hand, its tokenizer's; other image-text models convert to npz only.
+The pre_logits
 layer is kept when the checkpoint has one. The checkpoint is fitted to the model by
 `vit_jax.checkpoint.fit`: `--model` (default: the architecture read off the weights), with
 `--num_classes` classes (default: the checkpoint's; a different count gives a fresh zero head,
@@ -28,35 +32,60 @@ from vit_jax.checkpoint import catalog, tree, two_towers
 USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf,timm} (or --list [QUERY])'
 
 
-def _write_npz(fitted: checkpoint.Fitted, dst: str) -> str:
+def _uses(fitted: checkpoint.Fitted, src: str) -> two_towers.Uses:
+  """How an image-text source is used beyond its weights: its vocabulary, its templates."""
+  pp = dict(fitted.config.get('pp') or {})
+  return two_towers.uses(src, pp.get('tokenizer_name', 'bert'))
+
+
+def _write_npz(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
   checkpoint.save_npz(fitted.params, dst)
   family = families.of_config(fitted.config)
-  if family.image_text:
-    scalars = ', '.join(k for k in two_towers.SCALARS if k in fitted.params)
-    return f'npz (LiT layout: img/, txt/, {scalars})'
-  return f'npz ({family.npz_layout})'
+  if not family.image_text:
+    return f'npz ({family.npz_layout})', []
+  scalars = ', '.join(k for k in two_towers.SCALARS if k in fitted.params)
+  # What its shapes cannot say, and its vocabulary, beside it.
+  stated = family.stated_fields(fitted.config)
+  beside = two_towers.write_beside(dst, stated, _uses(fitted, src))
+  return f'npz (LiT layout: img/, txt/, {scalars})', beside
 
 
-def _write_hf(fitted: checkpoint.Fitted, dst: str) -> str:
+def _write_hf(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
+  if families.of_config(fitted.config).image_text:
+    return _write_hf_siglip(fitted, src, dst), []
   path = checkpoint.export_hf(fitted.params, fitted.config, dst, image_size=fitted.resolution)
   config = json.loads((path / 'config.json').read_text())
   return (
     f'hf ({config["architectures"][0]}, model.safetensors + config.json,'
     f' hidden_act={config["hidden_act"]}, layer_norm_eps={config["layer_norm_eps"]:g})'
+  ), []
+
+
+def _write_hf_siglip(fitted: checkpoint.Fitted, src: str, dst: str) -> str:
+  """A SigLIP model as transformers' SiglipModel, with its processor's files (the tokenizer's
+  where the vocabulary is at hand)."""
+  vocab = _uses(fitted, src).vocab
+  path = checkpoint.export_hf(
+    fitted.params, fitted.config, dst, image_size=fitted.resolution, vocab=vocab
   )
+  written = ' + '.join(sorted(p.name for p in path.iterdir()))
+  if vocab is None:
+    written += '; no tokenizer: no vocabulary at hand (FILE.model beside FILE.npz, pp.vocab)'
+  return f'hf (SiglipModel, {written})'
 
 
-def _write_timm(fitted: checkpoint.Fitted, dst: str) -> str:
+def _write_timm(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
+  del src
   path = checkpoint.export_timm(fitted.params, fitted.config, dst, image_size=fitted.resolution)
   args = json.loads((path / 'config.json').read_text())['model_args']
   return (
     'timm (model.safetensors + config.json with the create_model arguments,'
     f' act_layer={args["act_layer"]!r}, norm_layer={args["norm_layer"]!r})'
-  )
+  ), []
 
 
-# Output format -> writer(fitted, dst) -> a description of what was written.
-WRITERS: dict[str, Callable[[checkpoint.Fitted, str], str]] = {
+# Output format -> writer(fitted, src, dst) -> (what was written, the paths written beside dst).
+WRITERS: dict[str, Callable[[checkpoint.Fitted, str, str], tuple[str, list[str]]]] = {
   'npz': _write_npz,
   'hf': _write_hf,
   'timm': _write_timm,
@@ -118,22 +147,18 @@ def convert(
   family = families.of_config(fitted.config)
   if family.image_text and to not in family.writes:
     raise checkpoint.CheckpointError(
-      f'--to={to}: an image-text model converts to npz only; for its image tower alone'
-      f' convert {src}:img'
+      f'--to={to}: an image-text model converts to {" or ".join(family.writes)} only; for'
+      f' its image tower alone convert {src}:img'
     )
   out(_read_line(src, fitted.found))
-  written = WRITERS[to](fitted, dst)
+  written, beside = WRITERS[to](fitted, src, dst)
   out(
     f'wrote {dst}: {written}; {len(tree.flatten(fitted.params))} arrays,'
     f' {tree.count_params(fitted.params):,} parameters; model {fitted.name or "(unregistered)"}'
     f' at {fitted.resolution} px'
   )
-  if family.image_text:  # what its shapes cannot say, and its vocabulary, beside it
-    pp = dict(fitted.config.get('pp') or {})
-    used = two_towers.uses(src, pp.get('tokenizer_name', 'bert'))
-    stated = family.stated_fields(fitted.config)
-    for path in two_towers.write_beside(dst, stated, used):
-      out(f'wrote {path}')
+  for path in beside:
+    out(f'wrote {path}')
   for line in _report_lines(fitted.report):
     out(line)
   return fitted.report
