@@ -4,6 +4,7 @@ a directory `AutoModel` and `AutoProcessor` load, giving transformers' outputs, 
 our token ids; converted back, the tree is bit-equal. Expected numbers come from transformers."""
 
 import io
+import json
 
 import jax
 import numpy as np
@@ -83,7 +84,7 @@ def test_config_json_gives_the_registered_model_and_its_image_size(tmp_path):
     384,
     32_000,
   )
-  (tmp_path / 'config.json').write_text(__import__('json').dumps(config))
+  (tmp_path / 'config.json').write_text(json.dumps(config))
   found = two_towers.infer_config(shapes)
   found.update(hf_siglip.model_fields(tmp_path))
   assert found.pp.size == 384 and two_towers.match_registry(found) == name
@@ -162,7 +163,7 @@ def test_siglip_processor_gives_our_pixels_and_token_ids(tmp_path):
   np.testing.assert_array_equal(got['input_ids'], two_towers.tokenizer(pp, vocab)(TEXTS))
 
 
-def test_lit_and_bert_towers_have_no_siglip_model(tmp_path):
+def test_a_lit_model_has_no_siglip_model_and_nothing_is_written(tmp_path):
   params = _siglip_tree('SigLIP-B16-224', VOCAB, seed=6)
   lit = {k: v for k, v in params.items() if k != 'b'}
   with pytest.raises(checkpoint.CheckpointError, match='a LiT model') as error:
