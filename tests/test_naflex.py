@@ -312,6 +312,7 @@ def _naflex_finetune(tmp_path, pretrained):
     (folder / 'test').symlink_to('train')  # retrieval reads the test split
   config = siglip2_finetune.get_config('B16-naflex')
   config.model = {**config.model.to_dict(), **TINY_NAFLEX}
+  config.pp.max_len = 16
   config.dataset, config.pp.test = str(folder), 'test'
   config.pp.max_patches, config.pp.patch_size, config.pp.vocab = 16, 4, SP_MODEL
   config.pretrained_path = pretrained
