@@ -28,6 +28,14 @@ from configs import common
 from vit_jax.models import get_config as model_config
 
 VARIANTS = ('', 'img_head')
+# big_vision's `retrieval_coco` every 1,000 steps: Karpathy's 5,000 test images, here with the
+# protocol's first 5 captions of each (big_vision's evaluator reads them all).
+RETRIEVAL_COCO = {
+  'type': 'retrieval',
+  'every': 1_000,
+  'datasets': ('coco_captions',),
+  'max_texts': 5,
+}
 
 
 def coco_recipe(loss: str, img_head: bool = False) -> ml_collections.ConfigDict:
@@ -69,16 +77,7 @@ def coco_recipe(loss: str, img_head: bool = False) -> ml_collections.ConfigDict:
   config.accum_steps = 1
   config.progress_every = 50
   config.checkpoint_every = 1_000
-  # big_vision's `retrieval_coco` every 1,000 steps: Karpathy's 5,000 test images, here with
-  # the protocol's first 5 captions of each (big_vision's evaluator reads them all).
-  config.evals = {
-    'retrieval_coco': {
-      'type': 'retrieval',
-      'every': 1_000,
-      'datasets': ('coco_captions',),
-      'max_texts': 5,
-    }
-  }
+  config.evals = {'retrieval_coco': dict(RETRIEVAL_COCO)}
   return config
 
 

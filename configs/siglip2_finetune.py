@@ -27,7 +27,7 @@ accelerator here); the tests run it on mock data with tiny towers.
 
 import ml_collections
 
-from configs import common
+from configs import common, lit_coco
 from vit_jax import families
 from vit_jax.models import MODEL_CONFIGS
 from vit_jax.models import get_config as model_config
@@ -76,12 +76,5 @@ def get_config(variant: str = 'B16-256') -> ml_collections.ConfigDict:
   config.accum_steps = 1  # a contrastive batch is one set of negatives
   config.progress_every = 50
   config.checkpoint_every = 1_000
-  config.evals = {
-    'retrieval_coco': {
-      'type': 'retrieval',
-      'every': 1_000,
-      'datasets': ('coco_captions',),
-      'max_texts': 5,
-    }
-  }
+  config.evals = {'retrieval_coco': dict(lit_coco.RETRIEVAL_COCO)}
   return config

@@ -134,20 +134,25 @@ def test_locked_tower_is_bit_identical_and_has_no_optimizer_state(lit_run, image
   assert lines[-1]['loss'] < lines[0]['loss']
 
 
-def test_sigterm_mid_run_then_resume_is_exact(lit_run, image_file, tmp_path, monkeypatch):
-  """A real SIGTERM at step 3 saves and stops; the rerun continues as the uninterrupted run."""
-  ref_dir, ref = lit_run
-  batches = loop_lib._train_batches
+def sigterm_at(batches, index: int):
+  """The training loop's batches (`loop._train_batches`), a real SIGTERM to this process
+  as the one of `index` (0-based) is handed out."""
 
   def signalled(*args, **kwargs):
     for i, batch in enumerate(batches(*args, **kwargs)):
-      if i == 2:
+      if i == index:
         os.kill(os.getpid(), signal.SIGTERM)
       yield batch
 
+  return signalled
+
+
+def test_sigterm_mid_run_then_resume_is_exact(lit_run, image_file, tmp_path, monkeypatch):
+  """A real SIGTERM at step 3 saves and stops; the rerun continues as the uninterrupted run."""
+  ref_dir, ref = lit_run
   workdir = str(tmp_path / 'run')
   with monkeypatch.context() as m:
-    m.setattr(loop_lib, '_train_batches', signalled)
+    m.setattr(loop_lib, '_train_batches', sigterm_at(loop_lib._train_batches, 2))
     first = train.train_and_evaluate(tiny_digits(image_file), workdir)
   assert first['status'] == 'preempted' and first['step'] == 3
   second = train.train_and_evaluate(tiny_digits(image_file), workdir)

@@ -312,7 +312,7 @@ def _naflex_finetune(tmp_path, pretrained):
     (folder / 'test').symlink_to('train')  # retrieval reads the test split
   config = siglip2_finetune.get_config('B16-naflex')
   config.model = {**config.model.to_dict(), **TINY_NAFLEX}
-  config.pp.max_len = 16
+  config.pp.tokenizer, config.pp.max_len = 'sentencepiece', 16  # TINY_NAFLEX's
   config.dataset, config.pp.test = str(folder), 'test'
   config.pp.max_patches, config.pp.patch_size, config.pp.vocab = 16, 4, SP_MODEL
   config.pretrained_path = pretrained
@@ -332,11 +332,9 @@ def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
   at step 2 then a rerun gives the uninterrupted run's parameters and metrics bit for bit;
   vit-zeroshot on the run prints its retrieval numbers."""
   import json
-  import os
-  import signal
 
   from conftest import randomize
-  from test_lit import _flat, _lines
+  from test_lit import _flat, _lines, sigterm_at
 
   from vit_jax import checkpoint, families, train
   from vit_jax.models import get_config, model_from_config
@@ -354,18 +352,9 @@ def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
   recalls = [m[recall] for m in _lines(tmp_path / 'ref') if recall in m]
   assert len(recalls) == 1 and 0 <= recalls[0] <= 1
 
-  batches = loop_lib._train_batches
-
-  def signalled(*args, **kwargs):
-    for i, batch in enumerate(batches(*args, **kwargs)):
-      assert batch['image'].shape[1:] == (16, 4 * 4 * 3 + 3)  # packed patch sequences
-      if i == 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-      yield batch
-
   workdir = str(tmp_path / 'run')
   with monkeypatch.context() as m:
-    m.setattr(loop_lib, '_train_batches', signalled)
+    m.setattr(loop_lib, '_train_batches', sigterm_at(loop_lib._train_batches, 1))
     first = train.train_and_evaluate(_naflex_finetune(tmp_path, pretrained), workdir)
   assert first['status'] == 'preempted' and first['step'] == 2
   second = train.train_and_evaluate(_naflex_finetune(tmp_path, pretrained), workdir)
