@@ -475,6 +475,20 @@ def _write_features(
   print(f'wrote features {shape} to {npy}, file list to {sidecar}', file=sys.stderr)
 
 
+def _check_usage(images, features, features_block, classes: str, max_patches: int) -> None:
+  """Flags that do not go together: a one-line ValueError."""
+  if not images:
+    raise ValueError('no images given; usage: python -m vit_jax.predict --checkpoint PATH IMAGE...')
+  if classes and (features or features_block is not None):
+    raise ValueError('--classes classifies zero-shot; it writes no --features')
+  if max_patches and not classes:
+    raise ValueError('--max_patches is for a NaFlex image-text model, with --classes')
+  if features:
+    _features_path(features)
+  if features_block is not None and not features:
+    raise ValueError('--features_block: give --features OUT.npy to write the block features to')
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -494,31 +508,16 @@ def run(
   `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
   in `templates`, default the checkpoint's own, else clip_best; a NaFlex model's images as at
   most `max_patches` patches, 0: its own count)."""
-  if not images:
-    print(
-      'error: no images given; usage: python -m vit_jax.predict --checkpoint PATH IMAGE...',
-      file=sys.stderr,
-    )
+  try:
+    _check_usage(images, features, features_block, classes, max_patches)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
     return 2
   if classes:
-    if features or features_block is not None:
-      print('error: --classes classifies zero-shot; it writes no --features', file=sys.stderr)
-      return 2
     from vit_jax.cli import zeroshot  # the image-text model's zero-shot classification
 
     options = {'json': as_json, 'top_k': k, 'batch_size': batch_size, 'max_patches': max_patches}
     return zeroshot.run(checkpoint, images, classes, templates, options=options)
-  if max_patches:
-    print('error: --max_patches is for a NaFlex image-text model, with --classes', file=sys.stderr)
-    return 2
-  try:
-    if features:
-      _features_path(features)
-    if features_block is not None and not features:
-      raise ValueError('--features_block: give --features OUT.npy to write the block features to')
-  except ValueError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
   try:
     loaded = load(checkpoint, model_name, resolution)
   except (OSError, ValueError, KeyError) as e:
