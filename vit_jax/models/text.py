@@ -16,7 +16,8 @@ names, the LiT text tower `txt/BertEncoder_0/...` of the original vit_jax `model
   head                                         Dense on the first ([CLS]) token
 
 Post-norm blocks: x = LN(x + attn(x)), x = LN(x + mlp(x)); LayerNorm eps 1e-12; the MLP's GELU
-is flax's default, the tanh approximation (transformers' `hidden_act='gelu_new'`); token id 0
+is flax's default, the tanh approximation (transformers' `hidden_act='gelu_new'`, the original
+BERT code's), or with `gelu_approximate=False` the exact one (transformers' 'gelu'); token id 0
 is padding, masked out of every attention (queries and keys, flaxformer's
 `make_attention_mask(mask, mask)`).
 
@@ -122,15 +123,17 @@ class _AttentionBlock(_Bert):
 
 
 class _MlpBlock(_Bert):
-  """LN(x + dense(gelu(mlp(x)))), the tanh GELU."""
+  """LN(x + dense(gelu(mlp(x)))), the tanh GELU unless `gelu_approximate=False`."""
 
   mlp_dim: int
   dropout_rate: float
   layer_norm_epsilon: float
+  gelu_approximate: bool
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
-    y = _Mlp(self.mlp_dim, **self.precision_fields(), name='mlp')(x)
+    mlp = _Mlp(self.mlp_dim, self.gelu_approximate, **self.precision_fields(), name='mlp')
+    y = mlp(x)
     y = self.bert_dense(x.shape[-1], 'dense_layer')(y)
     # flaxformer drops whole feature vectors here (broadcast over the sequence).
     y = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -139,10 +142,12 @@ class _MlpBlock(_Bert):
 
 class _Mlp(_Bert):
   mlp_dim: int
+  gelu_approximate: bool
 
   @nn.compact
   def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
-    return nn.gelu(self.bert_dense(self.mlp_dim, 'dense_layer')(x))
+    y = self.bert_dense(self.mlp_dim, 'dense_layer')(x)
+    return nn.gelu(y, approximate=self.gelu_approximate)
 
 
 class _Layer(_Bert):
@@ -152,13 +157,17 @@ class _Layer(_Bert):
   num_heads: int
   dropout_rate: float
   layer_norm_epsilon: float
+  gelu_approximate: bool
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, bias: jnp.ndarray, deterministic: bool) -> jnp.ndarray:
     common = {'dropout_rate': self.dropout_rate, 'layer_norm_epsilon': self.layer_norm_epsilon}
     common |= self.precision_fields()
     x = _AttentionBlock(self.num_heads, **common, name='attention_block')(x, bias, deterministic)
-    return _MlpBlock(self.mlp_dim, **common, name='mlp_block')(x, deterministic)
+    mlp = _MlpBlock(
+      self.mlp_dim, **common, gelu_approximate=self.gelu_approximate, name='mlp_block'
+    )
+    return mlp(x, deterministic)
 
 
 class _LayerSequence(nn.Module):
@@ -195,6 +204,7 @@ class BertEncoder(_Bert):
   num_segments: int
   dropout_rate: float
   layer_norm_epsilon: float
+  gelu_approximate: bool
 
   @nn.compact
   def __call__(self, tokens: jnp.ndarray, *, train: bool) -> jnp.ndarray:
@@ -209,6 +219,7 @@ class BertEncoder(_Bert):
       'num_heads': self.num_heads,
       'dropout_rate': self.dropout_rate,
       'layer_norm_epsilon': self.layer_norm_epsilon,
+      'gelu_approximate': self.gelu_approximate,
       **self.precision_fields(),
     }
     block = _EncoderBlock(layers, self.num_layers, name='encoder_block')
@@ -228,6 +239,9 @@ class BertTower(precision.Precision):
       block's projection, in training (the released towers: 0.1 while trained; LiT's call
       runs without).
     layer_norm_epsilon: 1e-12, BERT's.
+    gelu_approximate: True (default): the tanh approximation of the GELU, flaxformer's and
+      the original BERT code's (LiT's towers); False: the exact one, which transformers'
+      `hidden_act='gelu'` computes (bert-base-uncased's config.json).
     dtype, param_dtype, precision_policy: as a ViT's (`vit_jax.models.precision`): a 16-bit
       dtype multiplies 16-bit operands with float32 sums; under 'matmul' norms, GELU and
       the residual stream stay float32, under 'activations' they are 16-bit too; the
@@ -244,6 +258,7 @@ class BertTower(precision.Precision):
   num_segments: int = 2
   dropout_rate: float = 0.0
   layer_norm_epsilon: float = 1e-12
+  gelu_approximate: bool = True
 
   @nn.compact
   def __call__(self, tokens: jnp.ndarray, *, train: bool = False) -> tuple[jnp.ndarray, dict]:
