@@ -170,9 +170,10 @@ def state_keys(path: Path) -> list[str]:
   return [str(k) for k in state] if isinstance(state, Mapping) else []
 
 
-def read_config(path: Path) -> dict[str, Any] | None:
-  """The `config.json` of a model directory, or beside a weights file; None if there is none."""
-  path = (path if path.is_dir() else path.parent) / 'config.json'
+def read_config(path: Path, name: str = 'config.json') -> dict[str, Any] | None:
+  """The `config.json` (or the JSON file `name`) of a model directory, or beside a weights
+  file; None if there is none."""
+  path = (path if path.is_dir() else path.parent) / name
   if not path.is_file():
     return None
   try:

@@ -94,7 +94,9 @@ def _shape(flat: Mapping[str, Any], key: str) -> tuple[int, ...]:
   return tuple(int(d) for d in flat[key].shape)
 
 
-def _bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+def bert_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `BertTower` fields of a BERT tree (flat, `BertEncoder_0/...`), read off its shapes;
+  the heads BERT's D / 64 (its (D, D) kernels do not store them)."""
   embedder = f'{_BERT}/embedder'
   vocab, hidden = _shape(flat, f'{embedder}/embedders_token_ids/embedding')
   layers = f'{_BERT}/encoder_block/layer_sequence'
@@ -162,7 +164,7 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
   text_model = text_model_of(text_flat)
   if text_model is None:
     raise CheckpointError('the txt tower is neither a BERT nor a text transformer tree')
-  text = _bert_config(text_flat) if text_model == 'bert' else _text_transformer_config(text_flat)
+  text = bert_config(text_flat) if text_model == 'bert' else _text_transformer_config(text_flat)
   head = text_flat.get('head/kernel')
   out_dim = (image.num_classes, None if head is None else int(head.shape[-1]))
   del image['num_classes']  # the image head's width is out_dim[0]
