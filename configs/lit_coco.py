@@ -7,8 +7,17 @@ The image tower is any B/16 file vit_jax.checkpoint reads (the original ImageNet
 `gs://vit_models/imagenet21k/ViT-B_16.npz`, an AugReg file, a Hugging Face or timm copy,
 `PATH:img` for a LiT file's tower), locked and without its head (`:img_head` trains a
 768-wide image head as well); the text tower is BERT-base (LiT-B16B_2's architecture) from
-scratch, on BERT's uncased vocabulary (`vocab.txt`, any `bert-base-uncased` copy; the text
-tower's released BERT weights are not read: this trainer starts it from scratch). tfds
+scratch, on BERT's uncased vocabulary (`vocab.txt`, any `bert-base-uncased` copy), or, as the
+released LiT models did, from released BERT weights: `config.text_pretrained_path` (default
+'') names a Hugging Face `bert-base-uncased` directory or the original BERT TF checkpoint,
+whose encoder starts the text tower (its head fresh; docs/image-text.md, "BERT text towers"):
+
+  python -m vit_jax.main --config=configs/lit_coco.py --workdir=runs/lit_coco \
+    --config.pretrained_path=ViT-B_16.npz --config.pp.vocab=bert-base-uncased/vocab.txt \
+    --config.text_pretrained_path=bert-base-uncased --config.model.text.gelu_approximate=False
+
+(bert-base-uncased's config.json names the exact GELU; the original TF checkpoint's code
+computes the tanh one, our default: leave the flag out for it). tfds
 `coco_captions` (`tfds build coco_captions`; `--config.dataset=FOLDER` reads a folder with
 `train/captions.tsv` instead): one of an image's five captions per step, 16 tokens.
 CLIP's softmax loss, t init log 10. Adam (lr 1e-3, weight decay 0.01 of big_vision's, here
@@ -51,9 +60,13 @@ def coco_recipe(loss: str, img_head: bool = False) -> ml_collections.ConfigDict:
   model['out_dim'] = (768 if img_head else None, 768)
   model['temperature_init'] = 10.0
   model['bias_init'] = -2.71 if loss == 'sigmoid' else None
+  # LiT's tanh GELU; False computes the exact one that bert-base-uncased's file names.
+  model['text']['gelu_approximate'] = True
   config.model = model
   config.pretrained_dir = ''
   config.pretrained_path = 'ViT-B_16.npz'
+  # A BERT file for the text tower ('': from scratch); a bert-base-uncased directory, say.
+  config.text_pretrained_path = ''
   config.pp.train = 'train'
   config.pp.test = 'val'
   config.pp.crop = 224

@@ -11,10 +11,14 @@ with a 768 head, 16 tokens, the sigmoid loss with `t` initialised to log 10 and 
 vit_jax/optim.py) on the kernels, gradient clipping at 1, batch 512, 5,000 steps,
 resize 224, flip, RandAugment(2, 10), values in [-1, 1], shuffle buffer 250,000.
 Differences: big_vision starts the text tower from released BERT-base weights; this
-trainer starts it from scratch (any BERT-base `vocab.txt`). big_vision resizes the whole
-image; here the inception crop at area 1 (`pp.area_min=1`) takes the whole image at a
-random aspect ratio. The COCO retrieval evaluator runs every 1,000 steps as the original's,
-on the first 5 captions of each test image (the original reads all of them).
+trainer starts it from scratch (any BERT-base `vocab.txt`) unless
+`--config.text_pretrained_path` names them (default ''): a Hugging Face `bert-base-uncased`
+directory (add `--config.model.text.gelu_approximate=False`, its exact GELU) or the original
+BERT TF checkpoint, big_vision's (configs/lit_coco.py shows the command). big_vision
+resizes the whole image; here the inception crop at area 1 (`pp.area_min=1`) takes the
+whole image at a random aspect ratio. The COCO retrieval evaluator runs every 1,000 steps
+as the original's, on the first 5 captions of each test image (the original reads all of
+them).
 
 Expected result: not measured in this project (no COCO and no accelerator here); the
 recipe is big_vision's minimal example and it reports no number.

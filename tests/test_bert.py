@@ -6,7 +6,8 @@ checkpoint's names, read into our `BertTower`: its features (the final layer's [
 our tower has no pooler) equal `BertModel`'s `last_hidden_state[:, 0]` on random ids with
 padding (id 0) masked as `attention_mask = ids != 0`, which is how our tower treats padding
 for the [CLS] row. transformers' `BertTokenizer` is the oracle of our 'bert' tokenizer's ids,
-which differ by design: ours (LiT's) adds no `[SEP]` and pads with 0 to `max_len`.
+which differ by design: ours (LiT's) adds no `[SEP]` and pads with 0 to `max_len`. A
+contrastive run with `config.text_pretrained_path` starts with the file's text tower.
 """
 
 import json
@@ -20,9 +21,13 @@ import text_vocabs as tv
 import torch
 from transformers import BertConfig, BertForPreTraining, BertModel, BertTokenizer
 
-from vit_jax import text
-from vit_jax.checkpoint import bert
+from configs import lit_digits
+from vit_jax import families, text
+from vit_jax.checkpoint import CheckpointError, bert, flatten
+from vit_jax.families import two_towers
 from vit_jax.models.text import BertTower
+from vit_jax.train import setup
+from vit_jax.train.spec import with_overrides
 
 SIZES = dict(
   vocab_size=100,
@@ -163,3 +168,90 @@ def test_bert_tokenizer_ids_are_ours_with_its_sep(tmp_path):
     ids = ids[:-1][:max_len]
     want[row, : len(ids)] = ids
   np.testing.assert_array_equal(text.get_tokenizer('bert', vocab, max_len)(texts), want)
+
+
+TEXT = {  # the model's text tower of SIZES, exact GELU as bert-base-uncased's
+  'hidden_size': 32,
+  'num_layers': 2,
+  'num_heads': 2,
+  'mlp_dim': 64,
+  'vocab_size': 100,
+  'max_length': 16,
+  'gelu_approximate': False,
+}
+
+
+@pytest.fixture(scope='module')
+def bert_dir(tmp_path_factory):
+  """A BertModel directory (`save_pretrained`) of SIZES, exact GELU, and the model."""
+  model = randomized(BertModel(BertConfig(**SIZES, attn_implementation='eager')))
+  path = tmp_path_factory.mktemp('bert') / 'bert-tiny'
+  model.float().save_pretrained(path)
+  return path, model.double()
+
+
+def lit_config(bert_path, **text):
+  """The digits LiT, both towers trained, the image tower from scratch, its text tower
+  SIZES' BERT from `bert_path`."""
+  config = lit_digits.get_config('unlocked')
+  config.pretrained_path = ''
+  config.text_pretrained_path = str(bert_path)
+  config.model.text = {**TEXT, **text}
+  return config
+
+
+def test_a_contrastive_run_starts_its_text_tower_from_the_file(bert_dir, tmp_path):
+  """`config.text_pretrained_path` of a run without a pretrained image file: the run starts
+  from files (`has_pretrained`), and the task's `pretrained` gives its text tower the file's
+  encoder (BertModel's [CLS] features to 1e-5) and keeps the model's head (zeros here)."""
+  path, model = bert_dir
+  s = setup.prepare(lit_config(path), str(tmp_path / 'run'), jax.devices()[:1])
+  assert s.pretrained_path is None and s.task.has_pretrained(s.pretrained_path)
+  shapes = families.param_shapes(s.model, 8, 12)
+  zeros = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), shapes)
+  params = s.task.pretrained(s.pretrained_path, zeros)
+  txt, img = params['txt'], flatten(params['img'])
+  assert txt['head']['kernel'].shape == (32, 64) and not txt['head']['kernel'].any()
+  assert not any(v.any() for v in img.values())  # the image tower as initialised
+  ids = token_ids(2)
+  _, out = BertTower(num_classes=64, **TEXT).apply({'params': txt}, jnp.asarray(ids))
+  np.testing.assert_allclose(out['pre_logits'], oracle(model, ids), atol=1e-5, rtol=0)
+
+
+def test_misuses_are_one_line_errors(bert_dir, tmp_path):
+  """A width or head count unlike the model's names the flags; a file that is not BERT, a
+  text transformer model and a classification run are refused in one line."""
+  path, _ = bert_dir
+  read = bert.read(path)
+  with pytest.raises(CheckpointError, match=r'set --config.model.text.hidden_size=32$'):
+    bert.check_fits(read, {**TEXT, 'hidden_size': 64}, str(path))
+  with pytest.raises(CheckpointError, match=r'--config.model.text.num_heads=2$'):
+    bert.check_fits(read, {**TEXT, 'num_heads': 4}, str(path))
+  assert bert.check_fits(read, {**TEXT, 'max_length': 8}, str(path)) == []  # first rows
+  notes = bert.check_fits(read, {**TEXT, 'gelu_approximate': True}, str(path))
+  assert notes == [
+    f'{path}: the file states gelu_approximate=False, the model has True'
+    ' (--config.model.text.gelu_approximate=False follows the file)'
+  ]
+  torch.save(torch.nn.Linear(2, 2).state_dict(), tmp_path / 'other.bin')
+  with pytest.raises(CheckpointError, match=r'not a BERT checkpoint \(no embeddings'):
+    bert.read(tmp_path / 'other.bin')
+  with pytest.raises(CheckpointError, match=r'^\S+: not a BERT checkpoint; expected'):
+    bert.read(tmp_path)
+  config = lit_config(path)
+  config.model.text_model = 'text_transformer'
+  config.model.text = {'width': 32, 'num_layers': 1, 'mlp_dim': 64, 'num_heads': 2}
+  with pytest.raises(ValueError, match=r"reads a BERT, but the model's text tower is"):
+    setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+  config = with_overrides(lit_config(path), {'task': 'classification'})
+  with pytest.raises(ValueError, match=r'^config.text_pretrained_path starts the text tower'):
+    setup.prepare(config, str(tmp_path / 'run'), jax.devices()[:1])
+
+
+def test_a_runs_exact_gelu_is_stated_beside_its_converted_file():
+  """A run whose BERT computes the exact GELU (started from bert-base-uncased) states it, as
+  it states the heads, so `vit-convert`'s FILE.json and `fit` keep it (the shapes cannot)."""
+  model = {'text_model': 'bert', 'text': TEXT}
+  assert two_towers.stated_fields(model)['text'] == {'num_heads': 2, 'gelu_approximate': False}
+  model['text'] = {**TEXT, 'gelu_approximate': True}
+  assert two_towers.stated_fields(model)['text'] == {'num_heads': 2}

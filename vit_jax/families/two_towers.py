@@ -245,9 +245,13 @@ def describe(config: Config) -> str:
 
 
 def stated_fields(model_config: Config) -> dict[str, Any]:
-  """What a run's model config states that the shapes cannot: BERT's head count, and the
+  """What a run's model config states that the shapes cannot: BERT's head count, its exact
+  GELU where it has one (a text tower started from bert-base-uncased's file), and the
   preprocessing and tokenizer settings (`pp`)."""
-  stated: dict[str, Any] = {'text': {'num_heads': model_config['text']['num_heads']}}
+  text = model_config['text']
+  stated: dict[str, Any] = {'text': {'num_heads': text['num_heads']}}
+  if text.get('gelu_approximate') is False:
+    stated['text']['gelu_approximate'] = False
   if model_config.get('pp'):
     pp = model_config['pp']
     stated['pp'] = dict(pp.to_dict() if hasattr(pp, 'to_dict') else pp)

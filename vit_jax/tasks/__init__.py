@@ -50,4 +50,9 @@ def check(spec: Any) -> None:
   common.one_of('task', spec.step.task, CONFIG_TASKS)
   distillation.check(spec.step)
   common.check_image_inputs(spec)
+  if spec.init.text_pretrained_path and spec.step.task != 'contrastive':
+    raise ValueError(
+      'config.text_pretrained_path starts the text tower of an image-text model: set '
+      "--config.task=contrastive, or leave it ''."
+    )
   get_task(spec).check(spec)

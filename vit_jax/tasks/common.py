@@ -91,9 +91,14 @@ class Task(abc.ABC):
     crop, max_len = self.spec.data.pp.crop, self.spec.data.pp.max_len or None
     return lambda rng: families.init_params(self.model, rng, crop, max_len)
 
+  def has_pretrained(self, path: str | None) -> bool:
+    """Whether the run starts from files (`pretrained` is called): a pretrained file `path`."""
+    return path is not None
+
   @abc.abstractmethod
-  def pretrained(self, path: str, host_params: Any) -> Any:
-    """`host_params` (numpy) with the file at `path` fitted in (checkpoint surgery)."""
+  def pretrained(self, path: str | None, host_params: Any) -> Any:
+    """`host_params` (numpy) with the file at `path` fitted in (checkpoint surgery); `path`
+    is None only where `has_pretrained` says a task's own files start the run."""
 
   def optimizer(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
     """The optimizer of the parameters the task trains: `tx`."""

@@ -8,8 +8,10 @@ What differs from classification, each in one method here:
   init         the model is initialised on images and tokens (`init_fn`);
   pretrained   a whole image-text file or run continues (both towers); any other file (any
                format vit_jax.checkpoint reads) is the image tower's: it is fitted to
-               `params['img']` as fine-tuning fits a ViT, the text tower starts from
-               scratch (`pretrained`);
+               `params['img']` as fine-tuning fits a ViT; the text tower starts from
+               scratch, or with `text_pretrained_path` from a BERT file (Hugging Face's
+               BertModel, the original TF checkpoint: vit_jax/checkpoint/bert.py), its
+               head fresh (`pretrained`);
   locking      LiT: with `contrastive.lock_image` the image tower is `locked` (`labels`):
                the loss sees it through `stop_gradient`, so no gradient is computed for it,
                and the optimizer is an `optax.multi_transform` that gives it
@@ -35,8 +37,9 @@ from typing import Any
 import jax
 import numpy as np
 import optax
+from absl import logging
 
-from vit_jax import families
+from vit_jax import families, files
 from vit_jax.tasks import common, contrastive_losses
 
 TRAIN, LOCKED = 'train', 'locked'
@@ -99,12 +102,35 @@ def _check_labels_free(spec: Any) -> None:
     )
 
 
+def _check_text_file(spec: Any, path: str, pretrained_path: str | None) -> None:
+  """`config.text_pretrained_path` fits the run: a BERT text tower, a file that exists, no
+  whole image-text file beside it; one-line ValueErrors (the file's shapes are checked as it
+  is read, in `pretrained`)."""
+  from vit_jax import checkpoint
+  from vit_jax.checkpoint import bert
+
+  if spec.model.fields.get('text_model') != 'bert':
+    raise ValueError(
+      f"config.text_pretrained_path={path!r} reads a BERT, but the model's text tower is "
+      f"{spec.model.fields.get('text_model')!r}: use a model with text_model='bert'"
+    )
+  if not files.path(path).exists() and bert.tf_checkpoint(files.path(path)) is None:
+    raise ValueError(f'config.text_pretrained_path={path!r}: no such file or directory')
+  if pretrained_path and checkpoint.holds_image_text(pretrained_path):
+    raise ValueError(
+      f'config.pretrained_path={pretrained_path!r} holds a whole image-text model, text tower '
+      f"included: leave config.text_pretrained_path='' or give {pretrained_path}:img"
+    )
+
+
 class Task(common.Task):
   """Image-text pairs; the step's batch `{'image': f32 (B, H, W, 3), 'text': int32 (B, L)}`."""
 
   batch_keys = ('image', 'text')
   # No class logits: no test-split pass; few-shot, zero-shot and retrieval evaluate it.
   class_logits = False
+  # The BERT file of the text tower (`config.text_pretrained_path`), None: none or resumed.
+  text_pretrained_path: str | None = None
 
   @classmethod
   def check(cls, spec: Any) -> None:
@@ -137,6 +163,11 @@ class Task(common.Task):
         'file), or --config.contrastive.lock_image=False to train both towers.'
       )
     task = cls(spec, model)
+    # Resolved once: a resumed run has the text tower in its checkpoint.
+    text_path = spec.init.text_pretrained_path
+    task.text_pretrained_path = None if resuming or not text_path else text_path
+    if task.text_pretrained_path:
+      _check_text_file(spec, task.text_pretrained_path, pretrained_path)
     pp = spec.data.pp
     try:
       task.tokenizer = task.family.tokenizer(
@@ -146,7 +177,29 @@ class Task(common.Task):
       raise ValueError(f'config.pp: {e}') from None
     return task
 
-  def pretrained(self, path: str, host_params: Any) -> Any:
+  def has_pretrained(self, path: str | None) -> bool:
+    """A pretrained file, or a BERT file for the text tower."""
+    return path is not None or self.text_pretrained_path is not None
+
+  def pretrained(self, path: str | None, host_params: Any) -> Any:
+    """`host_params` from the files: the file or run at `path` (None: none) as `_pretrained`
+    fits it, then the text tower's encoder from `text_pretrained_path` (its head as it was);
+    the file's mismatches with the model's text config are one-line CheckpointErrors."""
+    params = host_params if path is None else self._pretrained(path, host_params)
+    if self.text_pretrained_path is None:
+      return params
+    from vit_jax.checkpoint import bert
+
+    source = self.text_pretrained_path
+    read = bert.read(source)
+    for line in bert.check_fits(read, self.spec.model.fields['text'], source):
+      logging.warning('config.text_pretrained_path: %s', line)
+    txt, report = bert.fit_tower(read, params['txt'], source)
+    for line in [read.description, *report.lines()]:
+      logging.info('config.text_pretrained_path: %s', line)
+    return {**params, 'txt': _like(txt, host_params['txt'])}
+
+  def _pretrained(self, path: str, host_params: Any) -> Any:
     """`host_params` from the file or run at `path`: a whole image-text model (a LiT or
     SigLIP file, a run of this task) continues, both towers and `t`, `b`, fitted to the
     model; any other file (a ViT, `PATH:img` for an image-text file's tower) is the image

@@ -77,6 +77,11 @@ class Init:
   # vit_jax.checkpoint reads). Both empty: train from scratch.
   pretrained_dir: str = '.'
   pretrained_path: str = ''
+  # An image-text model's BERT text tower from a BERT file (task='contrastive'): a Hugging
+  # Face BERT directory or .safetensors file (bert-base-uncased), or an original BERT TF
+  # checkpoint (vit_jax/checkpoint/bert.py); its encoder is read, the text head starts
+  # fresh. '' (default): the text tower as `pretrained_path` or the init gives it.
+  text_pretrained_path: str = ''
   # AugReg: a model ('B_16', best i21k checkpoint by index.csv) or a full file name.
   model_or_filename: str = ''
 

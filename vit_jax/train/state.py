@@ -73,7 +73,7 @@ def initial_state(setup: Setup, tx, lay: Layout, init_rng, dropout_rng) -> dict[
   shardings = lay.shardings
   init = setup.task.init_fn()
 
-  if setup.pretrained_path is None:
+  if not setup.task.has_pretrained(setup.pretrained_path):
 
     def init_both(rng):
       params = init(rng)
