@@ -145,34 +145,41 @@ def read_state_dict(path: Path) -> dict[str, np.ndarray]:
   return _read_safetensors(path) if path.suffix == '.safetensors' else _read_torch(path)
 
 
-def state_keys(path: Path) -> list[str]:
-  """The tensor names of a weights file, without reading the tensors; [] if unreadable (the
-  format that claims the file reports the problem: detection only asks)."""
+def state_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+  """The tensor names and shapes of a weights file, without reading the tensors; {} if
+  unreadable (the format that claims the file reports the problem: detection only asks)."""
   try:
     if not files.is_local(path):  # a bucket object: read whole
-      return list(read_state_dict(path))
+      return {k: tuple(v.shape) for k, v in read_state_dict(path).items()}
     if path.suffix == '.safetensors':
       from safetensors import safe_open
 
       with safe_open(str(path), framework='numpy') as f:
-        return list(f.keys())
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     import torch
 
     state = torch.load(path, map_location='cpu', weights_only=True, mmap=True)
   except Exception:  # not ours to judge: the format that claims the file reports the problem
-    return []
+    return {}
   if (
     isinstance(state, Mapping)
     and len(state) == 1
     and isinstance(next(iter(state.values())), Mapping)
   ):
     state = next(iter(state.values()))
-  return [str(k) for k in state] if isinstance(state, Mapping) else []
+  if not isinstance(state, Mapping):
+    return {}
+  return {str(k): tuple(getattr(v, 'shape', ())) for k, v in state.items()}
+
+
+def state_keys(path: Path) -> list[str]:
+  """The tensor names of a weights file (`state_shapes`'s); [] if unreadable."""
+  return list(state_shapes(path))
 
 
 def read_config(path: Path, name: str = 'config.json') -> dict[str, Any] | None:
-  """The `config.json` (or the JSON file `name`) of a model directory, or beside a weights
-  file; None if there is none."""
+  """The `config.json` (or another JSON file `name`, e.g. `preprocessor_config.json`) of a
+  model directory, or beside a weights file; None if there is none."""
   path = (path if path.is_dir() else path.parent) / name
   if not path.is_file():
     return None
@@ -236,10 +243,18 @@ def _num_heads(weight: np.ndarray, width: int, num_heads: int | None, key: str, 
 
 def torch_to_ours(kind: str, w: np.ndarray, heads: int | None, key: str, source: str) -> np.ndarray:
   """A PyTorch weight in our layout: `kind` is 'copy', 'linear' ((out, in) -> (in, out)),
-  'conv' (OIHW -> HWIO), 'posemb' (an embedding's (N, D) rows -> (1, N, D)), or an attention
-  kernel split into `heads`: 'qkv_kernel', 'qkv_bias', 'out_kernel'."""
+  'conv' (OIHW -> HWIO), 'posemb' (an embedding's (N, D) rows -> (1, N, D)), 'grid' (an
+  embedding's (G * G, D) rows -> a (G, G, D) grid, NaFlex's), or an attention kernel split
+  into `heads`: 'qkv_kernel', 'qkv_bias', 'out_kernel'."""
   if kind == 'copy':
     return w
+  if kind == 'grid':
+    side = square_side(w.shape[0]) if w.ndim == 2 else None
+    if side is None:
+      raise CheckpointError(
+        f'{source}: {key} {shape_str(w.shape)} is not a square grid of position embeddings'
+      )
+    return w.reshape(side, side, w.shape[1])
   if kind == 'linear':
     return np.ascontiguousarray(w.T)
   if kind == 'conv':
@@ -265,6 +280,8 @@ def ours_to_torch(kind: str, value: np.ndarray) -> np.ndarray:
     value = np.transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
   elif kind == 'posemb':
     value = value[0]
+  elif kind == 'grid':
+    value = value.reshape(-1, value.shape[-1])
   elif kind == 'qkv_kernel':
     value = value.reshape(value.shape[0], -1).T
   elif kind == 'qkv_bias':
