@@ -6,7 +6,8 @@ params = load_pretrained(path, init_params, model_config)  # fine-tuning surgery
 save_npz(params, 'out.npz')                    # the released Google layout (an image-text
                                                # tree: LiT's)
 export_hf(params, model_config, 'out_dir')     # model.safetensors + config.json, transformers
-                                               # (a SigLIP model: SiglipModel + processor)
+                                               # (a SigLIP model: SiglipModel or, NaFlex,
+                                               # Siglip2Model + processor)
 export_timm(params, model_config, 'out_dir')   # model.safetensors + config.json, timm
 export(params, model_config, 'out_dir', to=name)  # any format of FORMATS that writes
 """

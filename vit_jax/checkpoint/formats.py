@@ -45,7 +45,8 @@ class Format:
 
 
 FORMATS: list[Format] = [
-  # transformers' SiglipModel (SigLIP, SigLIP 2): an image-text tree; its config.json says so.
+  # transformers' SiglipModel (SigLIP, SigLIP 2) and Siglip2Model (NaFlex): an image-text tree;
+  # its config.json says so.
   # It writes through `export_hf` (a directory with its processor's files).
   Format('hf_siglip', hf_siglip.detect, hf_siglip.read, hf_siglip.model_fields),
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
@@ -133,8 +134,8 @@ def export_hf(
 ) -> Path:
   """`export(..., to='hf')`: a directory that transformers' `from_pretrained` loads with our
   logits (`ViTForImageClassification` with a head, else `ViTModel`); a SigLIP model's:
-  `hf_siglip.export` (`SiglipModel`, its processor's files; `vocab=` the sentencepiece file
-  for its tokenizer's)."""
+  `hf_siglip.export` (`SiglipModel`, a NaFlex one's `Siglip2Model`, its processor's files;
+  `vocab=` the sentencepiece file for its tokenizer's)."""
   family = families.of_tree(params)
   if family is not None and family.image_text:
     kw.pop('labels', None)  # an image-text model has no classes

@@ -356,8 +356,8 @@ def _fit_two_towers(
 
 def holds_image_text(path: str | os.PathLike) -> bool:
   """Whether `path` is a whole image-text model (not `FILE:img`): an .npz in a LiT or
-  big_vision layout (its keys read, not its arrays), a Hugging Face SiglipModel, or a
-  training run of one (its config.json)."""
+  big_vision layout (its keys read, not its arrays), a Hugging Face SiglipModel or
+  Siglip2Model, or a training run of one (its config.json)."""
   path, tower = two_towers.split_tower(path)
   if tower is not None or not files.path(path).exists():
     return False

@@ -116,7 +116,7 @@ FAMILIES: tuple[Family, ...] = (
     'two_towers',
     two_towers,
     image_text=True,
-    writes=('npz', 'hf'),  # hf: SigLIP models only (transformers' SiglipModel)
+    writes=('npz', 'hf'),  # hf: SigLIP models only (SiglipModel; NaFlex: Siglip2Model)
     pre_logits=False,
     npz_layout='LiT layout: img/, txt/',
   ),
