@@ -1,0 +1,263 @@
+"""`vit-export` (vit_jax/export): tiny models of every family exported, then run back where
+this project cannot be imported: the StableHLO with JAX alone (no vit_jax, no flax), the
+SavedModel with TensorFlow alone (no JAX), each against the model in this process at several
+batch sizes."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from absl import flags
+
+from tests.conftest import randomize
+from vit_jax import checkpoint, families
+from vit_jax.cli import export as export_cli
+from vit_jax.export import export_model, functions
+from vit_jax.models import get_config, model_from_config
+
+BATCHES = (1, 3, 8)
+SIZE = 16
+VOCAB = 50
+LEN = 8
+TINY_ENCODER = {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2}
+TINY_TEXT = {'width': 16, 'num_layers': 1, 'num_heads': 2, 'mlp_dim': 32, 'vocab_size': VOCAB}
+
+# Run first in a fresh interpreter: any import of these packages fails, as where they are
+# not installed.
+BLOCKER = textwrap.dedent("""
+  import importlib.abc, sys
+  BLOCKED = set(sys.argv[1].split(','))
+  class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+      if name.split('.')[0] in BLOCKED:
+        raise ImportError(f'{name} is blocked in this test')
+  sys.meta_path.insert(0, Blocker())
+""")
+STABLEHLO_CHECK = BLOCKER + textwrap.dedent("""
+  import json, numpy as np
+  from jax import export
+  for case in json.loads(sys.argv[2]):
+    data = np.load(case['data'])
+    exp = export.deserialize(open(case['artifact'], 'rb').read())
+    for i in range(len(data.files) // 2):
+      got = np.asarray(exp.call(data[f'x{i}']))
+      np.testing.assert_allclose(got, data[f'y{i}'], rtol=0, atol=1e-6, err_msg=case['artifact'])
+  print('ok')
+""")
+SAVED_MODEL_CHECK = BLOCKER + textwrap.dedent("""
+  import json, numpy as np, tensorflow as tf
+  for case in json.loads(sys.argv[2]):
+    data = np.load(case['data'])
+    fn = tf.saved_model.load(case['artifact']).signatures[case['signature']]
+    for i in range(len(data.files) // 2):
+      (got,) = fn(tf.constant(data[f'x{i}'])).values()
+      np.testing.assert_allclose(got.numpy(), data[f'y{i}'], rtol=0, atol=1e-5)
+  print('ok')
+""")
+
+
+def _vit(**fields):
+  config = get_config('ViT-B_16')
+  config.update({'patches': {'size': (4, 4)}, 'hidden_size': 16, 'num_classes': 5, **fields})
+  config.transformer.update(TINY_ENCODER)
+  config.representation_size = None
+  return config
+
+
+def _mixer():
+  config = get_config('Mixer-S_16')
+  config.update({'patches': {'size': (4, 4)}, 'hidden_dim': 16, 'num_blocks': 1})
+  config.update({'tokens_mlp_dim': 8, 'channels_mlp_dim': 32, 'num_classes': 5})
+  return config
+
+
+def _siglip(naflex: bool):
+  config = get_config('SigLIP2-B16-naflex' if naflex else 'SigLIP-B16-224')
+  if naflex:
+    config.image.update({'patch_size': 4, 'hidden_size': 16, 'posemb_grid': 4})
+  else:
+    config.image.update({'patches': {'size': (4, 4)}, 'hidden_size': 16})
+    config.pp.size = SIZE
+  config.image.transformer.update(TINY_ENCODER)
+  config.text.update(TINY_TEXT)
+  config.out_dim = (None, 16)
+  config.pp.max_len = LEN
+  return config
+
+
+MODELS = {
+  'vit': _vit(),
+  'deit': _vit(distilled=True),
+  'mixer': _mixer(),
+  'siglip': _siglip(naflex=False),
+  'naflex': _siglip(naflex=True),
+}
+
+
+def _patch_sequences(rng, batch: int, slots: int, patch: int = 4) -> np.ndarray:
+  """Packed NaFlex inputs: image i a (rows, cols) grid of patches, the other slots padding."""
+  x = np.zeros((batch, slots, patch * patch * 3 + 3), np.float32)
+  for i in range(batch):
+    rows, cols = [(2, 3), (3, 2), (1, 4)][i % 3]
+    n = rows * cols
+    x[i, :n, :-3] = rng.uniform(-1, 1, (n, patch * patch * 3))
+    x[i, :n, -3] = 1
+    x[i, :n, -2], x[i, :n, -1] = np.divmod(np.arange(n), cols)
+  return x
+
+
+def _inputs(function, rng, batch: int) -> np.ndarray:
+  if function.input_name == 'tokens':
+    return rng.integers(1, VOCAB, (batch, LEN)).astype(np.int32)
+  if function.input_name == 'patches':
+    return _patch_sequences(rng, batch, slots=12)
+  return rng.uniform(-1, 1, (batch, *function.shape[1:])).astype(np.float32)
+
+
+def _save(config, path) -> None:
+  model = model_from_config(config)
+  params = randomize(families.param_shapes(model, SIZE, LEN))
+  checkpoint.save_npz(params, path)
+
+
+def _expected(function, rng) -> dict[str, np.ndarray]:
+  """Inputs at every batch size and the model's outputs in this process: one compiled call
+  at the largest batch, the smaller batches its first rows (a NaFlex batch pads fewer slots)."""
+  jitted = jax.jit(function.fn)
+  x = _inputs(function, rng, max(BATCHES))
+  y = np.asarray(jitted(x))
+  arrays = {}
+  for i, batch in enumerate(BATCHES):
+    arrays[f'x{i}'], arrays[f'y{i}'] = x[:batch], y[:batch]
+    if function.input_name == 'patches' and batch < max(BATCHES):
+      arrays[f'x{i}'] = x[:batch, : 6 + 2 * i]  # a shorter sequence n: every image fits
+  return arrays
+
+
+def _check_blocked(script: str, blocked: str, cases: list, cwd) -> subprocess.Popen:
+  """`script` started in a fresh interpreter where `blocked` packages cannot be imported."""
+  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'XLA_FLAGS')}
+  return subprocess.Popen(
+    [sys.executable, '-c', script, blocked, json.dumps(cases)],
+    cwd=cwd,
+    env={**env, 'JAX_PLATFORMS': 'cpu', 'CUDA_VISIBLE_DEVICES': ''},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+
+
+def _passed(proc: subprocess.Popen) -> None:
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0 and out.strip() == 'ok', err[-3000:]
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+  """Each tiny model saved and exported, and the two checks in fresh interpreters started on
+  them at once (they run side by side): (out dirs by model, StableHLO check, SavedModel
+  check)."""
+  root = tmp_path_factory.mktemp('export')
+  rng = np.random.default_rng(0)
+  outs, stablehlo, saved = {}, [], []
+  for name, config in MODELS.items():
+    src = root / f'{name}.npz'
+    _save(config, src)
+    if families.of_config(config).image_text:
+      (root / f'{name}.model').write_bytes(b'a vocabulary')  # found beside, copied
+    outs[name] = out = root / f'{name}_out'
+    export_model(str(src), out)
+    for function in functions(checkpoint.fit(str(src))):
+      data = str(root / f'{name}_{function.name}.npz')
+      np.savez(data, **_expected(function, rng))
+      stablehlo.append({'artifact': str(out / f'{function.name}.stablehlo'), 'data': data})
+      saved.append({'artifact': str(out / 'saved_model'), 'signature': function.name, 'data': data})
+  checks = (
+    _check_blocked(STABLEHLO_CHECK, 'vit_jax,flax', stablehlo, root),
+    _check_blocked(SAVED_MODEL_CHECK, 'vit_jax,flax,jax,jaxlib', saved, root),
+  )
+  yield outs, *checks
+  for proc in checks:
+    proc.kill()
+
+
+def test_stablehlo_runs_with_jax_alone_and_equals_the_model(exported):
+  """Every function (vit, deit, mixer; siglip's and naflex's image and text) at batch 1, 3
+  and 8, with jax alone."""
+  _passed(exported[1])
+
+
+def test_saved_model_runs_with_tensorflow_alone_and_equals_the_model(exported):
+  _passed(exported[2])
+
+
+def test_export_json_says_how_to_feed_each_model(exported):
+  meta = {n: json.loads((out / 'export.json').read_text()) for n, out in exported[0].items()}
+  vit = meta['vit']
+  assert (vit['family'], vit['dtype'], vit['formats']) == (
+    'vit',
+    'float32',
+    ['stablehlo', 'saved_model'],
+  )
+  assert vit['functions']['model']['input'] == {
+    'name': 'images',
+    'shape': ['b', SIZE, SIZE, 3],
+    'dtype': 'float32',
+  }
+  assert vit['functions']['model']['output'] == {
+    'name': 'logits',
+    'shape': ['b', 5],
+    'dtype': 'float32',
+  }
+  assert vit['preprocessing']['size'] == [SIZE, SIZE]
+  assert vit['preprocessing']['value_range']['offset'] == 127.5
+  assert meta['deit']['kind'] == 'DeiT (distilled)'
+  siglip = meta['siglip']
+  assert siglip['text']['tokenizer'] == {
+    'name': 'sentencepiece',
+    'max_len': LEN,
+    'options': {'eos': 'sticky', 'pad_value': 1, 'lower': True},
+    'vocab': 'vocab.model',
+  }
+  assert (exported[0]['siglip'] / 'vocab.model').read_bytes() == b'a vocabulary'
+  assert siglip['text']['t'] > 0
+  assert isinstance(siglip['text']['b'], float)
+  assert siglip['functions']['text']['input']['shape'] == ['b', LEN]
+  naflex = meta['naflex']['functions']['image']
+  assert naflex['input'] == {'name': 'patches', 'shape': ['b', 'n', 51], 'dtype': 'float32'}
+  assert meta['naflex']['preprocessing']['kind'] == 'naflex_patch_sequence'
+
+
+def _cli(capsys, *argv):
+  flag_values = flags.FlagValues()
+  export_cli.define_flags(flag_values)
+  args = flag_values(['vit-export', *map(str, argv)])[1:]
+  status = export_cli.run(args, flag_values, command='vit-export ' + ' '.join(map(str, argv)))
+  out, err = capsys.readouterr()
+  return status, out, err
+
+
+def test_command_writes_the_directory_or_one_line_and_nothing(tmp_path, capsys):
+  src = tmp_path / 'vit.npz'
+  _save(MODELS['vit'], src)
+  out = tmp_path / 'out'
+  status, stdout, err = _cli(capsys, src, out, '--formats=stablehlo,onnx', '--dtype=bfloat16')
+  assert status == 0, err
+  assert sorted(p.name for p in out.iterdir()) == ['export.json', 'model.stablehlo']
+  meta = json.loads((out / 'export.json').read_text())
+  assert (meta['dtype'], meta['formats']) == ('bfloat16', ['stablehlo'])
+  assert meta['command'].startswith('vit-export ') and 'onnx' in meta['skipped'][0]
+  assert err.count('\n') == 1 and 'onnx' in err and 'logits' in stdout
+  status, _, err = _cli(capsys, tmp_path / 'missing.npz', tmp_path / 'out2')
+  assert status == 1 and err.startswith('error: ') and err.count('\n') == 1
+  assert not (tmp_path / 'out2').exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['out', 'vit.npz']  # no temp left
+  status, _, err = _cli(capsys, src, out)  # OUT exists: untouched
+  assert status == 1 and 'exists' in err
+  status, _, err = _cli(capsys, src, tmp_path / 'o3', '--formats=tflite')
+  assert status == 2 and err.count('\n') == 1

@@ -1,0 +1,114 @@
+"""Exports a checkpoint as a model that runs outside JAX and this project.
+
+  python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model] [--dtype=bfloat16] \
+      [--model=NAME] [--resolution=R]
+
+SRC is any checkpoint `vit_jax.checkpoint.fit` reads (a run directory, an .npz, a Hugging Face
+or timm model, a LiT or SigLIP file, a NaFlex SigLIP 2). OUT, a new directory, gets:
+
+  model.stablehlo     `jax.export`, parameters as constants, batch 'b' symbolic, lowered
+                      for cpu, cuda and tpu: `jax.export.deserialize(blob).call(images)`
+  saved_model/        a TensorFlow SavedModel (`jax2tf`), signature `serving_default`
+  export.json         the inputs, outputs, preprocessing, dtype, and the command line
+
+A classifier takes NHWC float32 images in [-1, 1] at its resolution and gives logits (its
+pre-logits features where it has no head). An image-text model (LiT, SigLIP) is two
+functions: `image` (images; a NaFlex tower: packed patch sequences (b, n, p * p * 3 + 3)) and
+`text` (int32 tokens (b, max_len)), each to normalised embeddings: image.stablehlo,
+text.stablehlo, and the SavedModel signatures `image` (also `serving_default`) and `text`;
+export.json adds the tokenizer's settings, t and b, and its vocabulary is copied beside
+where one is known. `--dtype=bfloat16` computes in bfloat16 (outputs stay float32). ONNX is
+not written here (docs/export.md). Any failure exits with status 1 and one line, leaving OUT
+untouched; bad usage exits with status 2.
+"""
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+
+from absl import flags, logging
+
+from vit_jax import checkpoint, cli, data
+from vit_jax import export as export_lib
+
+USAGE = 'usage: python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model] [--dtype=...]'
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command line's flags, on `flag_values`."""
+  fv = flag_values
+  flags.DEFINE_list(
+    'formats',
+    ['stablehlo', 'saved_model'],
+    f'What to write, of {", ".join(export_lib.FORMATS)} (onnx: not in this environment).',
+    flag_values=fv,
+  )
+  flags.DEFINE_enum(
+    'dtype', 'float32', list(export_lib.DTYPES), 'The compute dtype.', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'model', None, 'Registered model name; inferred from the shapes if unset.', flag_values=fv
+  )
+  flags.DEFINE_integer(
+    'resolution', None, "Input size in pixels (default: the checkpoint's).", flag_values=fv
+  )
+
+
+def _summary(meta: dict, out: str) -> str:
+  names = ', '.join(
+    f'{name} {fn["input"]["shape"]} -> {fn["output"]["name"]} {fn["output"]["shape"]}'
+    for name, fn in meta['functions'].items()
+  )
+  return f'{meta["model"]} ({meta["dtype"]}): {names}; wrote {", ".join(meta["formats"])} to {out}'
+
+
+def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | None = None) -> int:
+  """The command line's work on parsed flags `f` and positional `args`; returns the exit
+  status (0 ok, 1 failed, 2 bad usage)."""
+  if len(args) != 2:
+    print(USAGE, file=sys.stderr)
+    print(f'error: SRC and OUT are required, got {list(args)}', file=sys.stderr)
+    return 2
+  unknown = [name for name in f.formats if name not in export_lib.FORMATS]
+  if unknown or not f.formats:
+    print(f'error: --formats: choose from {", ".join(export_lib.FORMATS)}', file=sys.stderr)
+    return 2
+  src, out = args
+  try:
+    meta = export_lib.export_model(src, out, f.formats, f.dtype, f.model, f.resolution, command)
+  except (checkpoint.CheckpointError, export_lib.ExportError, OSError) as e:
+    message = str(e) if str(src) in str(e) or str(out) in str(e) else f'{src}: {e}'
+    print(f'error: {message}'.replace('\n', ' '), file=sys.stderr)
+    return 1
+  except Exception as e:  # any other failure: still one line, still non-zero
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
+    print(f'error: {type(e).__name__}: {reason}', file=sys.stderr)
+    return 1
+  for line in meta['skipped']:
+    print(f'warning: {line}', file=sys.stderr)
+  print(_summary(meta, out))
+  return 0
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """A bad flag (unknown, misspelt, a value out of range) is one line and exit status 2."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
+    print(USAGE, file=sys.stderr)
+    sys.exit(2)
+
+
+def main(argv: Sequence[str]) -> None:
+  if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
+    logging.set_verbosity(logging.WARNING)
+  data.hide_accelerators_from_tensorflow()
+  command = shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
+  sys.exit(run(argv[1:], command=command))
+
+
+def run_cli() -> None:
+  """The `vit-export` console script (and `python -m vit_jax.export`)."""
+  cli.start(define_flags, main, _parse_flags)

@@ -1,0 +1,284 @@
+"""A fitted model shipped outside JAX: a `jax.export` StableHLO artifact and a TensorFlow
+SavedModel, with an `export.json` that says how to feed them.
+
+  written = export_model('ViT-B_16.npz', 'out/', formats=('stablehlo', 'saved_model'))
+  exp = jax.export.deserialize(open('out/model.stablehlo', 'rb').read())
+  logits = exp.call(images)                      # any batch: the batch dimension is 'b'
+
+Each function of the model (`functions`: a classifier's `model`; an image-text model's `image`
+and `text` towers) closes over its parameters, so the artifacts hold them as constants and
+need neither this project nor flax to run. The batch dimension is symbolic ('b'); a NaFlex
+tower's sequence length too ('n'). The StableHLO is lowered for CPU, CUDA and TPU at once.
+The SavedModel (`vit_jax/export/saved_model.py`) is the same functions through `jax2tf`.
+The directory is written beside OUT and renamed into place: a failure leaves OUT untouched.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import checkpoint as ckpt
+from vit_jax import families
+
+FORMATS = ('stablehlo', 'saved_model', 'onnx')
+DTYPES = ('float32', 'bfloat16')
+PLATFORMS = ('cpu', 'cuda', 'tpu')
+METADATA = 'export.json'
+SAVED_MODEL = 'saved_model'
+# ONNX needs jax2onnx, whose releases pin an orbax-checkpoint older than ours (docs/export.md).
+ONNX_UNAVAILABLE = (
+  'onnx: not written; it needs jax2onnx in an environment of its own (not installed here)'
+)
+
+
+class ExportError(ValueError):
+  """A model or a request this command cannot export; one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Function:
+  """One exported function: a batch of `input_name` in, a batch of `output_name` out.
+
+  Attributes:
+    name: 'model' (a classifier), 'image' or 'text' (an image-text model's towers); the
+      StableHLO file is NAME.stablehlo, the SavedModel signature NAME.
+    fn: the model's apply on one input array, its parameters closed over (constants).
+    shape: the input's dimensions, 'b' the symbolic batch ('n': a NaFlex sequence length).
+    dtype: the input's dtype ('float32' images, 'int32' tokens).
+    input_name, output_name: what the input and output are called in the SavedModel and
+      export.json.
+  """
+
+  name: str
+  fn: Callable[[jax.Array], jax.Array]
+  shape: tuple[str | int, ...]
+  dtype: str
+  input_name: str
+  output_name: str
+
+  @property
+  def polymorphic_shape(self) -> str:
+    """The shape as jax.export and jax2tf spell it: '(b, 224, 224, 3)'."""
+    return '(' + ', '.join(str(d) for d in self.shape) + ')'
+
+  def spec(self) -> jax.ShapeDtypeStruct:
+    """The input with its symbolic dimensions, for `jax.export`."""
+    shape = jax.export.symbolic_shape(self.polymorphic_shape)
+    return jax.ShapeDtypeStruct(shape, jnp.dtype(self.dtype))
+
+  def output_shape(self) -> list[str | int]:
+    """The output's dimensions ('b' symbolic), traced without compiling."""
+    out = jax.eval_shape(self.fn, self.spec())
+    return [d if isinstance(d, int) else str(d) for d in out.shape]
+
+
+def _as_float32(fn: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+  """Outputs in float32 whatever the compute dtype, so consumers see one dtype."""
+  return lambda x: fn(x).astype(jnp.float32)
+
+
+def _sides(resolution: Any) -> tuple[int, int]:
+  return (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+
+
+def _classifier(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
+  """A ViT, DeiT or Mixer: NHWC images in [-1, 1] -> logits (a DeiT's: the mean of its two
+  heads), or the pre-logits features where it has no head."""
+  model = fitted.model(dtype=jnp.dtype(dtype))
+  params = jax.tree.map(jnp.asarray, fitted.params)
+  apply = lambda x: model.apply({'params': params}, x, train=False)
+  output = 'logits' if fitted.config.get('num_classes') else 'features'
+  height, width = _sides(fitted.resolution)
+  shape = ('b', height, width, 3)
+  return [Function('model', _as_float32(apply), shape, 'float32', 'images', output)]
+
+
+def _image_text(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
+  """An image-text model's towers: images (NaFlex: packed patch sequences) and int32 tokens
+  -> L2-normalised embeddings."""
+  tower = {'dtype': jnp.dtype(dtype)}
+  model = fitted.model(image=tower, text=tower)
+  params = jax.tree.map(jnp.asarray, fitted.params)
+  config = fitted.config
+  image = lambda x: model.apply({'params': params}, images=x)[0]
+  text = lambda x: model.apply({'params': params}, tokens=x)[1]
+  patch = families.of_config(config).sequence_patch(config)
+  if patch is None:
+    height, width = _sides(fitted.resolution)
+    image_shape, image_input = ('b', height, width, 3), 'images'
+  else:  # each slot: the patch's p * p * 3 values, its ptype, yidx, xidx
+    image_shape, image_input = ('b', 'n', patch * patch * 3 + 3), 'patches'
+  tokens = ('b', int(config.pp.max_len))
+  return [
+    Function('image', _as_float32(image), image_shape, 'float32', image_input, 'embeddings'),
+    Function('text', _as_float32(text), tokens, 'int32', 'tokens', 'embeddings'),
+  ]
+
+
+def functions(fitted: ckpt.Fitted, dtype: str = 'float32') -> list[Function]:
+  """The functions a fitted model is exported as, computing in `dtype`."""
+  if dtype not in DTYPES:
+    raise ExportError(f'--dtype={dtype}: choose one of {", ".join(DTYPES)}')
+  try:
+    if families.of_config(fitted.config).image_text:
+      return _image_text(fitted, dtype)
+    return _classifier(fitted, dtype)
+  except TypeError as e:  # a model without a compute dtype field
+    raise ExportError(f'this model cannot compute in {dtype}: {e}') from None
+
+
+def write_stablehlo(function: Function, path: str | os.PathLike) -> jax.export.Exported:
+  """`function` exported (symbolic batch, every platform) and serialised to `path`."""
+  exported = jax.export.export(jax.jit(function.fn), platforms=PLATFORMS)(function.spec())
+  with open(path, 'wb') as f:
+    f.write(exported.serialize())
+  return exported
+
+
+def preprocessing(fitted: ckpt.Fitted) -> dict[str, Any]:
+  """How an image becomes the image input, in words and numbers (vit_jax/data/preprocess.py)."""
+  config = fitted.config
+  patch = families.of_config(config).sequence_patch(config)
+  scale = {'offset': 127.5, 'scale': 127.5, 'formula': '(x - 127.5) / 127.5, x in [0, 255]'}
+  if patch is not None:
+    max_patches = int(config.pp.get('max_patches') or 0)
+    return {
+      'kind': 'naflex_patch_sequence',
+      'text': (
+        f'decode to RGB; resize at its own aspect ratio to the largest size of at most'
+        f' {max_patches} patches of {patch} x {patch} pixels (bilinear, antialiased); values'
+        f' (x - 127.5) / 127.5; cut into {patch} x {patch} patches in row-major order, each'
+        f" flattened (row, column, channel); each of n slots holds a patch's {patch * patch * 3}"
+        " values, then ptype (1 a patch, 0 padding), yidx, xidx (the patch's row and column"
+        " in its image's grid); unused slots all zeros"
+      ),
+      'patch_size': patch,
+      'max_patches': max_patches,
+      'slot': [patch * patch * 3, 'ptype', 'yidx', 'xidx'],
+      'value_range': scale,
+    }
+  height, width = _sides(fitted.resolution)
+  return {
+    'kind': 'resize',
+    'text': (
+      f'decode to RGB; resize to {height} x {width} (bilinear, half-pixel centres, no'
+      ' antialiasing, aspect ratio not kept); values (x - 127.5) / 127.5, so [-1, 1]; NHWC'
+    ),
+    'size': [height, width],
+    'method': 'bilinear',
+    'value_range': scale,
+  }
+
+
+def _text(fitted: ckpt.Fitted, source: str, out: str) -> dict[str, Any]:
+  """The text tower's tokenizer (`tokenizer_settings`), its vocabulary copied into `out`
+  where one is known beside the source, t and b."""
+  family = families.of_config(fitted.config)
+  pp = dict(fitted.config.get('pp') or {})
+  name, max_len, options = family.tokenizer_settings(pp)
+  vocab = ckpt.two_towers.uses(source, name).vocab
+  copied = None
+  if vocab is not None:
+    copied = 'vocab' + ckpt.two_towers.VOCAB_SUFFIX[name]
+    shutil.copyfile(vocab, os.path.join(out, copied))
+  params = fitted.params
+  scalar = lambda key: float(np.asarray(params[key]).reshape(())) if key in params else None
+  return {
+    'tokenizer': {'name': name, 'max_len': max_len, 'options': options, 'vocab': copied},
+    't': float(np.exp(scalar('t'))),  # exp of the stored log temperature
+    'b': scalar('b'),
+    'logits': 'sigmoid(t * zimg @ ztxt.T + b)' if 'b' in params else 'softmax(t * zimg @ ztxt.T)',
+  }
+
+
+def metadata(
+  fitted: ckpt.Fitted, fns: Sequence[Function], source: str, dtype: str, written: Sequence[str]
+) -> dict[str, Any]:
+  """export.json: what the artifacts are and how to feed them."""
+  family = families.of_config(fitted.config)
+  entries = {}
+  for f in fns:
+    entries[f.name] = {
+      'input': {'name': f.input_name, 'shape': list(f.shape), 'dtype': f.dtype},
+      'output': {'name': f.output_name, 'shape': f.output_shape(), 'dtype': 'float32'},
+      'stablehlo': f'{f.name}.stablehlo' if 'stablehlo' in written else None,
+      'saved_model_signature': f.name if 'saved_model' in written else None,
+    }
+  return {
+    'family': family.name,
+    'kind': family.kind(fitted.config),
+    'model': fitted.name or family.label(fitted.config),
+    'source': source,
+    'dtype': dtype,
+    'formats': list(written),
+    'platforms': list(PLATFORMS),
+    'functions': entries,
+    'preprocessing': preprocessing(fitted),
+  }
+
+
+def _check_formats(formats: Sequence[str]) -> tuple[list[str], list[str]]:
+  """(the formats to write, one line for each asked for that cannot be written here)."""
+  unknown = [f for f in formats if f not in FORMATS]
+  if unknown or not formats:
+    raise ExportError(f'--formats={",".join(formats)}: choose from {", ".join(FORMATS)}')
+  skipped = [ONNX_UNAVAILABLE] if 'onnx' in formats else []
+  return [f for f in FORMATS if f in formats and f != 'onnx'], skipped
+
+
+def _write(fitted: ckpt.Fitted, fns: list[Function], formats: list[str], out: str) -> None:
+  """The artifacts of `formats` into the directory `out`."""
+  if 'stablehlo' in formats:
+    for f in fns:
+      write_stablehlo(f, os.path.join(out, f'{f.name}.stablehlo'))
+  if 'saved_model' in formats:
+    from vit_jax.export import saved_model  # TensorFlow, imported only here
+
+    saved_model.write(fns, os.path.join(out, SAVED_MODEL), PLATFORMS)
+
+
+def export_model(
+  source: str,
+  out: str | os.PathLike,
+  formats: Sequence[str] = ('stablehlo', 'saved_model'),
+  dtype: str = 'float32',
+  model: str | None = None,
+  resolution: int | None = None,
+  command: str | None = None,
+) -> dict[str, Any]:
+  """Exports the checkpoint `source` (anything `checkpoint.fit` reads) into the new directory
+  `out`; returns export.json's contents. One-line ExportError or CheckpointError; `out` is
+  written as a whole or not at all."""
+  out = os.fspath(out)
+  if os.path.exists(out):
+    raise ExportError(f'{out} exists: remove it or choose another directory')
+  todo, skipped = _check_formats(formats)
+  if dtype not in DTYPES:
+    raise ExportError(f'--dtype={dtype}: choose one of {", ".join(DTYPES)}')
+  fitted = ckpt.fit(source, model, resolution=resolution)
+  fns = functions(fitted, dtype)
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  temp = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.', dir=parent)
+  try:
+    _write(fitted, fns, todo, temp)
+    meta = metadata(fitted, fns, str(source), dtype, todo)
+    if families.of_config(fitted.config).image_text:
+      meta['text'] = _text(fitted, str(source), temp)
+    meta['skipped'] = skipped
+    meta['command'] = command
+    with open(os.path.join(temp, METADATA), 'w') as f:
+      f.write(json.dumps(meta, indent=1) + '\n')
+    os.rename(temp, out)
+  except BaseException:
+    shutil.rmtree(temp, ignore_errors=True)
+    raise
+  return meta

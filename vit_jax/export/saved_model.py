@@ -1,0 +1,49 @@
+"""The exported functions as a TensorFlow SavedModel (`jax2tf`): loads and runs in TensorFlow
+alone, any batch size.
+
+Each function is one signature of its name (`model`; an image-text model's `image` and
+`text`), the first also `serving_default`; inputs and outputs are named as export.json says.
+The StableHLO inside is lowered for CPU, CUDA and TPU, as the `jax.export` artifact is.
+"""
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+SERVING = 'serving_default'
+
+
+def _signature(function: Any, platforms: Sequence[str]) -> Any:
+  """A `tf.function` of one exported function, its batch (and NaFlex length) dimension None."""
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+
+  converted = jax2tf.convert(
+    function.fn,
+    polymorphic_shapes=[function.polymorphic_shape],
+    native_serialization_platforms=tuple(platforms),
+    with_gradient=False,
+  )
+  shape = [d if isinstance(d, int) else None for d in function.shape]
+  spec = tf.TensorSpec(shape, tf.as_dtype(function.dtype), name=function.input_name)
+
+  @tf.function(autograph=False, input_signature=[spec])
+  def serve(x):
+    return {function.output_name: converted(x)}
+
+  return serve
+
+
+def write(functions: Sequence[Any], path: str | os.PathLike, platforms: Sequence[str]) -> None:
+  """`functions` (`vit_jax.export.Function`s) as one SavedModel at `path`, lowered for
+  `platforms`."""
+  import tensorflow as tf
+
+  module = tf.Module()
+  signatures = {}
+  for function in functions:
+    serve = _signature(function, platforms)
+    setattr(module, function.name, serve)  # tracked, so it is saved
+    signatures[function.name] = serve
+  signatures[SERVING] = signatures[functions[0].name]
+  tf.saved_model.save(module, os.fspath(path), signatures=signatures)
