@@ -20,7 +20,9 @@ PACKAGES = ('vit_jax', 'configs')
 # module imports from its own floor or the ones below; a new top-level module takes a floor here.
 FLOORS = {
   # 4: the entry points, and the shims that keep `python -m vit_jax.<tool>` working.
-  **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot'], 4),
+  **dict.fromkeys(
+    ['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot', 'embed'], 4
+  ),
   # 3: what runs an experiment, and the experiment configs.
   **dict.fromkeys(['train', 'tasks', 'evals', 'reproduce', 'fewshot', 'export', 'configs'], 3),
   # 2: models and their families, checkpoints, data, text.

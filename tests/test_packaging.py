@@ -55,8 +55,8 @@ def _scripts() -> dict[str, str]:
 def test_the_console_scripts_are_the_entry_points_and_python_m_finds_each():
   declared = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['scripts']
   assert declared == _scripts()
-  assert len(declared) == 9  # train, convert, predict, visualize, benchmark, reproduce, models,
-  # zeroshot, export
+  assert len(declared) == 10  # train, convert, predict, visualize, benchmark, reproduce, models,
+  # zeroshot, export, embed
   for entry in cli.ENTRY_POINTS:
     assert importlib.util.find_spec(entry.module) is not None, entry
     assert cli.entry_point(entry.module, [entry.mode]) == entry

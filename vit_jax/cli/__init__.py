@@ -11,6 +11,7 @@
   vit-models       vit_jax.models               models      the model zoo (Table 1)
   vit-zeroshot     vit_jax.zeroshot             zeroshot    image-text zero-shot classes
   vit-export       vit_jax.export               export      StableHLO, SavedModel
+  vit-embed        vit_jax.embed                embed       sharded embeddings of collections
 
 Each module defines its flags in `define_flags(flag_values)`, which its `run_cli()` (the
 console script, pyproject.toml) calls at program start; importing a module defines none. So
@@ -50,6 +51,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
   EntryPoint('vit_jax.models', 'vit-models', 'vit_jax.cli.models'),
   EntryPoint('vit_jax.zeroshot', 'vit-zeroshot', 'vit_jax.cli.zeroshot'),
   EntryPoint('vit_jax.export', 'vit-export', 'vit_jax.cli.export'),
+  EntryPoint('vit_jax.embed', 'vit-embed', 'vit_jax.cli.embed'),
 )
 
 

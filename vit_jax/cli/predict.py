@@ -322,6 +322,12 @@ def run_padded(
   return jax.tree.map(lambda y: np.asarray(y)[:n], fn(model, params, batch))
 
 
+def features(loaded: LoadedModel, images: np.ndarray, batch_size: int) -> np.ndarray:
+  """The pre-logits features (N, D) of preprocessed images, N <= `batch_size` (padded to it):
+  what `--features` writes, and `vit-embed` for a classifier."""
+  return run_padded(_features, loaded.model, loaded.params, images, batch_size)
+
+
 def _logits(loaded: LoadedModel, features: np.ndarray) -> np.ndarray | None:
   if loaded.head_kernel is None:
     return None
@@ -357,13 +363,13 @@ def predict_files(
   errors: list[str] = []
   batch_size = max(1, min(batch_size, len(paths)))
   predictions = []
-  fn = _features
-  if block is not None:
-    fn = functools.partial(_features_and_block, block=feature_block(loaded, block))
   for names, images in batches(paths, loaded.resolution, batch_size, errors):
-    out = run_padded(fn, loaded.model, loaded.params, images, batch_size)
-    features, grids = out if block is not None else (out, None)
-    logits = _logits(loaded, features)
+    if block is None:
+      pooled, grids = features(loaded, images, batch_size), None
+    else:
+      fn = functools.partial(_features_and_block, block=feature_block(loaded, block))
+      pooled, grids = run_padded(fn, loaded.model, loaded.params, images, batch_size)
+    logits = _logits(loaded, pooled)
     if logits is None:
       indices, probs = np.zeros((len(names), 0), np.int64), np.zeros((len(names), 0))
     else:
@@ -373,7 +379,7 @@ def predict_files(
       if loaded.class_names is not None:
         labels = [loaded.class_names[j] for j in indices[i]]
       grid = None if grids is None else grids[i]
-      predictions.append(Prediction(name, indices[i], probs[i], features[i], labels, grid))
+      predictions.append(Prediction(name, indices[i], probs[i], pooled[i], labels, grid))
   return predictions, errors
 
 

@@ -1,0 +1,117 @@
+"""vit-embed: sharded, resumable embeddings of the digits and of image folders, against the model
+applied directly; a stop and a rerun, and two processes, equal one uninterrupted run bit for bit;
+unreadable images are listed; vit-zeroshot reads the stored embeddings."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from conftest import digest, randomize, unreadable_files, write_image_folder
+
+from vit_jax import checkpoint
+from vit_jax.cli import embed
+from vit_jax.data import digits, preprocess
+from vit_jax.models import get_model
+
+RESOLUTION = 32  # the 'testing' model: 16-pixel patches, a 2x2 grid
+SHARD = 100  # the 360 digits test images in 4 shards, the last of 60
+OPTIONS = {'dataset': 'digits', 'split': 'test', 'shard_size': SHARD, 'batch_size': 50}
+ONE = dict(OPTIONS, process_index=0, process_count=1)
+
+
+def _names(shards, kinds=(('embeddings', 'npy'), ('ids', 'json')), of=4) -> list[str]:
+  return [f'{kind}-{i:05d}-of-{of:05d}.{ext}' for kind, ext in kinds for i in shards]
+
+
+@pytest.fixture(scope='module')
+def classifier(tmp_path_factory):
+  """A 'testing' ViT of random weights: (its file, its parameters)."""
+  model = get_model('testing', num_classes=10)
+  x = np.zeros((1, RESOLUTION, RESOLUTION, 3), np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))['params']
+  params = randomize(shapes, seed=4)
+  path = str(tmp_path_factory.mktemp('model') / 'vit.npz')
+  checkpoint.save_npz(params, path)
+  return path, params
+
+
+@pytest.fixture(scope='module')
+def reference(classifier, tmp_path_factory):
+  """One uninterrupted run over the digits test split, in one process."""
+  out = str(tmp_path_factory.mktemp('reference') / 'out')
+  assert embed.run(classifier[0], out, ONE) == 0
+  return out
+
+
+def _pre_logits(params, images) -> np.ndarray:
+  """The headless model applied directly to the images, resized as evaluation resizes them."""
+  x = np.stack([preprocess.eval_image(image, RESOLUTION).numpy() for image in images])
+  backbone = {k: v for k, v in params.items() if k != 'head'}
+  return np.asarray(
+    get_model('testing', num_classes=None).apply({'params': backbone}, x, train=False)
+  )
+
+
+def test_digits_embeddings_are_the_pre_logits_in_shards(classifier, reference):
+  manifest, embeddings, ids = embed.read(reference)
+  images, _ = digits.load('test')
+  np.testing.assert_allclose(embeddings, _pre_logits(classifier[1], images), atol=1e-5)
+  assert embeddings.dtype == np.float32 and ids == list(range(360))
+  assert manifest['count'] == 360 and manifest['dimension'] == 10 and manifest['bad'] == []
+  assert [s['count'] for s in manifest['shards']] == [100, 100, 100, 60]
+  assert manifest['kind'] == 'pre-logits' and manifest['model'] == 'testing'
+  assert manifest['input'] == {'dataset': 'digits', 'split': 'test'}
+  assert sorted(os.listdir(reference)) == sorted([*_names(range(4)), 'embed.json', 'manifest.json'])
+
+
+def test_a_stop_mid_write_then_a_rerun_equals_one_run(classifier, reference, tmp_path, monkeypatch):
+  out = tmp_path / 'out'
+  save, saved = np.save, []
+
+  def save_then_stop(f, array, **kwargs):  # the third shard stops half-way through its .npy
+    if len(saved) == 2:
+      f.write(b'\x93NUMPY half')
+      raise KeyboardInterrupt
+    saved.append(len(array))
+    save(f, array, **kwargs)
+
+  monkeypatch.setattr(np, 'save', save_then_stop)
+  with pytest.raises(KeyboardInterrupt):
+    embed.run(classifier[0], str(out), ONE)
+  monkeypatch.setattr(np, 'save', save)
+  assert sorted(os.listdir(out)) == sorted([*_names([0, 1]), 'embed.json'])
+  # What a kill leaves (no exception to clean up): a temporary file, embeddings without ids.
+  (out / '.embeddings-00003-of-00004.npy.x1y2.tmp').write_bytes(b'\x93NUMPY')
+  (out / 'embeddings-00002-of-00004.npy').write_bytes(b'\x93NUMPY')
+  shard, redone = embed.embed_shard, []
+  monkeypatch.setattr(embed, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
+  assert embed.run(classifier[0], str(out), ONE) == 0
+  assert redone == [200, 300]  # the finished shards are not redone
+  assert digest(out) == digest(reference)
+
+
+def test_two_processes_equal_one(classifier, reference, tmp_path):
+  out = tmp_path / 'out'
+  assert embed.run(classifier[0], str(out), dict(OPTIONS, process_index=1, process_count=2)) == 0
+  assert sorted(os.listdir(out)) == sorted([*_names([1, 3]), 'embed.json'])  # no manifest yet
+  assert embed.run(classifier[0], str(out), dict(OPTIONS, process_index=0, process_count=2)) == 0
+  assert digest(out) == digest(reference)
+
+
+def test_unreadable_images_are_listed_and_the_others_embedded(classifier, tmp_path, capsys):
+  root = write_image_folder(tmp_path / 'images', {'train': 5}, bad=unreadable_files())
+  out = str(tmp_path / 'out')
+  options = {'folder': root, 'shard_size': 3, 'process_index': 0, 'process_count': 1}
+  assert embed.run(classifier[0], out, options) == 0
+  manifest, embeddings, ids = embed.read(out)
+  good = ['train/a/000.jpg', 'train/a/003.png', 'train/b/001.jpg', 'train/b/004.jpg']
+  good.append('train/c/002.jpg')
+  assert ids == good
+  bad = ['train/a/empty.jpg', 'train/a/notes.jpg', 'train/a/truncated.jpg']
+  assert [b['id'] for b in manifest['bad']] == bad
+  assert all(b['reason'].startswith('cannot read image (') for b in manifest['bad'])
+  images = [preprocess.read_image(os.path.join(root, p)) for p in good]
+  np.testing.assert_allclose(embeddings, _pre_logits(classifier[1], images), atol=1e-5)
+  assert [s['count'] for s in manifest['shards']] == [2, 1, 2]  # 8 files, 3 a shard
+  assert '3 unreadable' in capsys.readouterr().err
