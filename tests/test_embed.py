@@ -2,6 +2,7 @@
 applied directly; a stop and a rerun, and two processes, equal one uninterrupted run bit for bit;
 unreadable images are listed; vit-zeroshot reads the stored embeddings."""
 
+import json
 import os
 
 import jax
@@ -11,7 +12,7 @@ from conftest import digest, randomize, unreadable_files, write_image_folder
 
 from vit_jax import checkpoint
 from vit_jax.cli import embed
-from vit_jax.data import digits, preprocess
+from vit_jax.data import digits, embeddings, preprocess
 from vit_jax.models import get_model
 
 RESOLUTION = 32  # the 'testing' model: 16-pixel patches, a 2x2 grid
@@ -54,10 +55,10 @@ def _pre_logits(params, images) -> np.ndarray:
 
 
 def test_digits_embeddings_are_the_pre_logits_in_shards(classifier, reference):
-  manifest, embeddings, ids = embed.read(reference)
+  manifest, array, ids = embeddings.read(reference)
   images, _ = digits.load('test')
-  np.testing.assert_allclose(embeddings, _pre_logits(classifier[1], images), atol=1e-5)
-  assert embeddings.dtype == np.float32 and ids == list(range(360))
+  np.testing.assert_allclose(array, _pre_logits(classifier[1], images), atol=1e-5)
+  assert array.dtype == np.float32 and ids == list(range(360))
   assert manifest['count'] == 360 and manifest['dimension'] == 10 and manifest['bad'] == []
   assert [s['count'] for s in manifest['shards']] == [100, 100, 100, 60]
   assert manifest['kind'] == 'pre-logits' and manifest['model'] == 'testing'
@@ -104,7 +105,7 @@ def test_unreadable_images_are_listed_and_the_others_embedded(classifier, tmp_pa
   out = str(tmp_path / 'out')
   options = {'folder': root, 'shard_size': 3, 'process_index': 0, 'process_count': 1}
   assert embed.run(classifier[0], out, options) == 0
-  manifest, embeddings, ids = embed.read(out)
+  manifest, array, ids = embeddings.read(out)
   good = ['train/a/000.jpg', 'train/a/003.png', 'train/b/001.jpg', 'train/b/004.jpg']
   good.append('train/c/002.jpg')
   assert ids == good
@@ -112,6 +113,39 @@ def test_unreadable_images_are_listed_and_the_others_embedded(classifier, tmp_pa
   assert [b['id'] for b in manifest['bad']] == bad
   assert all(b['reason'].startswith('cannot read image (') for b in manifest['bad'])
   images = [preprocess.read_image(os.path.join(root, p)) for p in good]
-  np.testing.assert_allclose(embeddings, _pre_logits(classifier[1], images), atol=1e-5)
+  np.testing.assert_allclose(array, _pre_logits(classifier[1], images), atol=1e-5)
   assert [s['count'] for s in manifest['shards']] == [2, 1, 2]  # 8 files, 3 a shard
   assert '3 unreadable' in capsys.readouterr().err
+
+
+def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, capsys):
+  from test_zeroshot import write_lit_file
+
+  from vit_jax.cli import zeroshot as zeroshot_cli
+  from vit_jax.evals import zeroshot as zeroshot_eval
+
+  lit = str(write_lit_file(tmp_path))
+  out = str(tmp_path / 'out')
+  assert embed.run(lit, out, ONE) == 0
+  manifest, zimg, ids = embeddings.read(out)
+  assert manifest['kind'] == 'image' and zimg.shape == (360, 32) and ids == list(range(360))
+  loaded = zeroshot_cli.load(lit)
+  x = np.stack([loaded.preprocess(image).numpy() for image in digits.load('test')[0]])
+  expected = loaded.model.apply({'params': loaded.params}, images=x)[0]  # the model directly
+  np.testing.assert_allclose(zimg, expected, atol=1e-5)
+  options = {'json': True, 'cache_dir': '', 'batch_size': 50}
+  capsys.readouterr()
+  results = []
+  for extra in ({}, {'embeddings': out}):
+    assert zeroshot_cli.run(lit, [], dataset='digits', options={**options, **extra}) == 0
+    results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+  assert results[0] == results[1] and results[0]['count'] == 360
+  # Texts: the tower's normalised embeddings of each line, ids the line numbers.
+  texts = tmp_path / 'texts.txt'
+  texts.write_text('a photo of a cat\n\nthe dog\n')
+  assert embed.run(lit, str(tmp_path / 'texts'), {'texts': str(texts), 'process_count': 1}) == 0
+  _, ztxt, ids = embeddings.read(str(tmp_path / 'texts'))
+  tokens = np.asarray(loaded.tokenizer(['a photo of a cat', 'the dog']), np.int32)
+  expected = zeroshot_eval.text_embedder(loaded.model)(loaded.params, tokens)
+  assert ids == [1, 3]
+  np.testing.assert_allclose(ztxt, expected, atol=1e-5)

@@ -32,9 +32,7 @@ not fatal: the exit status is 0 with them, 1 for any other error, 2 for a usage 
 """
 
 import dataclasses
-import json
 import math
-import os
 import signal
 import sys
 import time
@@ -45,16 +43,10 @@ import numpy as np
 from absl import flags, logging
 
 from vit_jax import cli, files
+from vit_jax.data import embeddings as store
 
-MANIFEST = 'manifest.json'
 # Image files of a folder: the input pipeline's formats, and those Pillow reads besides.
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp', '.tif', '.tiff')
-
-
-def shard_names(i: int, num_shards: int) -> tuple[str, str]:
-  """The file names of shard i: (embeddings .npy, ids .json)."""
-  tail = f'{i:05d}-of-{num_shards:05d}'
-  return f'embeddings-{tail}.npy', f'ids-{tail}.json'
 
 
 # ---------------------------------------------------------------------------------------
@@ -234,74 +226,6 @@ def embed_shard(
   return np.concatenate(parts).astype(np.float32), ids, bad
 
 
-def _write_shard(out: str, i: int, num_shards: int, array, ids, bad) -> None:
-  """The embeddings, then the ids: a shard whose ids file exists is whole."""
-  npy, ids_name = shard_names(i, num_shards)
-  files.atomic_write(files.join(out, npy), lambda f: np.save(f, array, allow_pickle=False))
-  record = {'count': len(ids), 'dimension': int(array.shape[1]), 'ids': ids, 'bad': bad}
-  files.atomic_write_text(files.join(out, ids_name), json.dumps(record) + '\n')
-
-
-def _finished(out: str, i: int, num_shards: int) -> bool:
-  return all(files.path(files.join(out, name)).exists() for name in shard_names(i, num_shards))
-
-
-def _remove_partial(out: str, shards: Sequence[int], num_shards: int) -> None:
-  """Removes what a stop left of these shards: temporary files, embeddings without ids (a
-  bucket object is written whole on close and leaves no temporary file)."""
-  if not files.is_local(out):
-    return
-  names = {name for i in shards for name in shard_names(i, num_shards)}
-  for entry in os.listdir(out):
-    if entry.endswith('.tmp') and entry.startswith('.') and entry[1:].rsplit('.', 2)[0] in names:
-      os.unlink(os.path.join(out, entry))
-  for i in shards:
-    npy, ids_name = shard_names(i, num_shards)
-    if os.path.exists(os.path.join(out, npy)) and not os.path.exists(os.path.join(out, ids_name)):
-      os.unlink(os.path.join(out, npy))
-
-
-def _check_settings(out: str, settings: dict[str, Any]) -> None:
-  """Writes OUT/embed.json (every process the same), or checks that it holds these settings:
-  a folder never mixes the shards of two commands."""
-  path = files.join(out, 'embed.json')
-  text = json.dumps(settings, indent=1, sort_keys=True) + '\n'
-  if files.path(path).exists():
-    if files.path(path).read_text() != text:
-      raise ValueError(
-        f'{out} holds the embeddings of another command (model, input, shard or batch size): '
-        'give a new --out, or the same flags to continue it'
-      )
-    return
-  files.atomic_write_text(path, text)
-
-
-def _wait_for_shards(out: str, num_shards: int, wait_s: float) -> None:
-  """Until every shard is finished (the other processes'), at most `wait_s` seconds."""
-  deadline = time.monotonic() + wait_s
-  missing = list(range(num_shards))
-  while missing := [i for i in missing if not _finished(out, i, num_shards)]:
-    if time.monotonic() > deadline:
-      raise TimeoutError(
-        f'{len(missing)} shards of {out} still missing after {wait_s:.0f} s (first: '
-        f'{shard_names(missing[0], num_shards)[1]}): did a process stop? Rerun to finish them'
-      )
-    time.sleep(1.0)
-
-
-def _manifest(out: str, num_shards: int, settings: dict[str, Any]) -> dict[str, Any]:
-  """The manifest, from the shards' ids files."""
-  shards, bad, count, dimension = [], [], 0, 0
-  for i in range(num_shards):
-    npy, ids_name = shard_names(i, num_shards)
-    record = json.loads(files.path(files.join(out, ids_name)).read_text())
-    shards.append({'embeddings': npy, 'ids': ids_name, 'count': record['count']})
-    bad += record['bad']
-    count += record['count']
-    dimension = record['dimension']
-  return {**settings, 'dimension': dimension, 'count': count, 'shards': shards, 'bad': bad}
-
-
 class Progress:
   """One line on stderr, rewritten in place: inputs done, rate and time left."""
 
@@ -340,37 +264,21 @@ def embed(
   settings |= {'input': inputs.describe, 'examples': inputs.size, 'shard_size': shard_size}
   settings |= {'batch_size': batch_size}  # another one may change the last bits
   files.makedirs(out)
-  _check_settings(out, settings)
+  store.check_settings(out, settings)
   index, count = process
   mine = range(index, num_shards, count)
-  _remove_partial(out, mine, num_shards)
-  todo = [i for i in mine if not _finished(out, i, num_shards)]
+  store.remove_partial(out, mine, num_shards)
+  todo = [i for i in mine if not store.finished(out, i, num_shards)]
   meter = Progress(sum(min(shard_size, inputs.size - i * shard_size) for i in todo), progress)
   for i in todo:
     start, end = i * shard_size, min((i + 1) * shard_size, inputs.size)
     array, ids, bad = embed_shard(embedder, inputs, start, end, batch_size)
-    _write_shard(out, i, num_shards, array, ids, bad)
+    store.write_shard(out, i, num_shards, array, ids, bad)
     meter.update(end - start)
   if index != 0:
     return None
-  _wait_for_shards(out, num_shards, wait_s)
-  manifest = _manifest(out, num_shards, settings)
-  files.atomic_write_text(files.join(out, MANIFEST), json.dumps(manifest, indent=1) + '\n')
-  return manifest
-
-
-def read(out: str) -> tuple[dict[str, Any], np.ndarray, list[Any]]:
-  """What `embed` wrote: (manifest, embeddings (count, D) float32, their ids)."""
-  path = files.path(files.join(out, MANIFEST))
-  if not path.exists():
-    raise ValueError(f'{out}: no {MANIFEST} (not written by vit-embed, or not finished)')
-  manifest = json.loads(path.read_text())
-  arrays, ids = [np.zeros((0, manifest['dimension']), np.float32)], []
-  for shard in manifest['shards']:
-    with files.path(files.join(out, shard['embeddings'])).open('rb') as f:
-      arrays.append(np.load(f, allow_pickle=False))
-    ids += json.loads(files.path(files.join(out, shard['ids'])).read_text())['ids']
-  return manifest, np.concatenate(arrays), ids
+  store.wait_for_shards(out, num_shards, wait_s)
+  return store.write_manifest(out, num_shards, settings)
 
 
 # ---------------------------------------------------------------------------------------
@@ -445,7 +353,7 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
     print(
       f'{manifest["count"]:,} embeddings ({manifest["dimension"]} wide, {embedder.kind}) in '
       f'{len(manifest["shards"])} shards under {out}'
-      + (f'; {len(bad)} unreadable, listed in {MANIFEST}' if bad else ''),
+      + (f'; {len(bad)} unreadable, listed in {store.MANIFEST}' if bad else ''),
       file=sys.stderr,
     )
   return 0

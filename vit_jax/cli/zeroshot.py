@@ -5,17 +5,19 @@
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --dataset=cifar100 [--split=test] \
       [--limit=N] [--json] [--out=RUN_DIR]
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --captions=captions.tsv [--json]
+  python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --dataset=digits --embeddings=OUT
 
 The first prints each image's top-k classes with probabilities: LiT's softmax over the classes
 of exp(t) times the cosine similarities, SigLIP's sigmoid(exp(t) * similarity + b) of each
 class alone (they need not sum to 1). The second prints the top-1 accuracy over a split of a
 tfds dataset, an image folder (`root/<split>/<class>/*.jpg`) or 'digits'; with `--out` it
 also writes a run folder that `python -m vit_jax.reproduce report` puts beside the LiT model
-card's number. The third prints image-to-text and text-to-image recall@1/5/10
-(`vit_jax.evals.retrieval`, big_vision's metric names) over `IMAGE<TAB>CAPTION` lines (an
-image may have several). A `--dataset` with captions (`coco_captions`, a captions folder) is
-retrieval too: COCO's protocol by default, the 5,000 images of Karpathy's test split and the
-first 5 captions of each (`--max_texts`).
+card's number; with `--embeddings=OUT`, the image embeddings that `vit-embed` wrote of
+that split (`vit_jax.data.embeddings`), labels read from the dataset by index. The third prints
+image-to-text and text-to-image recall@1/5/10 (`vit_jax.evals.retrieval`, big_vision's metric
+names) over `IMAGE<TAB>CAPTION` lines (an image may have several). A `--dataset` with captions
+(`coco_captions`, a captions folder) is retrieval too: COCO's protocol by default, the 5,000
+images of Karpathy's test split and the first 5 captions of each (`--max_texts`).
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
 for a BERT tower, `NAME.model` for a sentencepiece one), a training run's from its
@@ -238,6 +240,36 @@ def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, 
   return zeroshot.accuracy(zimg, labels, zcls), len(labels)
 
 
+def split_labels(source, split: str) -> np.ndarray:
+  """The label of each example of `split`, by index."""
+  import tensorflow as tf
+
+  @tf.autograph.experimental.do_not_convert
+  def label(raw):
+    return source.example(raw)['label']
+
+  batches = source.records(split).map(label).batch(4096).as_numpy_iterator()
+  return np.concatenate([np.zeros((0,), np.int64), *batches])
+
+
+def stored_accuracy(out: str, zcls, source, dataset: str, split: str) -> tuple[float, int]:
+  """Top-1 accuracy over the image embeddings `vit-embed` wrote of `split` into `out` (the
+  labels read from the dataset by index): (accuracy, count)."""
+  from vit_jax.data import embeddings
+  from vit_jax.evals import zeroshot
+
+  manifest, zimg, ids = embeddings.read(out)
+  if manifest['kind'] != 'image' or manifest['input'] != {'dataset': dataset, 'split': split}:
+    raise ValueError(
+      f'--embeddings {out}: {manifest["kind"]} embeddings of {manifest["input"]}, not the '
+      f'image embeddings of split {split!r} of {dataset}'
+    )
+  if zimg.shape[1] != zcls.shape[1]:
+    raise ValueError(f'--embeddings {out}: {zimg.shape[1]} wide, the text tower {zcls.shape[1]}')
+  labels = split_labels(source, split)[np.asarray(ids, np.int64)]
+  return zeroshot.accuracy(zimg, labels, zcls), len(ids)
+
+
 def read_captions(path: str) -> tuple[list[str], list[str], np.ndarray]:
   """A captions file, `IMAGE<TAB>CAPTION` a line (an image on several lines has several
   captions; relative image paths are beside the file): (images, captions, each caption's
@@ -373,6 +405,8 @@ def run(
   """The command line's work; returns the exit status: 2 for a usage error (what to classify
   or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
   limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions,
+  embeddings (a `vit-embed` folder of the `dataset` split's image embeddings, used instead of
+  embedding the images),
   max_texts (None: the dataset's protocol, `PROTOCOL_CAPTIONS`), max_patches (a NaFlex
   tower's patches an image; 0: the model's), and
   `progress`: say on stderr what it is doing before each slow part (the command does at a
@@ -384,13 +418,16 @@ def run(
 
   o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
   o |= {'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
-  o |= {'max_texts': None, 'max_patches': 0, 'progress': False} | (options or {})
+  o |= {'max_texts': None, 'max_patches': 0, 'progress': False, 'embeddings': ''}
+  o |= options or {}
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = None
   if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
     usage = 'give one of: image files (with --classes), --dataset, --captions'
   elif images and not classes:
     usage = 'no class names for the images: give --classes=a,b,c (or a file of names)'
+  elif o['embeddings'] and (not dataset or o['limit']):
+    usage = '--embeddings (of vit-embed) go with --dataset, without --limit'
   if usage:
     print(f'error: {usage}', file=sys.stderr)
     return 2
@@ -422,7 +459,9 @@ def run(
       )
     say(f'Embedding {len(names)} classes x {len(filled)} templates (or reading the cache) ...')
     zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
-    if source:
+    if source and o['embeddings']:  # embedded before by vit-embed
+      accuracy, count = stored_accuracy(o['embeddings'], zcls, source, dataset, o['split'])
+    elif source:
       say(f'Classifying split {o["split"]!r} of {dataset} ...')
       accuracy, count = dataset_accuracy(
         loaded, zcls, source, o['split'], o['batch_size'], o['limit']
@@ -477,6 +516,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     'max_patches', 0, "A NaFlex model's patches an image (0: the model's).", flag_values=fv
   )
   flags.DEFINE_integer('limit', 0, 'Only the first N examples (0: all).', flag_values=fv)
+  flags.DEFINE_string(
+    'embeddings', '', "With --dataset: vit-embed's folder of its image embeddings.", flag_values=fv
+  )
   flags.DEFINE_string('tfds_data_dir', None, 'tensorflow_datasets directory.', flag_values=fv)
   flags.DEFINE_string(
     'out', '', 'With --dataset: write the result as a run folder for the report.', flag_values=fv
@@ -502,7 +544,7 @@ def main(argv: Sequence[str]) -> None:
 
   data.hide_accelerators_from_tensorflow()
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
-  keys += ('tfds_data_dir', 'out', 'captions', 'max_texts', 'max_patches')
+  keys += ('tfds_data_dir', 'out', 'captions', 'max_texts', 'max_patches', 'embeddings')
   options = {k: f[k].value for k in keys}
   options['progress'] = progress
   # Unless given, a run's own (or its converted file's): what it evaluated zero-shot with.

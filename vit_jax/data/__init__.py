@@ -5,6 +5,7 @@
   sources.py     datasets: tfds, image folders, the digits, subsets (`get_source`)
   preprocess.py  decoding, the inception crop, flip, RandAugment, resize
   pipeline.py    the training stream (index-addressed, resumable) and the exact evaluation pass
+  embeddings.py  the sharded, resumable embeddings folder that `vit-embed` writes
 
 TensorFlow serves here as the host-side image pipeline only: its C++ start-up notices are off
 unless asked for (TF_CPP_MIN_LOG_LEVEL), and so are its oneDNN rewrites, whose float results
