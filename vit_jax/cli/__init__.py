@@ -67,6 +67,27 @@ def entry_point(command: str, args: Sequence[str] = ()) -> EntryPoint:
   return next(e for e in matches if not e.mode)
 
 
+def failure_line(e: BaseException) -> str:
+  """An unexpected failure as one line: its type and the first line of its message."""
+  reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
+  return f'{type(e).__name__}: {reason}'
+
+
+def usage_flags_parser(usage: str) -> Callable[[list[str]], list[str]]:
+  """A `flags_parser` for `start`: a bad flag (unknown, misspelt, a value out of range) is one
+  line, then `usage`, and exit status 2."""
+
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      return flags.FLAGS(argv)
+    except flags.Error as e:
+      print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
+      print(usage, file=sys.stderr)
+      sys.exit(2)
+
+  return parse
+
+
 def start(
   define_flags: Callable[[flags.FlagValues], None],
   main: Callable[[list[str]], object],

@@ -223,20 +223,9 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 1
   except Exception as e:  # any other failure: still one line, still non-zero
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
-    print(f'error: {type(e).__name__}: {reason}', file=sys.stderr)
+    print(f'error: {cli.failure_line(e)}', file=sys.stderr)
     return 1
   return 0
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  """A bad flag (unknown, misspelt, a value out of range) is one line and exit status 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
-    print(USAGE, file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -247,4 +236,4 @@ def main(argv: Sequence[str]) -> None:
 
 def run_cli() -> None:
   """The `vit-convert` console script (and `python -m vit_jax.convert`)."""
-  cli.start(define_flags, main, _parse_flags)
+  cli.start(define_flags, main, cli.usage_flags_parser(USAGE))

@@ -82,23 +82,12 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
     print(f'error: {message}'.replace('\n', ' '), file=sys.stderr)
     return 1
   except Exception as e:  # any other failure: still one line, still non-zero
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
-    print(f'error: {type(e).__name__}: {reason}', file=sys.stderr)
+    print(f'error: {cli.failure_line(e)}', file=sys.stderr)
     return 1
   for line in meta['skipped']:
     print(f'warning: {line}', file=sys.stderr)
   print(_summary(meta, out))
   return 0
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-  """A bad flag (unknown, misspelt, a value out of range) is one line and exit status 2."""
-  try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
-    print(USAGE, file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv: Sequence[str]) -> None:
@@ -111,4 +100,4 @@ def main(argv: Sequence[str]) -> None:
 
 def run_cli() -> None:
   """The `vit-export` console script (and `python -m vit_jax.export`)."""
-  cli.start(define_flags, main, _parse_flags)
+  cli.start(define_flags, main, cli.usage_flags_parser(USAGE))
