@@ -1,9 +1,14 @@
 """vit-embed: sharded, resumable embeddings of the digits and of image folders, against the model
-applied directly; a stop and a rerun, and two processes, equal one uninterrupted run bit for bit;
-unreadable images are listed; vit-zeroshot reads the stored embeddings."""
+applied directly; a stop (an exception mid-write, a real SIGTERM to the command) and a rerun,
+and two processes, equal one uninterrupted run bit for bit; unreadable images are listed;
+vit-zeroshot reads the stored embeddings."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import numpy as np
@@ -90,6 +95,41 @@ def test_a_stop_mid_write_then_a_rerun_equals_one_run(classifier, reference, tmp
   assert embed.run(classifier[0], str(out), ONE) == 0
   assert redone == [200, 300]  # the finished shards are not redone
   assert digest(out) == digest(reference)
+
+
+def test_a_sigterm_from_outside_then_a_rerun_equals_one_run(classifier, tmp_path, monkeypatch):
+  """`python -m vit_jax.embed` stopped by a real SIGTERM while it waits on its last input (a
+  FIFO: the process is there, deterministically, after three finished shards)."""
+  root = write_image_folder(tmp_path / 'images', {'train': 9})
+  fifo = os.path.join(root, 'zz.png')  # sorted last: shard 3 of [0, 3), [3, 6), [6, 9), [9]
+  os.mkfifo(fifo)
+  out, whole = tmp_path / 'out', tmp_path / 'whole'
+  options = {'folder': root, 'shard_size': 3, 'batch_size': 3, 'process_index': 0}
+  options['process_count'] = 1
+  argv = [f'--{k}={v}' for k, v in options.items()]
+  command = [sys.executable, '-m', 'vit_jax.embed', f'--checkpoint={classifier[0]}', f'--out={out}']
+  env = dict(os.environ, JAX_PLATFORMS='cpu', CUDA_VISIBLE_DEVICES='')
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.Popen([*command, *argv], cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 60
+    while not (out / 'ids-00002-of-00004.json').exists():
+      assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+      time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+  finally:
+    proc.kill()
+  assert sorted(os.listdir(out)) == sorted([*_names(range(3)), 'embed.json'])  # nothing partial
+  os.unlink(fifo)
+  write_image_folder(tmp_path / 'last', {'train': 1})
+  os.rename(tmp_path / 'last/train/a/000.jpg', os.path.join(root, 'zz.png'))
+  shard, redone = embed.embed_shard, []
+  monkeypatch.setattr(embed, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
+  assert embed.run(classifier[0], str(out), options) == 0
+  assert redone == [9]  # the three finished shards are kept
+  assert embed.run(classifier[0], str(whole), options) == 0
+  assert digest(out) == digest(whole)
 
 
 def test_two_processes_equal_one(classifier, reference, tmp_path):
