@@ -218,6 +218,8 @@ def test_export_json_says_how_to_feed_each_model(exported):
   }
   assert vit['preprocessing']['size'] == [SIZE, SIZE]
   assert vit['preprocessing']['value_range']['offset'] == 127.5
+  assert not vit['preprocessing']['round_to_uint8']  # the LiT towers' images: uint8 first
+  assert meta['siglip']['preprocessing']['round_to_uint8']
   assert meta['deit']['kind'] == 'DeiT (distilled)'
   siglip = meta['siglip']
   assert siglip['text']['tokenizer'] == {

@@ -27,11 +27,13 @@ import numpy as np
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import families
+from vit_jax.export.artifact import METADATA, Artifact, is_export_dir, load_artifact
+
+__all__ = ['Artifact', 'export_model', 'functions', 'is_export_dir', 'load_artifact']
 
 FORMATS = ('stablehlo', 'saved_model', 'onnx')
 DTYPES = ('float32', 'bfloat16')
 PLATFORMS = ('cpu', 'cuda', 'tpu')
-METADATA = 'export.json'
 SAVED_MODEL = 'saved_model'
 # ONNX needs jax2onnx, whose releases pin an orbax-checkpoint older than ours (docs/export.md).
 ONNX_UNAVAILABLE = (
@@ -166,14 +168,20 @@ def preprocessing(fitted: ckpt.Fitted) -> dict[str, Any]:
       'value_range': scale,
     }
   height, width = _sides(fitted.resolution)
+  # An image-text tower's images as the original LiT (and vit-zeroshot) feed them: the
+  # resized image cast to uint8 first.
+  lit = families.of_config(config).image_text
   return {
     'kind': 'resize',
     'text': (
       f'decode to RGB; resize to {height} x {width} (bilinear, half-pixel centres, no'
-      ' antialiasing, aspect ratio not kept); values (x - 127.5) / 127.5, so [-1, 1]; NHWC'
+      ' antialiasing, aspect ratio not kept); '
+      + ('cast to uint8 (truncating); ' if lit else '')
+      + 'values (x - 127.5) / 127.5, so [-1, 1]; NHWC'
     ),
     'size': [height, width],
     'method': 'bilinear',
+    'round_to_uint8': lit,
     'value_range': scale,
   }
 
