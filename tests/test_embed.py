@@ -132,6 +132,23 @@ def test_a_sigterm_from_outside_then_a_rerun_equals_one_run(classifier, tmp_path
   assert digest(out) == digest(whole)
 
 
+def test_an_exported_model_embeds_as_its_checkpoint(classifier, reference, tmp_path):
+  """vit-export's StableHLO (the model exported without its head: its features) read back by
+  `--checkpoint=EXPORT_DIR`, preprocessed as export.json says: the checkpoint's pre-logits."""
+  from vit_jax.export import export_model
+
+  headless = str(tmp_path / 'headless.npz')
+  checkpoint.save_npz({k: v for k, v in classifier[1].items() if k != 'head'}, headless)
+  export_model(headless, tmp_path / 'exported', formats=('stablehlo',), model='testing')
+  out = str(tmp_path / 'out')
+  assert embed.run(str(tmp_path / 'exported'), out, ONE) == 0
+  manifest, array, ids = embeddings.read(out)
+  expected = embeddings.read(reference)
+  np.testing.assert_allclose(array, expected[1], rtol=0, atol=1e-6)
+  assert ids == expected[2] and manifest['kind'] == 'features'
+  assert [s['count'] for s in manifest['shards']] == [100, 100, 100, 60]
+
+
 def test_two_processes_equal_one(classifier, reference, tmp_path):
   out = tmp_path / 'out'
   assert embed.run(classifier[0], str(out), dict(OPTIONS, process_index=1, process_count=2)) == 0
@@ -159,6 +176,7 @@ def test_unreadable_images_are_listed_and_the_others_embedded(classifier, tmp_pa
 
 
 def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, capsys):
+  """And an image-text model exported by vit-export embeds images and texts as its file."""
   from test_zeroshot import write_lit_file
 
   from vit_jax.cli import zeroshot as zeroshot_cli
@@ -189,3 +207,12 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   expected = zeroshot_eval.text_embedder(loaded.model)(loaded.params, tokens)
   assert ids == [1, 3]
   np.testing.assert_allclose(ztxt, expected, atol=1e-5)
+  # The model exported (StableHLO alone) embeds as the checkpoint: images and texts.
+  from vit_jax.export import export_model
+
+  export_model(lit, tmp_path / 'exported', formats=('stablehlo',))
+  exported = str(tmp_path / 'exported')
+  assert embed.run(exported, str(tmp_path / 'ximg'), ONE) == 0
+  assert embed.run(exported, str(tmp_path / 'xtxt'), {'texts': str(texts), 'process_count': 1}) == 0
+  np.testing.assert_allclose(embeddings.read(str(tmp_path / 'ximg'))[1], zimg, rtol=0, atol=1e-6)
+  np.testing.assert_allclose(embeddings.read(str(tmp_path / 'xtxt'))[1], ztxt, rtol=0, atol=1e-6)

@@ -8,7 +8,9 @@ The model is any checkpoint `vit-predict` or `vit-zeroshot` reads: a classifier 
 pre-logits features (as `vit-predict --features`, the same preprocessing and function), an
 image-text model (LiT, SigLIP) its normalised image embeddings (preprocessed as
 `vit-zeroshot` does), or with `--texts` (one text a line) or `--captions` (`IMAGE<TAB>CAPTION`
-lines: the captions) its normalised text embeddings.
+lines: the captions) its normalised text embeddings. A directory `vit-export` wrote (with
+export.json) is run from its StableHLO, preprocessed as export.json states
+(`vit_jax.export.load_artifact`).
 
 The inputs are numbered: a folder's image files (recursively, by sorted relative path), a
 split's examples by index, a file's non-empty lines. Shard i holds inputs
@@ -110,6 +112,45 @@ def image_text_embedder(checkpoint, vocab, max_patches, texts: bool, batch_size:
     how,
     lambda image: loaded.preprocess(image).numpy(),
     lambda batch: predict.run_padded(images, loaded.model, loaded.params, batch, batch_size),
+  )
+
+
+def _padded(fn: Callable[[np.ndarray], np.ndarray], batch_size: int):
+  """`fn` on batches padded to `batch_size` (one compiled shape), the padding cut off."""
+
+  def apply(batch):
+    n = len(batch)
+    pad = np.zeros((batch_size - n, *batch.shape[1:]), batch.dtype)
+    return fn(np.concatenate([batch, pad]) if n < batch_size else batch)[:n]
+
+  return apply
+
+
+def artifact_embedder(directory: str, texts: bool, batch_size: int) -> Embedder:
+  """What `vit-export` wrote, run from its StableHLO (no flax model): a classifier's outputs
+  (its logits, or its features where it was exported without a head), an image-text model's
+  image embeddings, or with `texts` its text embeddings; preprocessed as export.json states."""
+  from vit_jax.export import load_artifact
+
+  artifact = load_artifact(directory)
+  if texts:
+    tokenize = artifact.tokenizer
+    settings = artifact.meta['text']['tokenizer']
+    return Embedder(
+      artifact.model,
+      'text',
+      f'tokenizer {settings["name"]} ({settings["vocab"]}), max_len {settings["max_len"]}',
+      lambda text: np.asarray(tokenize([text]), np.int32)[0],
+      _padded(artifact.function('text'), batch_size),
+    )
+  name = 'image' if artifact.image_text else 'model'
+  kind = 'image' if artifact.image_text else artifact.output_name(name)
+  return Embedder(
+    artifact.model,
+    kind,
+    artifact.meta['preprocessing']['text'],
+    artifact.preprocess,
+    _padded(artifact.function(name), batch_size),
   )
 
 
@@ -293,7 +334,7 @@ def _inputs(o: dict[str, Any]) -> Inputs:
   return text_inputs(o['texts'] or o['captions'], captions=bool(o['captions']))
 
 
-def _usage(o: dict[str, Any], image_text: bool) -> str | None:
+def _usage(o: dict[str, Any], image_text: bool, exported: bool = False) -> str | None:
   """What is wrong with the flags, or None."""
   given = [k for k in ('folder', 'dataset', 'texts', 'captions') if o[k]]
   index, count = o['process_index'], o['process_count']
@@ -307,6 +348,8 @@ def _usage(o: dict[str, Any], image_text: bool) -> str | None:
     return f'--{given[0]}: texts need an image-text model (LiT, SigLIP); this one is a classifier'
   if not image_text and (o['vocab'] or o['max_patches']):
     return '--vocab and --max_patches are for an image-text model'
+  if exported and (o['vocab'] or o['max_patches'] or o['model'] or o['resolution']):
+    return 'an exported model (export.json) takes no --model, --resolution, --vocab, --max_patches'
   return None
 
 
@@ -314,6 +357,7 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
   """The command line's work; the exit status: 0 (also with unreadable images, which the
   manifest lists), 1 for an error, 2 for a usage error; one line on stderr for each."""
   from vit_jax import checkpoint as ckpt
+  from vit_jax import export
 
   o = {'folder': '', 'dataset': '', 'split': 'test', 'texts': '', 'captions': ''}
   o |= {'model': None, 'resolution': None, 'vocab': None, 'max_patches': 0, 'wait_s': 3600.0}
@@ -327,13 +371,19 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
       o['process_index'] if o['process_index'] is not None else jax.process_index()
     )
   try:
-    image_text = ckpt.holds_image_text(checkpoint)
-    usage = _usage(o, image_text)
+    exported = export.is_export_dir(checkpoint)
+    if exported:
+      image_text = export.load_artifact(checkpoint).image_text
+    else:
+      image_text = ckpt.holds_image_text(checkpoint)
+    usage = _usage(o, image_text, exported)
     if usage:
       print(f'error: {usage}', file=sys.stderr)
       return 2
     texts = bool(o['texts'] or o['captions'])
-    if image_text:
+    if exported:
+      embedder = artifact_embedder(checkpoint, texts, o['batch_size'])
+    elif image_text:
       embedder = image_text_embedder(
         checkpoint, o['vocab'], o['max_patches'], texts, o['batch_size']
       )
