@@ -394,6 +394,60 @@ def _dataset_retrieval(loaded: Loaded, source, dataset: str, o: dict[str, Any], 
   return _print_recalls(info, recalls, o['json'])
 
 
+# `run`'s options where the caller gives none (the flags' defaults, but for templates).
+OPTIONS = {
+  'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32,
+  'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': '',
+  'max_texts': None, 'max_patches': 0, 'progress': False, 'embeddings': '',
+}  # fmt: skip
+
+
+def _usage(images, classes: str, dataset: str, o: dict[str, Any]) -> str | None:
+  """What is wrong with what the command is asked to classify, or None."""
+  if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
+    return 'give one of: image files (with --classes), --dataset, --captions'
+  if images and not classes:
+    return 'no class names for the images: give --classes=a,b,c (or a file of names)'
+  if o['embeddings'] and (not dataset or o['limit']):
+    return '--embeddings (of vit-embed) go with --dataset, without --limit'
+  return None
+
+
+def _classes_and_templates(
+  loaded: Loaded, source, dataset: str, classes: str, templates: str | None, o: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+  """(class names, filled templates): `--classes` or the dataset's names, canonicalised as the
+  checkpoint was evaluated unless told; a warning where two classes tokenize alike."""
+  from vit_jax.evals import prompts
+
+  names = read_classes(classes) if classes else source.class_names() if source else []
+  if not names:
+    raise ValueError(f'{dataset} names no classes: give them with --classes=a,b,c (or a file)')
+  if source and len(names) != source.num_classes:
+    raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
+  used = loaded.uses
+  canonical = used.canonicalize if o['canonicalize'] is None else o['canonicalize']
+  names = prompts.class_names(dataset, names, canonical) if not classes else names
+  chosen = templates.split(';') if templates is not None else used.templates or ['clip_best']
+  filled = prompts.templates(chosen, canonical)
+  for a, b in tokenized_alike(loaded, names, filled)[:1]:
+    print(
+      f'warning: classes {a!r} and {b!r} tokenize alike with {loaded.vocab} (words it does '
+      'not know?): their probabilities are equal',
+      file=sys.stderr,
+    )
+  return names, filled
+
+
+def _split_accuracy(loaded: Loaded, zcls, source, dataset: str, o: dict[str, Any], say):
+  """(top-1 accuracy, count) over `o['split']`: of `o['embeddings']` where vit-embed stored
+  the split's image embeddings, else of the images embedded now."""
+  if o['embeddings']:
+    return stored_accuracy(o['embeddings'], zcls, source, dataset, o['split'])
+  say(f'Classifying split {o["split"]!r} of {dataset} ...')
+  return dataset_accuracy(loaded, zcls, source, o['split'], o['batch_size'], o['limit'])
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -402,32 +456,19 @@ def run(
   dataset: str = '',
   options: dict[str, Any] | None = None,
 ) -> int:
-  """The command line's work; returns the exit status: 2 for a usage error (what to classify
-  or with which names), 1 for any other error, one line on stderr. `options`: vocab, split,
-  limit, top_k, json, batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions,
-  embeddings (a `vit-embed` folder of the `dataset` split's image embeddings, used instead of
-  embedding the images),
-  max_texts (None: the dataset's protocol, `PROTOCOL_CAPTIONS`), max_patches (a NaFlex
-  tower's patches an image; 0: the model's), and
-  `progress`: say on stderr what it is doing before each slow part (the command does at a
-  terminal). `templates` and `canonicalize` None: the checkpoint's (`Loaded.uses`), else
-  'clip_best' and True."""
+  """The command line's work; returns the exit status: 2 for a usage error, 1 for any other
+  error, one line on stderr. `options`: the flags (vocab, split, limit, top_k, json,
+  batch_size, canonicalize, cache_dir, tfds_data_dir, out, captions, embeddings: a
+  `vit-embed` folder of the split's image embeddings, max_texts: None for the dataset's
+  protocol, max_patches) and `progress`: say on stderr what it is doing before each slow part
+  (at a terminal). `templates` and `canonicalize` None: the checkpoint's, else 'clip_best'
+  and True."""
   from vit_jax import data as data_lib
   from vit_jax.data import captions as captions_lib
-  from vit_jax.evals import prompts
 
-  o = {'vocab': None, 'split': 'test', 'limit': 0, 'top_k': 5, 'json': False, 'batch_size': 32}
-  o |= {'canonicalize': None, 'cache_dir': '', 'tfds_data_dir': None, 'out': '', 'captions': ''}
-  o |= {'max_texts': None, 'max_patches': 0, 'progress': False, 'embeddings': ''}
-  o |= options or {}
+  o = {**OPTIONS, **(options or {})}
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
-  usage = None
-  if [bool(images), bool(dataset), bool(o['captions'])].count(True) != 1:
-    usage = 'give one of: image files (with --classes), --dataset, --captions'
-  elif images and not classes:
-    usage = 'no class names for the images: give --classes=a,b,c (or a file of names)'
-  elif o['embeddings'] and (not dataset or o['limit']):
-    usage = '--embeddings (of vit-embed) go with --dataset, without --limit'
+  usage = _usage(images, classes, dataset, o)
   if usage:
     print(f'error: {usage}', file=sys.stderr)
     return 2
@@ -441,31 +482,11 @@ def run(
     source = data_lib.get_source(dataset, o['tfds_data_dir']) if dataset else None
     if source is not None and isinstance(source, captions_lib.CAPTIONED):
       return _dataset_retrieval(loaded, source, dataset, o, say)
-    names = read_classes(classes) if classes else source.class_names() if source else []
-    if not names:
-      raise ValueError(f'{dataset} names no classes: give them with --classes=a,b,c (or a file)')
-    if source and len(names) != source.num_classes:
-      raise ValueError(f'{len(names)} class names for a dataset of {source.num_classes} classes')
-    used = loaded.uses
-    canonical = used.canonicalize if o['canonicalize'] is None else o['canonicalize']
-    names = prompts.class_names(dataset, names, canonical) if not classes else names
-    chosen = templates.split(';') if templates is not None else used.templates or ['clip_best']
-    filled = prompts.templates(chosen, canonical)
-    for a, b in tokenized_alike(loaded, names, filled)[:1]:
-      print(
-        f'warning: classes {a!r} and {b!r} tokenize alike with {loaded.vocab} (words it does '
-        'not know?): their probabilities are equal',
-        file=sys.stderr,
-      )
+    names, filled = _classes_and_templates(loaded, source, dataset, classes, templates, o)
     say(f'Embedding {len(names)} classes x {len(filled)} templates (or reading the cache) ...')
     zcls, cached = class_embeddings(loaded, checkpoint, names, filled, o['cache_dir'])
-    if source and o['embeddings']:  # embedded before by vit-embed
-      accuracy, count = stored_accuracy(o['embeddings'], zcls, source, dataset, o['split'])
-    elif source:
-      say(f'Classifying split {o["split"]!r} of {dataset} ...')
-      accuracy, count = dataset_accuracy(
-        loaded, zcls, source, o['split'], o['batch_size'], o['limit']
-      )
+    if source:
+      accuracy, count = _split_accuracy(loaded, zcls, source, dataset, o, say)
   except (OSError, ValueError, KeyError) as e:
     print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
     return 1
