@@ -175,8 +175,10 @@ def test_unreadable_images_are_listed_and_the_others_embedded(classifier, tmp_pa
   assert '3 unreadable' in capsys.readouterr().err
 
 
-def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, capsys):
-  """And an image-text model exported by vit-export embeds images and texts as its file."""
+def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, capsys, monkeypatch):
+  """vit-zeroshot's accuracy (digits) and recalls (a captions folder) from vit-embed's stored
+  image embeddings are those it gives on the images; and an image-text model exported by
+  vit-export embeds images and texts as its file."""
   from test_zeroshot import write_lit_file
 
   from vit_jax.cli import zeroshot as zeroshot_cli
@@ -194,10 +196,37 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   options = {'json': True, 'cache_dir': '', 'batch_size': 50}
   capsys.readouterr()
   results = []
+  embedded_again = lambda *a: pytest.fail('images embedded again')
   for extra in ({}, {'embeddings': out}):
-    assert zeroshot_cli.run(lit, [], dataset='digits', options={**options, **extra}) == 0
+    with monkeypatch.context() as m:
+      if extra:
+        m.setattr(zeroshot_cli, '_embed_split', embedded_again)
+      assert zeroshot_cli.run(lit, [], dataset='digits', options={**options, **extra}) == 0
     results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
   assert results[0] == results[1] and results[0]['count'] == 360
+  # Retrieval over a captions folder's split from stored image embeddings: the same recalls.
+  from conftest import jpeg_bytes
+
+  from vit_jax.data import captions
+
+  pairs = tmp_path / 'pairs' / 'test'
+  pairs.mkdir(parents=True)
+  rng = np.random.default_rng(0)
+  for i in range(6):
+    (pairs / f'{i}.jpg').write_bytes(jpeg_bytes(rng, 12 + i, 10))
+  lines = [f'{i}.jpg\tthe digit {i}' for i in range(6)] + ['2.jpg\ta two']
+  (pairs / captions.CAPTIONS_FILE).write_text('\n'.join(lines) + '\n')
+  folder = str(tmp_path / 'pairs')
+  stored = {'dataset': folder, 'split': 'test', 'process_count': 1}
+  assert embed.run(lit, str(tmp_path / 'pairs_emb'), stored) == 0
+  assert zeroshot_cli.run(lit, [], dataset=folder, options=options) == 0
+  results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+  with monkeypatch.context() as m:  # no image embedded again
+    m.setattr(zeroshot_cli, '_embed_split', embedded_again)
+    stored = {**options, 'embeddings': str(tmp_path / 'pairs_emb')}
+    assert zeroshot_cli.run(lit, [], dataset=folder, options=stored) == 0
+  results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+  assert results[2] == results[3] and results[2]['num_texts'] == 7
   # Texts: the tower's normalised embeddings of each line, ids the line numbers.
   texts = tmp_path / 'texts.txt'
   texts.write_text('a photo of a cat\n\nthe dog\n')

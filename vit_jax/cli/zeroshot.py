@@ -17,7 +17,8 @@ that split (`vit_jax.data.embeddings`), labels read from the dataset by index. T
 image-to-text and text-to-image recall@1/5/10 (`vit_jax.evals.retrieval`, big_vision's metric
 names) over `IMAGE<TAB>CAPTION` lines (an image may have several). A `--dataset` with captions
 (`coco_captions`, a captions folder) is retrieval too: COCO's protocol by default, the 5,000
-images of Karpathy's test split and the first 5 captions of each (`--max_texts`).
+images of Karpathy's test split and the first 5 captions of each (`--max_texts`); with
+`--embeddings=OUT` its image embeddings are vit-embed's too.
 
 The tokenizer's vocabulary is read beside the checkpoint by the released naming (`NAME.txt`
 for a BERT tower, `NAME.model` for a sentencepiece one), a training run's from its
@@ -240,23 +241,22 @@ def dataset_accuracy(loaded: Loaded, zcls, source, split: str, batch_size: int, 
   return zeroshot.accuracy(zimg, labels, zcls), len(labels)
 
 
-def split_labels(source, split: str) -> np.ndarray:
-  """The label of each example of `split`, by index."""
+def split_field(source, split: str, field: str) -> np.ndarray:
+  """The `field` ('label', 'texts') of each example of `split`, by index; no image decoded."""
   import tensorflow as tf
 
   @tf.autograph.experimental.do_not_convert
-  def label(raw):
-    return source.example(raw)['label']
+  def value(raw):
+    return source.example(raw)[field]
 
-  batches = source.records(split).map(label).batch(4096).as_numpy_iterator()
-  return np.concatenate([np.zeros((0,), np.int64), *batches])
+  batches = list(source.records(split).map(value).batch(4096).as_numpy_iterator())
+  return np.concatenate(batches) if batches else np.zeros((0,), np.int64)
 
 
-def stored_accuracy(out: str, zcls, source, dataset: str, split: str) -> tuple[float, int]:
-  """Top-1 accuracy over the image embeddings `vit-embed` wrote of `split` into `out` (the
-  labels read from the dataset by index): (accuracy, count)."""
+def stored_images(out: str, dataset: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """The image embeddings `vit-embed` wrote of `split` of `dataset` into `out`, checked to
+  be those: (zimg (N, D), their example indices)."""
   from vit_jax.data import embeddings
-  from vit_jax.evals import zeroshot
 
   manifest, zimg, ids = embeddings.read(out)
   if manifest['kind'] != 'image' or manifest['input'] != {'dataset': dataset, 'split': split}:
@@ -264,9 +264,26 @@ def stored_accuracy(out: str, zcls, source, dataset: str, split: str) -> tuple[f
       f'--embeddings {out}: {manifest["kind"]} embeddings of {manifest["input"]}, not the '
       f'image embeddings of split {split!r} of {dataset}'
     )
-  if zimg.shape[1] != zcls.shape[1]:
-    raise ValueError(f'--embeddings {out}: {zimg.shape[1]} wide, the text tower {zcls.shape[1]}')
-  labels = split_labels(source, split)[np.asarray(ids, np.int64)]
+  return zimg, np.asarray(ids, np.int64)
+
+
+def _check_width(zimg: np.ndarray, ztxt: np.ndarray) -> None:
+  """Image embeddings (stored by vit-embed) as wide as this model's text embeddings."""
+  if zimg.shape[1] != ztxt.shape[1]:
+    raise ValueError(
+      f"image embeddings {zimg.shape[1]} wide, the text tower's {ztxt.shape[1]}: not this "
+      "model's (--embeddings of another checkpoint?)"
+    )
+
+
+def stored_accuracy(out: str, zcls, source, dataset: str, split: str) -> tuple[float, int]:
+  """Top-1 accuracy over the image embeddings `vit-embed` wrote of `split` into `out` (the
+  labels read from the dataset by index): (accuracy, count)."""
+  from vit_jax.evals import zeroshot
+
+  zimg, ids = stored_images(out, dataset, split)
+  _check_width(zimg, zcls)
+  labels = split_field(source, split, 'label')[ids]
   return zeroshot.accuracy(zimg, labels, zcls), len(ids)
 
 
@@ -301,6 +318,7 @@ def _recalls(loaded: Loaded, zimg: np.ndarray, captions: list[str], owners) -> d
   tokens = np.asarray(loaded.tokenizer(captions), np.int32)
   embed = zeroshot.text_embedder(loaded.model)
   ztxt = zeroshot.embed_tokens(embed, loaded.params, tokens, min(256, len(tokens)))
+  _check_width(zimg, ztxt)
   return retrieval.recalls(zimg, ztxt, owners)
 
 
@@ -324,13 +342,20 @@ PROTOCOL_CAPTIONS = {'coco_captions': 5}
 
 
 def dataset_recalls(
-  loaded: Loaded, source, split: str, batch_size: int, limit: int, max_texts: int
-) -> tuple[dict[str, float], int, int]:
+  loaded: Loaded, source, split: str, batch_size: int, limit: int, max_texts: int,
+  stored: tuple[str, str] | None = None,
+) -> tuple[dict[str, float], int, int]:  # fmt: skip
   """Recall@1/5/10 over a captions dataset's split (its first `limit` images if set, each
-  image's first `max_texts` captions; 0: all): (recalls, images, captions)."""
+  image's first `max_texts` captions; 0: all): (recalls, images, captions). `stored`:
+  (a vit-embed folder of the split's image embeddings, the dataset's name), used instead of
+  embedding the images."""
   from vit_jax.evals import retrieval
 
-  zimg, joined = _embed_split(loaded, source, split, batch_size, limit, 'texts')
+  if stored is None:
+    zimg, joined = _embed_split(loaded, source, split, batch_size, limit, 'texts')
+  else:
+    zimg, ids = stored_images(stored[0], stored[1], split)
+    joined = split_field(source, split, 'texts')[ids]
   captions, owners = retrieval.image_captions([t.decode() for t in joined], max_texts)
   return _recalls(loaded, zimg, captions, owners), len(joined), len(captions)
 
@@ -380,12 +405,14 @@ def _print_recalls(info: dict[str, Any], recalls: dict[str, float], as_json: boo
 
 
 def _dataset_retrieval(loaded: Loaded, source, dataset: str, o: dict[str, Any], say) -> int:
-  """Retrieval over a captions dataset's split, printed; COCO's protocol by default."""
+  """Retrieval over a captions dataset's split, printed; COCO's protocol by default; the
+  image embeddings `vit-embed` stored where `--embeddings` names them."""
   max_texts = o['max_texts']
   max_texts = PROTOCOL_CAPTIONS.get(dataset, 0) if max_texts is None else max_texts
-  say(f'Embedding the images and captions of split {o["split"]!r} of {dataset} ...')
+  say(f'Embedding the captions (and images) of split {o["split"]!r} of {dataset} ...')
+  stored = (o['embeddings'], dataset) if o['embeddings'] else None
   recalls, images, texts = dataset_recalls(
-    loaded, source, o['split'], o['batch_size'], o['limit'], max_texts
+    loaded, source, o['split'], o['batch_size'], o['limit'], max_texts, stored
   )
   info = {'model': loaded.name, 'dataset': dataset, 'split': o['split']}
   info |= {'num_images': images, 'num_texts': texts}
