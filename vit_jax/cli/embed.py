@@ -116,14 +116,11 @@ def image_text_embedder(checkpoint, vocab, max_patches, texts: bool, batch_size:
 
 
 def _padded(fn: Callable[[np.ndarray], np.ndarray], batch_size: int):
-  """`fn` on batches padded to `batch_size` (one compiled shape), the padding cut off."""
+  """`fn` on batches padded to `batch_size` (one compiled shape), the padding cut off: as
+  `predict.run_padded` pads a model's batches."""
+  from vit_jax.cli import predict
 
-  def apply(batch):
-    n = len(batch)
-    pad = np.zeros((batch_size - n, *batch.shape[1:]), batch.dtype)
-    return fn(np.concatenate([batch, pad]) if n < batch_size else batch)[:n]
-
-  return apply
+  return lambda batch: predict.run_padded(lambda _, __, x: fn(x), None, None, batch, batch_size)
 
 
 def artifact_embedder(directory: str, texts: bool, batch_size: int) -> Embedder:
