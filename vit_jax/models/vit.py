@@ -112,18 +112,22 @@ class Encoder1DBlock(precision.Precision):
     deterministic: bool,
     drop_path_rate: jnp.ndarray | None = None,
     mask: jnp.ndarray | None = None,
+    queries: int | None = None,
   ) -> jnp.ndarray:
     # `drop_path_rate` as an argument: the rate of this layer inside `nn.scan` (traced).
     # `mask` (batch, tokens): False for padding tokens, which no token attends to.
+    # `queries`: only the first this many tokens come out, attending over all of them.
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
     y = self.norm('LayerNorm_0')(x)
+    kv = None if queries is None else y
+    x, y = (x, y) if queries is None else (x[:, :queries], y[:, :queries])
     y = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       dropout_rate=self.attention_dropout_rate,
       attention_impl=self.attention_impl,
       **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
-    )(y, deterministic, mask=mask)
+    )(y, deterministic, kv=kv, mask=mask)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + _drop_path(y, rate, deterministic)
     y = self.norm('LayerNorm_1')(x)
@@ -165,6 +169,11 @@ class Encoder(precision.Precision):
   Returns `(encoded, {i: output of block i})` for the blocks `capture` names (see
   `block_indices`; their raw outputs, before the final LayerNorm). Unrolled blocks stop after
   the last one captured, and `encoded` is then None unless it is the last block.
+
+  `output_tokens=n` (unrolled, not training, the last block not captured): `encoded` holds
+  only the first n tokens. The last block then computes queries, MLP and norm for those
+  alone, its keys and values for all: the same numbers for a class-token readout, ~7% fewer
+  FLOPs of ViT-B/16's inference.
   """
 
   num_layers: int
@@ -190,6 +199,7 @@ class Encoder(precision.Precision):
     grid: tuple[int, int] | None = None,
     capture: Sequence[int] | None = None,
     mask: jnp.ndarray | None = None,
+    output_tokens: int | None = None,
   ) -> tuple[jnp.ndarray | None, dict[int, jnp.ndarray]]:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
@@ -201,15 +211,23 @@ class Encoder(precision.Precision):
       )(x, grid)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     capture = () if capture is None else block_indices(capture, self.num_layers)
-    x, captured = self._blocks(x, train, capture, mask)
+    prunable = not (train or self.scan_layers or self.num_layers - 1 in capture)
+    queries = output_tokens if prunable else None
+    x, captured = self._blocks(x, train, capture, mask, queries)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
     return self.norm('encoder_norm')(x), captured
 
   def _blocks(
-    self, x: jnp.ndarray, train: bool, capture: tuple[int, ...], mask: jnp.ndarray | None
+    self,
+    x: jnp.ndarray,
+    train: bool,
+    capture: tuple[int, ...],
+    mask: jnp.ndarray | None,
+    queries: int | None,
   ) -> tuple[jnp.ndarray, dict[int, jnp.ndarray]]:
-    """The encoder blocks (all of them, or up to the last captured), and the captured outputs."""
+    """The encoder blocks (all of them, or up to the last captured), and the captured outputs;
+    the last block's output only `queries` tokens long where that is not None."""
     block_args = {
       'mlp_dim': self.mlp_dim,
       'num_heads': self.num_heads,
@@ -238,12 +256,12 @@ class Encoder(precision.Precision):
       return x, {i: outputs[i] for i in capture}
     block = Encoder1DBlock
     if self.remat_policy != 'none':
-      # Argument 2 (counting self) is `deterministic`, a Python bool.
-      block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2,))
+      # Arguments 2 and 5 (counting self): `deterministic` and `queries`, Python values.
+      block = nn.remat(Encoder1DBlock, policy=policy, static_argnums=(2, 5))
     captured = {}
     for i in range(max(capture, default=self.num_layers - 1) + 1):
       x = block(**block_args, drop_path_rate=rates[i], name=f'encoderblock_{i}')(
-        x, not train, None, mask
+        x, not train, None, mask, queries if i == self.num_layers - 1 else None
       )
       if i in capture:
         captured[i] = x
@@ -401,6 +419,13 @@ class VisionTransformer(precision.Precision):
     tokens = [jnp.tile(t.astype(x.dtype), (n, 1, 1)) for t in tokens]
     return jnp.concatenate([*tokens, x], axis=1)
 
+  def _read_tokens(self) -> int | None:
+    """How many leading tokens the output reads (the class and distillation tokens), or None:
+    every token (pooling over all, returned tokens, attention maps being recorded)."""
+    if self.classifier != 'token' or self.is_mutable_collection('intermediates'):
+      return None
+    return 2 if self.distilled else 1
+
   def _pool(self, x: jnp.ndarray) -> jnp.ndarray:
     """The encoder's tokens -> the head's input, per `classifier` ('unpooled': unchanged)."""
     if self.classifier == 'token':
@@ -502,7 +527,13 @@ class VisionTransformer(precision.Precision):
       gelu_approximate=self.gelu_approximate,
       **self.precision_fields(),
       name='Transformer',
-    )(x, train=train, grid=(h, w), capture=intermediate_blocks)
+    )(
+      x,
+      train=train,
+      grid=(h, w),
+      capture=intermediate_blocks,
+      output_tokens=self._read_tokens(),
+    )
     if intermediate_blocks is None:
       return self._output(encoded, both_heads)
     features = _feature_dict(embedding, encoded, blocks)
