@@ -169,3 +169,24 @@ def test_bfloat16_activations_keep_fewer_bytes_for_the_backward_pass():
   activations = _model('ViT', dtype=jnp.bfloat16, precision_policy='activations')
   ratio = _residual_bytes(activations, params) / _residual_bytes(matmul, params)
   assert 0.3 < ratio < 0.8, ratio
+
+
+@pytest.mark.parametrize('kind', ['ViT', 'Mixer'])
+def test_kernels_cast_once_give_the_same_outputs_bit_for_bit(kind):
+  """`cast_matmul_params` stores in bfloat16 exactly the leaves the bfloat16 model casts at
+  every call (every Dense kernel; not the patch embedding, biases or norms), and the outputs
+  are those of the float32 parameters bit for bit."""
+  name, overrides = MODELS[kind]
+  model = get_model(name, num_classes=10, dtype=jnp.bfloat16, **overrides)
+  params = jax.jit(lambda: model.init(jax.random.key(0), IMAGES, train=False))()
+  params = jax.tree.map(lambda x: x + np.random.default_rng(2).normal(size=x.shape) / 8, params)
+  apply = jax.jit(lambda p, x: model.apply(p, x, train=False))
+  cast = precision.cast_matmul_params(apply, params, IMAGES)
+  paths = {
+    jax.tree_util.keystr(path, simple=True, separator='/'): leaf.dtype
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cast)
+  }
+  stems = ('params/embedding/', 'params/stem/')  # the patch embeddings stay float32
+  dense = {p for p in paths if p.endswith('kernel') and not p.startswith(stems)}
+  assert dense and {p for p, dtype in paths.items() if dtype == jnp.bfloat16} == dense
+  np.testing.assert_array_equal(apply(cast, IMAGES), apply(params, IMAGES))

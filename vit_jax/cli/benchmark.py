@@ -307,9 +307,13 @@ def init_params(
   return params
 
 
+def _applied(model: Any) -> Callable:
+  return lambda p, x: model.apply({'params': p}, x, train=False)
+
+
 def _inference(model: Any, params: Any, images: jax.Array) -> tuple[Callable, float, float, Any]:
   """(compiled apply, compile seconds, flops per image, `_compiled_facts`)."""
-  f = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  f = jax.jit(_applied(model))
   start = time.perf_counter()
   lowered = f.lower(params, images)
   compiled = lowered.compile()
@@ -633,11 +637,14 @@ def _initial_params(job: _Job, resolution: int, seed: int) -> Any:
 
 
 def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any, state: dict):
-  """(one timed program of `variant` in `mode`, its compiled inference or None); training
-  programs share `state`."""
+  """(one timed program of `variant` in `mode`, (its compiled inference, the parameters it
+  takes) or None); training programs share `state`."""
   net = _model(job.config, job.num_classes, variant)
   run = compiled = None
   if mode == 'inference':
+    # As every inference path: the kernels a 16-bit model casts anyway are cast once.
+    cast = lambda p: precision.cast_matmul_params(_applied(net), p, job.images)
+    params_v = jax.eval_shape(cast, params_v) if job.compile_only else cast(params_v)
     compiled, compile_s, flops, facts = _inference(net, params_v, job.images)
     run = lambda c=compiled, p=params_v: c(p, job.images)
   elif job.compile_only:
@@ -659,7 +666,7 @@ def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any,
     flops = float('nan')  # XLA counts the scanned body once
   job.log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
   timed = _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, facts)
-  return timed, compiled
+  return timed, None if compiled is None else (compiled, params_v)
 
 
 def _programs(job: _Job, params: Any) -> tuple[list[_Timed], dict]:
@@ -673,10 +680,10 @@ def _programs(job: _Job, params: Any) -> tuple[list[_Timed], dict]:
       params_by_layout['scan'] = stack(blocks.stack_encoder_blocks, params)
     params_v = params_by_layout[variant.layers]
     for mode in job.modes(variant):
-      p, compiled = _program(job, variant, mode, params_v, params, train_state[variant.layers])
+      p, inference = _program(job, variant, mode, params_v, params, train_state[variant.layers])
       programs.append(p)
-      if compiled is not None:
-        compiled_inference[variant] = (compiled, params_v)
+      if inference is not None:
+        compiled_inference[variant] = inference
   return programs, compiled_inference
 
 

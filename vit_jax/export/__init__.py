@@ -28,6 +28,7 @@ import numpy as np
 from vit_jax import checkpoint as ckpt
 from vit_jax import families
 from vit_jax.export.artifact import METADATA, Artifact, is_export_dir, load_artifact
+from vit_jax.models import precision
 
 __all__ = ['Artifact', 'export_model', 'functions', 'is_export_dir', 'load_artifact']
 
@@ -87,6 +88,10 @@ def _as_float32(fn: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], j
   return lambda x: fn(x).astype(jnp.float32)
 
 
+def _arrays(fitted: ckpt.Fitted) -> Any:
+  return jax.tree.map(jnp.asarray, fitted.params)
+
+
 def _sides(resolution: Any) -> tuple[int, int]:
   return (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
 
@@ -95,10 +100,12 @@ def _classifier(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
   """A ViT, DeiT or Mixer: NHWC images in [-1, 1] -> logits (a DeiT's: the mean of its two
   heads), or the pre-logits features where it has no head."""
   model = fitted.model(dtype=jnp.dtype(dtype))
-  params = jax.tree.map(jnp.asarray, fitted.params)
-  apply = lambda x: model.apply({'params': params}, x, train=False)
-  output = 'logits' if fitted.config.get('num_classes') else 'features'
   height, width = _sides(fitted.resolution)
+  forward = lambda p, x: model.apply({'params': p}, x, train=False)
+  example = jax.ShapeDtypeStruct((1, height, width, 3), jnp.float32)
+  params = precision.cast_matmul_params(forward, _arrays(fitted), example)
+  apply = lambda x: forward(params, x)
+  output = 'logits' if fitted.config.get('num_classes') else 'features'
   shape = ('b', height, width, 3)
   return [Function('model', _as_float32(apply), shape, 'float32', 'images', output)]
 
@@ -108,10 +115,7 @@ def _image_text(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
   -> L2-normalised embeddings."""
   tower = {'dtype': jnp.dtype(dtype)}
   model = fitted.model(image=tower, text=tower)
-  params = jax.tree.map(jnp.asarray, fitted.params)
   config = fitted.config
-  image = lambda x: model.apply({'params': params}, images=x)[0]
-  text = lambda x: model.apply({'params': params}, tokens=x)[1]
   patch = families.of_config(config).sequence_patch(config)
   if patch is None:
     height, width = _sides(fitted.resolution)
@@ -119,6 +123,14 @@ def _image_text(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
   else:  # each slot: the patch's p * p * 3 values, its ptype, yidx, xidx
     image_shape, image_input = ('b', 'n', patch * patch * 3 + 3), 'patches'
   tokens = ('b', int(config.pp.max_len))
+  examples = (
+    jax.ShapeDtypeStruct((1, *[2 if d == 'n' else d for d in image_shape[1:]]), jnp.float32),
+    jax.ShapeDtypeStruct((1, tokens[1]), jnp.int32),
+  )
+  both = lambda p, x, t: model.apply({'params': p}, images=x, tokens=t)
+  params = precision.cast_matmul_params(both, _arrays(fitted), *examples)
+  image = lambda x: model.apply({'params': params}, images=x)[0]
+  text = lambda x: model.apply({'params': params}, tokens=x)[1]
   return [
     Function('image', _as_float32(image), image_shape, 'float32', image_input, 'embeddings'),
     Function('text', _as_float32(text), tokens, 'int32', 'tokens', 'embeddings'),
