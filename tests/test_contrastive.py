@@ -1,6 +1,7 @@
 """The contrastive losses (softmax, sigmoid) against a numpy computation written out pair by
 pair, every device's embeddings as negatives, and the shard_map form against the jit form
-(losses, metrics, gradients) on 8 devices, on 1 device, and under a permutation of the batch."""
+(losses, metrics, gradients) on 8 devices, on 1 device, and under a permutation of the batch;
+the chunked sigmoid loss against the gathered one (losses, metrics, gradients)."""
 
 import functools
 
@@ -218,24 +219,26 @@ def _tower_params(seed: int = 0) -> dict:
   }
 
 
-def _tower_loss(name, axis=None):
+def _tower_loss(name, axis=None, logits='gathered'):
   def loss_fn(params, images, texts):
     zimg = images @ params['img']
     ztxt = texts @ params['txt']
     zimg = zimg / jnp.linalg.norm(zimg, axis=-1, keepdims=True)
     ztxt = ztxt / jnp.linalg.norm(ztxt, axis=-1, keepdims=True)
     b = params['b'] if name == 'sigmoid' else None
-    return contrastive_losses.loss(name, zimg, ztxt, params['t'], b, axis=axis)[0]
+    return contrastive_losses.loss(name, zimg, ztxt, params['t'], b, axis=axis, logits=logits)[0]
 
   return loss_fn
 
 
-@pytest.mark.parametrize('name', NAMES)
-def test_step_gradient_inside_shard_map_equals_jit(name):
+@pytest.mark.parametrize(
+  'name, logits', [('softmax', 'gathered'), ('sigmoid', 'gathered'), ('sigmoid', 'chunked')]
+)
+def test_step_gradient_inside_shard_map_equals_jit(name, logits):
   """The trainer's use: the towers applied to this device's rows, then the loss, then the
   gradient w.r.t. the replicated parameters inside shard_map. As they arrive (invariant)
   it is the jit step's gradient with no reduction after; cast to device-varying, their
-  psum is (and a pmean is 1/8 of it)."""
+  psum is (and a pmean is 1/8 of it). The chunked loss's against the gathered jit step's."""
   mesh = parallel.create_mesh()
   axis = parallel.DATA_AXIS
   rows = parallel.batch_sharding(mesh)
@@ -244,7 +247,7 @@ def test_step_gradient_inside_shard_map_equals_jit(name):
   texts = jax.device_put(rng.standard_normal((BATCH, 7), np.float32), rows)
   params = jax.device_put(_tower_params(), parallel.replicated(mesh))
   want_loss, want = jax.jit(jax.value_and_grad(_tower_loss(name)))(params, images, texts)
-  local = jax.value_and_grad(_tower_loss(name, axis))
+  local = jax.value_and_grad(_tower_loss(name, axis, logits))
 
   def step(params, images, texts):
     loss, invariant = local(params, images, texts)
@@ -264,12 +267,70 @@ def test_step_gradient_inside_shard_map_equals_jit(name):
   assert np.abs(want['txt']).max() > 1e-2 and np.abs(want['t']).max() > 1e-3
 
 
+# Tiles of 2 texts (the largest divisor of a block up to 3): 4 tiles of each device's
+# visiting block under shard_map, 32 of the global batch under jit.
+CHUNK = 3
+
+
+@functools.cache
+def _chunked(kind, devices=8):
+  """(loss, metrics) and the gradient w.r.t. (zimg, ztxt, t, b) of the chunked sigmoid loss
+  under `kind` ('jit' or 'shard_map') on the first `devices` devices, in one program."""
+  mesh = parallel.create_mesh(jax.devices()[:devices])
+  axis = parallel.DATA_AXIS if kind == 'shard_map' else None
+  fn = functools.partial(contrastive_losses.chunked_sigmoid_loss, axis=axis, chunk=CHUNK)
+  if kind == 'shard_map':
+    fn = jax.shard_map(fn, mesh=mesh, in_specs=(P(axis), P(axis), P(), P()), out_specs=P())
+  return mesh, jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2, 3), has_aux=True))
+
+
+@pytest.mark.parametrize('kind, devices', [('jit', 8), ('shard_map', 8), ('shard_map', 1)])
+def test_chunked_sigmoid_equals_gathered(kind, devices):
+  """Loss, metrics and the gradient w.r.t. the embeddings, t and b, to 1e-6 (relative for
+  those above one: t's gradient is near 35), against the gathered jit form on 8 devices,
+  whose numbers the tests above pin."""
+  mesh, chunked = _chunked(kind, devices)
+  got, got_grads = chunked(*_on_mesh(mesh, *_pairs(), 'sigmoid'))
+  eight = parallel.create_mesh()
+  args = _on_mesh(eight, *_pairs(), 'sigmoid')
+  _assert_same(got, _jit('sigmoid')(*args), 1e-6)
+  want_grads = _grads(_jit('sigmoid'))(*args)
+  for name, g, w in zip(('zimg', 'ztxt', 't', 'b'), got_grads, want_grads, strict=True):
+    np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6, err_msg=name)
+  assert np.abs(want_grads[0]).max() > 1e-3 and abs(float(want_grads[3])) > 1.0
+
+
 def test_loss_names():
   z = jnp.asarray(_pairs()[0])
   with pytest.raises(ValueError, match="Unknown contrastive loss 'clip'"):
     contrastive_losses.loss('clip', z, z, 0.0)
   with pytest.raises(ValueError, match='takes no bias b'):
     contrastive_losses.loss('softmax', z, z, 0.0, -10.0)
+  with pytest.raises(ValueError, match="the softmax loss is 'gathered' only"):
+    contrastive_losses.loss('softmax', z, z, 0.0, logits='chunked')
+  with pytest.raises(ValueError, match="Unknown contrastive logits 'tiled'"):
+    contrastive_losses.loss('sigmoid', z, z, 0.0, logits='tiled')
   # A model without a bias under the sigmoid loss: b = 0.
   without = jax.jit(lambda z: contrastive_losses.loss('sigmoid', z, z, 1.0))(z)
   _assert_same(without, jax.jit(lambda z: contrastive_losses.sigmoid_loss(z, z, 1.0, 0.0))(z), 0)
+
+
+def test_a_chunked_softmax_is_a_one_line_config_error():
+  """`config.contrastive.logits='chunked'` passes the config check with the sigmoid loss;
+  with the softmax loss (gathered only), and a name that is no form, it is one line."""
+  from configs import lit_digits
+  from vit_jax.train import spec as spec_lib
+
+  def check(variant, logits):
+    config = lit_digits.get_config(variant)
+    config.contrastive.logits = logits
+    spec_lib.check(spec_lib.from_config(config))
+
+  check('sigmoid', 'chunked')
+  for variant, logits, match in (
+    ('softmax', 'chunked', "^config.contrastive: logits='chunked' .* 'gathered' only"),
+    ('sigmoid', 'tiled', r"^config.contrastive.logits='tiled'; expected one of"),
+  ):
+    with pytest.raises(ValueError, match=match) as stop:
+      check(variant, logits)
+    assert '\n' not in str(stop.value)

@@ -2,6 +2,7 @@
 2 processes x 4 devices == 1 x 8, jit == shard_map == a numpy loss on 8 devices, captions
 data, the configs on mock data."""
 
+import copy
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ from vit_jax import data as data_lib
 from vit_jax.checkpoint import save_npz
 from vit_jax.data import captions, digits_text
 from vit_jax.models import get_config, model_from_config
+from vit_jax.tasks import contrastive_losses
 from vit_jax.train import loop as loop_lib
 from vit_jax.train import setup, steps
 from vit_jax.train import state as state_lib
@@ -221,9 +223,14 @@ def _first_step(config, devices):
 
 
 @pytest.mark.parametrize('variant', ['softmax', 'sigmoid'])
-def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_file):
+def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_file, monkeypatch):
   """The step's loss is the numpy loss of embeddings computed here (every device's pairs
-  the negatives), under jit and shard_map alike (1e-6), and so are their updates."""
+  the negatives), under jit and shard_map alike (1e-6), and so are their updates; for the
+  sigmoid loss also the shard_map step with `config.contrastive.logits='chunked'`, which
+  then calls the chunked loss (its jit form: tests/test_contrastive.py)."""
+  chunked, axes = contrastive_losses.chunked_sigmoid_loss, set()
+  spy = lambda *args, axis: axes.add(axis) or chunked(*args, axis=axis)
+  monkeypatch.setattr(contrastive_losses, 'chunked_sigmoid_loss', spy)
   config = tiny_digits(image_file, variant)
   state, batch, s, tx, lay = _first_step(config, jax.devices())
   params = jax.device_get(state['params'])
@@ -232,17 +239,23 @@ def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_
   zimg, ztxt, _ = embed(params, np.asarray(batch['image']), np.asarray(batch['text']))
   b = float(params['b'][0]) if 'b' in params else 0.0
   expected = _numpy_loss(variant, np.asarray(zimg), np.asarray(ztxt), float(params['t'][0]), b)
+  runs = [('jit', 'gathered'), ('shard_map', 'gathered')]
+  runs += [('shard_map', 'chunked')] if variant == 'sigmoid' else []
   results = {}
-  for kind in ('jit', 'shard_map'):
-    spec = dataclasses.replace(s.spec, step=dataclasses.replace(s.spec.step, step=kind))
-    _, schedule = optim.for_training(spec.optim, s.total_steps)
-    fn = steps.train_step_for(spec, s.task, tx, schedule, s.mesh, lay.shardings)
-    fresh = jax.tree.map(jnp.copy, state)
-    new_state, metrics = fn(fresh, batch)
-    results[kind] = (float(metrics['loss']), _flat(new_state['params']))
-  np.testing.assert_allclose(results['jit'][0], expected, rtol=1e-6, atol=1e-6)
-  np.testing.assert_allclose(results['shard_map'][0], expected, rtol=1e-6, atol=1e-6)
-  assert_trees_close(results['jit'][1], results['shard_map'][1], atol=1e-6)
+  for kind, logits in runs:
+    c = dataclasses.replace(s.spec.step.contrastive, logits=logits)
+    task = copy.copy(s.task)  # its spec: the step's and the logits' form
+    task.spec = dataclasses.replace(
+      s.spec, step=dataclasses.replace(s.spec.step, step=kind, contrastive=c)
+    )
+    _, schedule = optim.for_training(task.spec.optim, s.total_steps)
+    fn = steps.train_step_for(task.spec, task, tx, schedule, s.mesh, lay.shardings)
+    new_state, metrics = fn(jax.tree.map(jnp.copy, state), batch)
+    results[kind, logits] = (float(metrics['loss']), _flat(new_state['params']))
+  for loss, params in results.values():
+    np.testing.assert_allclose(loss, expected, rtol=1e-6, atol=1e-6)
+    assert_trees_close(params, results['jit', 'gathered'][1], atol=1e-6)
+  assert axes == ({parallel.DATA_AXIS} if variant == 'sigmoid' else set())
 
 
 def _stream_tokens(s, position: int, rows: int = 4) -> np.ndarray:

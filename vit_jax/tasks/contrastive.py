@@ -58,6 +58,10 @@ class Contrastive:
   # 'softmax' (CLIP, LiT: symmetric cross-entropy) or 'sigmoid' (SigLIP; the model's
   # bias_init sets the learned bias b).
   loss: str = 'softmax'
+  # The sigmoid loss's logits: 'gathered', every device's (its rows, B) at once, memory
+  # quadratic in the batch; or 'chunked', a tile at a time (the texts visiting every device
+  # in the shard_map step), memory linear in the batch (vit_jax/tasks/contrastive_losses.py).
+  logits: str = 'gathered'
   # Lock the image tower (LiT); False trains both towers.
   lock_image: bool = True
   # With the image tower locked, train its head (out_dim[0] set) all the same.
@@ -134,7 +138,13 @@ class Task(common.Task):
 
   @classmethod
   def check(cls, spec: Any) -> None:
-    common.one_of('contrastive.loss', spec.step.contrastive.loss, contrastive_losses.LOSSES)
+    c = spec.step.contrastive
+    common.one_of('contrastive.loss', c.loss, contrastive_losses.LOSSES)
+    common.one_of('contrastive.logits', c.logits, contrastive_losses.LOGITS)
+    try:
+      contrastive_losses.check(c.loss, c.logits)
+    except ValueError as e:
+      raise ValueError(f'config.contrastive: {e}') from None
     family = families.of_config(spec.model.fields)
     if not family.image_text:
       raise ValueError(
@@ -228,7 +238,8 @@ class Task(common.Task):
     params = frozen(params, c)
     inputs = {'images': batch['image'], 'tokens': batch['text']}
     zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
-    return contrastive_losses.loss(c.loss, zimg, ztxt, params['t'], params.get('b'), axis=axis)
+    t, b = params['t'], params.get('b')
+    return contrastive_losses.loss(c.loss, zimg, ztxt, t, b, axis=axis, logits=c.logits)
 
   def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
     del rng, first_id, inputs  # no dropout, no inputs
