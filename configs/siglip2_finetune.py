@@ -20,6 +20,9 @@ flipped; a NaFlex model takes each image at its own aspect ratio as at most `pp.
 patches of 16 (256, its evaluation sequence; any other length is a flag), flipped. Texts:
 Gemma's tokenizer as SigLIP 2 (lower case, 64 ids, sticky <eos>, padding 0). The COCO
 retrieval evaluator runs every 1,000 steps (Karpathy's test split, the first 5 captions).
+The loss's logits are gathered (`config.contrastive.logits`, the default): at batch 512 they
+take 1 MiB; `--config.contrastive.logits=chunked` gives the same loss in memory linear in the
+batch, for batches of tens of thousands (docs/benchmarks.md).
 
 Expected result: not measured in this project (no COCO, no SigLIP 2 file and no
 accelerator here); the tests run it on mock data with tiny towers.

@@ -19,6 +19,9 @@ resizes the whole image; here the inception crop at area 1 (`pp.area_min=1`) tak
 whole image at a random aspect ratio. The COCO retrieval evaluator runs every 1,000 steps
 as the original's, on the first 5 captions of each test image (the original reads all of
 them).
+The loss's logits are gathered (`config.contrastive.logits`, the default): at batch 512 they
+take 1 MiB; `--config.contrastive.logits=chunked` gives the same loss in memory linear in the
+batch, for batches of tens of thousands (docs/benchmarks.md).
 
 Expected result: not measured in this project (no COCO and no accelerator here); the
 recipe is big_vision's minimal example and it reports no number.

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import families
-from vit_jax.cli import benchmark
+from vit_jax import families, parallel
+from vit_jax.cli import benchmark, benchmark_loss
 from vit_jax.models import blocks, stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds
@@ -451,3 +451,37 @@ def test_profile_steps_trace_and_summarise_the_training_step(tmp_path):
   assert sum(profile['shares'].values()) == pytest.approx(1.0)
   assert sum(r['ms'] for r in profile['top']) <= profile['total_ms'] + 1e-6
   assert 'steps profiled:' in benchmark.format_table(result)
+
+
+@pytest.fixture(scope='module')
+def loss_memory():
+  """`--contrastive_loss`'s measure: one device's temporaries of the sigmoid loss and its
+  gradient (d=32, tiles of 16 texts), by (step, logits, devices, rows per device)."""
+  forms = (('jit', 'chunked'), ('shard_map', 'chunked'), ('shard_map', 'gathered'))
+  cases = [(*form, 8, rows) for form in forms for rows in (64, 256)]
+  cases += [('shard_map', logits, 2, 64) for logits in ('chunked', 'gathered')]
+  got = {}
+  for step, logits, devices, rows in cases:
+    mesh = parallel.create_mesh(jax.devices()[:devices])
+    got[step, logits, devices, rows] = benchmark_loss.temp_bytes(
+      rows * devices, 32, logits, step, mesh, chunk=16
+    )
+  return got
+
+
+def test_contrastive_loss_mode_chunked_memory_grows_linearly_with_the_batch(loss_memory):
+  """On 8 devices at 4x the global batch: the chunked forms' temporaries at most 4.5x those
+  at 1x (a tile of (rows, 16) logits, and embeddings), the gathered form's at least 12x
+  (its (rows, B) logits: 16x)."""
+  grow = lambda step, logits: loss_memory[step, logits, 8, 256] / loss_memory[step, logits, 8, 64]
+  assert grow('jit', 'chunked') <= 4.5 and grow('shard_map', 'chunked') <= 4.5, loss_memory
+  assert grow('shard_map', 'gathered') >= 12, loss_memory
+
+
+def test_contrastive_loss_mode_ring_memory_does_not_grow_with_the_devices(loss_memory):
+  """At 64 rows per device, the shard_map chunked form's temporaries on 8 devices are within
+  1.3x those on 2 (a device holds its own and one visiting block of texts, never all B),
+  where the gathered form's grow with the global batch (4x: its (64, B) logits)."""
+  at = lambda logits, devices: loss_memory['shard_map', logits, devices, 64]
+  assert at('chunked', 8) <= 1.3 * at('chunked', 2), loss_memory
+  assert at('gathered', 8) >= 3.5 * at('gathered', 2), loss_memory

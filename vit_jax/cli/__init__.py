@@ -7,6 +7,7 @@
   vit-visualize    vit_jax.visualize            visualize   filters, posemb, attention
   vit-benchmark    vit_jax.benchmark            benchmark   speed, memory, MFU
                    vit_jax.benchmark --pipeline benchmark_pipeline  the input pipeline's
+                   vit_jax.benchmark --contrastive_loss  benchmark_loss  the sigmoid loss's memory
   vit-reproduce    vit_jax.reproduce            reproduce   the paper's tables
   vit-models       vit_jax.models               models      the model zoo (Table 1)
   vit-zeroshot     vit_jax.zeroshot             zeroshot    image-text zero-shot classes
@@ -47,6 +48,9 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
   EntryPoint('vit_jax.visualize', 'vit-visualize', 'vit_jax.cli.visualize'),
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark'),
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_pipeline', '--pipeline'),
+  EntryPoint(
+    'vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_loss', '--contrastive_loss'
+  ),
   EntryPoint('vit_jax.reproduce', 'vit-reproduce', 'vit_jax.cli.reproduce'),
   EntryPoint('vit_jax.models', 'vit-models', 'vit_jax.cli.models'),
   EntryPoint('vit_jax.zeroshot', 'vit-zeroshot', 'vit_jax.cli.zeroshot'),
