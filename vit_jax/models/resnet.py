@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 Dtype = Any
@@ -19,14 +20,30 @@ def weight_standardize(w: jnp.ndarray, axis: Sequence[int], eps: float) -> jnp.n
   return w / (jnp.std(w, axis=axis) + eps)
 
 
-class StdConv(nn.Conv):
-  """A convolution whose kernel is weight-standardised before every use."""
+class StdConv(nn.Module):
+  """A bias-free convolution (NHWC, 'SAME' padding, parameter `kernel` (kh, kw, in, out)),
+  its kernel weight-standardised before every use.
 
-  def param(self, name, *args, **kwargs):
-    param = super().param(name, *args, **kwargs)
-    if name == 'kernel':
-      param = weight_standardize(param, axis=[0, 1, 2], eps=1e-5)
-    return param
+  Written on `lax.conv_general_dilated` rather than as an `nn.Conv` whose `param` standardises:
+  jax2onnx replaces `nn.Conv.__call__` with one that reads the raw kernel, so that override
+  would be lost from the ONNX export (vit_jax/export/onnx.py).
+  """
+
+  features: int
+  kernel_size: tuple[int, int]
+  strides: tuple[int, int] = (1, 1)
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
+    shape = (*self.kernel_size, x.shape[-1], self.features)
+    kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, self.param_dtype)
+    kernel = weight_standardize(kernel, axis=[0, 1, 2], eps=1e-5)
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    return jax.lax.conv_general_dilated(
+      x, kernel, self.strides, 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
+    )
 
 
 class ResidualUnit(nn.Module):
@@ -43,7 +60,6 @@ class ResidualUnit(nn.Module):
       features=f,
       kernel_size=k,
       strides=s,
-      use_bias=False,
       name=name,
       dtype=self.dtype,
       param_dtype=self.param_dtype,
@@ -100,7 +116,6 @@ def resnet_stem(
     features=width,
     kernel_size=(7, 7),
     strides=(2, 2),
-    use_bias=False,
     dtype=dtype,
     param_dtype=param_dtype,
     name='conv_root',
