@@ -1,6 +1,6 @@
 """Exports a checkpoint as a model that runs outside JAX and this project.
 
-  python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model] [--dtype=bfloat16] \
+  python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=bfloat16] \
       [--model=NAME] [--resolution=R]
 
 SRC is any checkpoint `vit_jax.checkpoint.fit` reads (a run directory, an .npz, a Hugging Face
@@ -9,17 +9,24 @@ or timm model, a LiT or SigLIP file, a NaFlex SigLIP 2). OUT, a new directory, g
   model.stablehlo     `jax.export`, parameters as constants, batch 'b' symbolic, lowered
                       for cpu, cuda and tpu: `jax.export.deserialize(blob).call(images)`
   saved_model/        a TensorFlow SavedModel (`jax2tf`), signature `serving_default`
+  model.onnx          ONNX (`jax2onnx`), batch 'b' symbolic, for onnxruntime: only where
+                      jax2onnx is installed, an environment of its own (`make onnx-env`)
   export.json         the inputs, outputs, preprocessing, dtype, and the command line
+
+Unless --formats says otherwise, it writes what this environment can: StableHLO and the
+SavedModel in the main one, StableHLO and ONNX in ONNX's (no TensorFlow there: the SavedModel
+is one line).
 
 A classifier takes NHWC float32 images in [-1, 1] at its resolution and gives logits (its
 pre-logits features where it has no head). An image-text model (LiT, SigLIP) is two
 functions: `image` (images; a NaFlex tower: packed patch sequences (b, n, p * p * 3 + 3)) and
 `text` (int32 tokens (b, max_len)), each to normalised embeddings: image.stablehlo,
-text.stablehlo, and the SavedModel signatures `image` (also `serving_default`) and `text`;
-export.json adds the tokenizer's settings, t and b, and its vocabulary is copied beside
-where one is known. `--dtype=bfloat16` computes in bfloat16 (outputs stay float32). ONNX is
-not written here (docs/export.md). Any failure exits with status 1 and one line, leaving OUT
-untouched; bad usage exits with status 2.
+text.stablehlo (image.onnx, text.onnx), and the SavedModel signatures `image` (also
+`serving_default`) and `text`; export.json adds the tokenizer's settings, t and b, and its
+vocabulary is copied beside where one is known. `--dtype=bfloat16` computes in bfloat16
+(outputs stay float32; ONNX has no bfloat16 Einsum, so no ONNX then). A format that cannot be
+written here is one warning line; with none left to write, as on any failure, it exits with
+status 1 and one line, leaving OUT untouched; bad usage exits with status 2 (docs/export.md).
 """
 
 import os
@@ -32,7 +39,9 @@ from absl import flags, logging
 from vit_jax import checkpoint, cli, data
 from vit_jax import export as export_lib
 
-USAGE = 'usage: python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model] [--dtype=...]'
+USAGE = (
+  'usage: python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=...]'
+)
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -40,8 +49,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   fv = flag_values
   flags.DEFINE_list(
     'formats',
-    ['stablehlo', 'saved_model'],
-    f'What to write, of {", ".join(export_lib.FORMATS)} (onnx: not in this environment).',
+    None,
+    f'What to write, of {", ".join(export_lib.FORMATS)}; default: what this environment'
+    ' writes (stablehlo and saved_model; onnx where jax2onnx is installed: docs/export.md).',
     flag_values=fv,
   )
   flags.DEFINE_enum(
@@ -70,8 +80,8 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
     print(USAGE, file=sys.stderr)
     print(f'error: SRC and OUT are required, got {list(args)}', file=sys.stderr)
     return 2
-  unknown = [name for name in f.formats if name not in export_lib.FORMATS]
-  if unknown or not f.formats:
+  unknown = [name for name in f.formats or () if name not in export_lib.FORMATS]
+  if unknown or f.formats == []:
     print(f'error: --formats: choose from {", ".join(export_lib.FORMATS)}', file=sys.stderr)
     return 2
   src, out = args
@@ -93,7 +103,8 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
 def main(argv: Sequence[str]) -> None:
   if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
     logging.set_verbosity(logging.WARNING)
-  data.hide_accelerators_from_tensorflow()
+  if export_lib.saved_model.available():  # ONNX's environment has no TensorFlow
+    data.hide_accelerators_from_tensorflow()
   command = shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
   sys.exit(run(argv[1:], command=command))
 

@@ -1,5 +1,5 @@
-"""A fitted model shipped outside JAX: a `jax.export` StableHLO artifact and a TensorFlow
-SavedModel, with an `export.json` that says how to feed them.
+"""A fitted model shipped outside JAX: a `jax.export` StableHLO artifact, a TensorFlow
+SavedModel and ONNX files, with an `export.json` that says how to feed them.
 
   written = export_model('ViT-B_16.npz', 'out/', formats=('stablehlo', 'saved_model'))
   exp = jax.export.deserialize(open('out/model.stablehlo', 'rb').read())
@@ -9,7 +9,9 @@ Each function of the model (`functions`: a classifier's `model`; an image-text m
 and `text` towers) closes over its parameters, so the artifacts hold them as constants and
 need neither this project nor flax to run. The batch dimension is symbolic ('b'); a NaFlex
 tower's sequence length too ('n'). The StableHLO is lowered for CPU, CUDA and TPU at once.
-The SavedModel (`vit_jax/export/saved_model.py`) is the same functions through `jax2tf`.
+The SavedModel (`vit_jax/export/saved_model.py`) is the same functions through `jax2tf`,
+the ONNX files (`vit_jax/export/onnx.py`) through `jax2onnx`, which needs an environment of
+its own; unless told, the formats this environment writes are written (`default_formats`).
 The directory is written beside OUT and renamed into place: a failure leaves OUT untouched.
 """
 
@@ -27,6 +29,7 @@ import numpy as np
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import families
+from vit_jax.export import onnx, saved_model
 from vit_jax.export.artifact import METADATA, Artifact, is_export_dir, load_artifact
 from vit_jax.models import precision
 
@@ -36,10 +39,6 @@ FORMATS = ('stablehlo', 'saved_model', 'onnx')
 DTYPES = ('float32', 'bfloat16')
 PLATFORMS = ('cpu', 'cuda', 'tpu')
 SAVED_MODEL = 'saved_model'
-# ONNX needs jax2onnx, whose releases pin an orbax-checkpoint older than ours (docs/export.md).
-ONNX_UNAVAILABLE = (
-  'onnx: not written; it needs jax2onnx in an environment of its own (not installed here)'
-)
 
 
 class ExportError(ValueError):
@@ -231,6 +230,7 @@ def metadata(
       'output': {'name': f.output_name, 'shape': f.output_shape(), 'dtype': 'float32'},
       'stablehlo': f'{f.name}.stablehlo' if 'stablehlo' in written else None,
       'saved_model_signature': f.name if 'saved_model' in written else None,
+      'onnx': f'{f.name}.onnx' if 'onnx' in written else None,
     }
   return {
     'family': family.name,
@@ -245,13 +245,36 @@ def metadata(
   }
 
 
-def _check_formats(formats: Sequence[str]) -> tuple[list[str], list[str]]:
-  """(the formats to write, one line for each asked for that cannot be written here)."""
-  unknown = [f for f in formats if f not in FORMATS]
-  if unknown or not formats:
-    raise ExportError(f'--formats={",".join(formats)}: choose from {", ".join(FORMATS)}')
-  skipped = [ONNX_UNAVAILABLE] if 'onnx' in formats else []
-  return [f for f in FORMATS if f in formats and f != 'onnx'], skipped
+def default_formats() -> list[str]:
+  """What is written unless told: StableHLO and the SavedModel, and ONNX where jax2onnx is
+  installed (its own environment, without TensorFlow: there the SavedModel is one line)."""
+  return [f for f in FORMATS if f != 'onnx' or onnx.available()]
+
+
+def _unavailable(fmt: str, dtype: str) -> str | None:
+  """Why `fmt` in `dtype` cannot be written here, in one line; None where it can."""
+  if fmt == 'saved_model' and not saved_model.available():
+    return saved_model.UNAVAILABLE
+  if fmt == 'onnx' and not onnx.available():
+    return onnx.UNAVAILABLE
+  if fmt == 'onnx' and dtype == 'bfloat16':
+    return onnx.NO_BFLOAT16
+  return None
+
+
+def _check_formats(formats: Sequence[str] | None, dtype: str) -> tuple[list[str], list[str]]:
+  """(the formats to write, one line for each asked for that cannot be written here); none
+  to write is an ExportError of those lines."""
+  asked = default_formats() if formats is None else list(formats)
+  unknown = [f for f in asked if f not in FORMATS]
+  if unknown or not asked:
+    raise ExportError(f'--formats={",".join(asked)}: choose from {", ".join(FORMATS)}')
+  why = {f: _unavailable(f, dtype) for f in FORMATS if f in asked}
+  todo = [f for f, line in why.items() if not line]
+  skipped = [line for line in why.values() if line]
+  if not todo:
+    raise ExportError('nothing to write: ' + '; '.join(skipped))
+  return todo, skipped
 
 
 def _write(fitted: ckpt.Fitted, fns: list[Function], formats: list[str], out: str) -> None:
@@ -260,29 +283,30 @@ def _write(fitted: ckpt.Fitted, fns: list[Function], formats: list[str], out: st
     for f in fns:
       write_stablehlo(f, os.path.join(out, f'{f.name}.stablehlo'))
   if 'saved_model' in formats:
-    from vit_jax.export import saved_model  # TensorFlow, imported only here
-
     saved_model.write(fns, os.path.join(out, SAVED_MODEL), PLATFORMS)
+  if 'onnx' in formats:
+    for f in fns:
+      onnx.write(f, os.path.join(out, f'{f.name}.onnx'))
 
 
 def export_model(
   source: str,
   out: str | os.PathLike,
-  formats: Sequence[str] = ('stablehlo', 'saved_model'),
+  formats: Sequence[str] | None = None,
   dtype: str = 'float32',
   model: str | None = None,
   resolution: int | None = None,
   command: str | None = None,
 ) -> dict[str, Any]:
   """Exports the checkpoint `source` (anything `checkpoint.fit` reads) into the new directory
-  `out`; returns export.json's contents. One-line ExportError or CheckpointError; `out` is
-  written as a whole or not at all."""
+  `out` in `formats` (None: `default_formats()`); returns export.json's contents. One-line
+  ExportError or CheckpointError; `out` is written as a whole or not at all."""
   out = os.fspath(out)
   if os.path.exists(out):
     raise ExportError(f'{out} exists: remove it or choose another directory')
-  todo, skipped = _check_formats(formats)
   if dtype not in DTYPES:
     raise ExportError(f'--dtype={dtype}: choose one of {", ".join(DTYPES)}')
+  todo, skipped = _check_formats(formats, dtype)
   fitted = ckpt.fit(source, model, resolution=resolution)
   fns = functions(fitted, dtype)
   parent = os.path.dirname(os.path.abspath(out))

@@ -4,13 +4,25 @@ alone, any batch size.
 Each function is one signature of its name (`model`; an image-text model's `image` and
 `text`), the first also `serving_default`; inputs and outputs are named as export.json says.
 The StableHLO inside is lowered for CPU, CUDA and TPU, as the `jax.export` artifact is.
+TensorFlow is imported here alone.
 """
 
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any
 
 SERVING = 'serving_default'
+# ONNX's environment (requirements-onnx.txt) leaves TensorFlow out.
+UNAVAILABLE = (
+  'saved_model: not written; it needs TensorFlow, which the main environment has'
+  ' (requirements.txt), not this one'
+)
+
+
+def available() -> bool:
+  """Whether TensorFlow is installed here."""
+  return importlib.util.find_spec('tensorflow') is not None
 
 
 def _signature(function: Any, platforms: Sequence[str]) -> Any:
