@@ -449,6 +449,9 @@ def test_profile_steps_trace_and_summarise_the_training_step(tmp_path):
   assert profile['trace'].startswith(str(tmp_path)) and profile['trace'].endswith('.xplane.pb')
   assert profile['total_ms'] > 0 and profile['top']
   assert sum(profile['shares'].values()) == pytest.approx(1.0)
+  # XLA:CPU's trace names its YNNPACK matmuls `ynn_fusion.N` only: the compiled text says
+  # which ones hold a dot (all were 'other' before).
+  assert profile['shares']['matmul'] > 0
   assert sum(r['ms'] for r in profile['top']) <= profile['total_ms'] + 1e-6
   assert 'steps profiled:' in benchmark.format_table(result)
 

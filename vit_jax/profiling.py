@@ -31,6 +31,25 @@ def newest_trace(directory: str) -> str:
   return max(found, key=os.path.getmtime)
 
 
+def hlo_categories(hlo_text: str) -> dict[str, str]:
+  """The category of each fusion and call of a compiled module (`compiled.as_text()`), read
+  from the computation it calls: XLA:CPU's traces name an op only by its instruction
+  (`ynn_fusion.12`: a YNNPACK matmul, or an elementwise fusion), with no HLO beside it."""
+  bodies, current = {}, None
+  for line in hlo_text.splitlines():
+    start = re.match(r'^(?:ENTRY )?%?([\w.\-]+) .*\{$', line)
+    if start:
+      current = bodies.setdefault(start.group(1), [])
+    elif current is not None:  # the ops alone: metadata names modules ('Attention_0/...')
+      current.append(re.sub(r', metadata=\{.*?\}', '', line))
+  categories = {}
+  for line in hlo_text.splitlines():
+    op = re.search(r'%?([\w.\-]+) = .*calls=%?([\w.\-]+)', line)
+    if op:
+      categories[op.group(1)] = category(op.group(1), '\n'.join(bodies.get(op.group(2), [])))
+  return categories
+
+
 def category(name: str, detail: str = '') -> str:
   """'attention', 'matmul' or 'other' for an op's name (and its HLO text, where known)."""
   text = f'{name} {detail}'
@@ -57,9 +76,10 @@ def _events(data: Any) -> tuple[str, list[Any]]:
   return 'host', [e for line in lines for e in line.events if not _HOST_NOISE.match(e.name)]
 
 
-def summarise(path: str, top: int = 15) -> dict[str, Any]:
+def summarise(path: str, top: int = 15, hlo_text: str | None = None) -> dict[str, Any]:
   """{'trace', 'source', 'total_ms', 'shares': {category: fraction of the op time},
-  'top': [{'name', 'category', 'ms', 'share', 'count'}]} of a trace file or directory."""
+  'top': [{'name', 'category', 'ms', 'share', 'count'}]} of a trace file or directory;
+  `hlo_text`, the traced program's compiled text, categorises ops named only by instruction."""
   from jax.profiler import ProfileData
 
   trace = newest_trace(path) if os.path.isdir(path) else path
@@ -72,13 +92,15 @@ def summarise(path: str, top: int = 15) -> dict[str, Any]:
       stats = dict(e.stats)
       detail[e.name] = str(stats.get('long_name', stats.get('hlo_op', '')))
   total = sum(time_ns.values())
+  known = hlo_categories(hlo_text) if hlo_text else {}
+  kind = lambda name: known.get(name) or category(name, detail[name])
   shares = dict.fromkeys(CATEGORIES, 0.0)
   for name, ns in time_ns.items():
-    shares[category(name, detail[name])] += ns / total if total else 0.0
+    shares[kind(name)] += ns / total if total else 0.0
   rows = [
     {
       'name': name,
-      'category': category(name, detail[name]),
+      'category': kind(name),
       'ms': ns / 1e6,
       'share': ns / total,
       'count': count[name],

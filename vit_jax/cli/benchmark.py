@@ -128,6 +128,7 @@ class _Timed:
   cpu: list[float] = dataclasses.field(default_factory=list)
   faults: list[int] = dataclasses.field(default_factory=list)
   peak_bytes: int | None = None
+  hlo: Callable[[], str] | None = None  # the compiled program's text, for --profile_steps
 
 
 def variants_from(
@@ -386,7 +387,8 @@ def _train(
   state: dict | None = None,
   accum_steps: int = 1,
 ):
-  """(run, compile seconds, flops per image, `_compiled_facts`); `run` steps `state` in place.
+  """(run, compile seconds, flops per image, `_compiled_facts`, the compiled program's text);
+  `run` steps `state` in place.
 
   Programs may share one `state` (the train state, donated and replaced at every step):
   they run one after another, and a large model is then held once, not once per variant.
@@ -402,7 +404,7 @@ def _train(
     state['train'], metrics = compiled(state['train'], batch)
     return metrics['loss']
 
-  return run, compile_s, flops, facts
+  return run, compile_s, flops, facts, compiled.as_text
 
 
 def _flops_reference(variant: Variant) -> Variant:
@@ -640,7 +642,7 @@ def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any,
   """(one timed program of `variant` in `mode`, (its compiled inference, the parameters it
   takes) or None); training programs share `state`."""
   net = _model(job.config, job.num_classes, variant)
-  run = compiled = None
+  run = compiled = hlo = None
   if mode == 'inference':
     # As every inference path: the kernels a 16-bit model casts anyway are cast once.
     cast = lambda p: precision.cast_matmul_params(_applied(net), p, job.images)
@@ -652,7 +654,7 @@ def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any,
       net, params_v, job.images, job.labels, job.accum_steps
     )
   else:
-    run, compile_s, flops, facts = _train(
+    run, compile_s, flops, facts, hlo = _train(
       net, params_v, job.images, job.labels, state, job.accum_steps
     )
   model_flops = flops
@@ -666,6 +668,7 @@ def _program(job: _Job, variant: Variant, mode: str, params_v: Any, params: Any,
     flops = float('nan')  # XLA counts the scanned body once
   job.log(f'  compiled {mode} {variant.name} in {compile_s:.1f}s')
   timed = _Timed(variant.name, variant, mode, run, compile_s, flops, model_flops, facts)
+  timed.hlo = compiled.as_text if compiled is not None else hlo
   return timed, None if compiled is None else (compiled, params_v)
 
 
@@ -938,7 +941,7 @@ def _profile(programs: list[_Timed], steps: int, directory: str, log) -> dict[st
   with jax.profiler.trace(directory):
     for _ in range(steps):
       jax.block_until_ready(chosen.run())
-  summary = profiling.summarise(directory)
+  summary = profiling.summarise(directory, hlo_text=chosen.hlo())
   return {'program': chosen.label, 'mode': chosen.mode, 'steps': steps, **summary}
 
 
