@@ -236,6 +236,33 @@ def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
   assert (fit(16), fit(4), fit(1.05)) == (1, 4, None)
 
 
+def test_memory_table_fits_a_line_and_the_largest_batches(monkeypatch):
+  """The table's arithmetic on a made-up step (no compile): the state 1.5 GiB + 0.5 MiB per
+  image, the temporaries 0.5 GiB + 95.5 MiB per image, 1 MiB above that line at batch 16."""
+  mib = 2**20
+  state = lambda b: 1536 * mib + b * mib // 2
+  temp = lambda b: 512 * mib + b * 191 * mib // 2 + (mib if b == 16 else 0)
+  fake = lambda config, classes, variant, resolution, b: {
+    'xla_memory_bytes': state(b) + temp(b),
+    'temp_bytes': temp(b),
+    'compile_s': 1.0,
+  }
+  monkeypatch.setattr(benchmark, 'train_memory', fake)
+  variants = [benchmark.Variant(), benchmark.Variant('bfloat16', remat='full', layers='scan')]
+  result = benchmark.memory_table(['ViT-B_16'], variants, 224, [8, 16, 32], [1, 16, 40, 80])
+  row = result['rows'][1]
+  assert row['program'] == 'bfloat16/xla/remat=full/scan'
+  assert (row['fixed_bytes'], row['per_image_bytes']) == (2048 * mib, 96 * mib)
+  assert (row['state_bytes'], row['temp_fixed_bytes']) == (1536 * mib, 512 * mib)
+  assert (row['temp_per_image_bytes'], row['off_line_bytes']) == (95.5 * mib, mib)
+  # (G GiB - 2 GiB) / 96 MiB images: 14 * 1024 / 96 = 149.3, 405.3, and 832 exactly.
+  assert row['largest_batch'] == {'1': 0, '16': 149, '40': 405, '80': 832}
+  table = benchmark.format_memory_table(result)
+  assert '| ViT-B_16 | bfloat16/xla/remat=full/scan | 2.00 | 1.50 | 96.0 | 95.5 | 1.00 |' in table
+  with pytest.raises(ValueError, match='two or more increasing batches'):
+    benchmark.memory_table(['ViT-B_16'], variants, 224, [8])
+
+
 @pytest.mark.slow
 def test_compile_only_counts_scanned_models_unrolled():
   result = benchmark.run_benchmark(

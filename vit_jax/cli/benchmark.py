@@ -60,6 +60,14 @@ matmul / attention / other shares (`vit_jax.profiling`).
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
 and the largest logit difference; 16-bit variants compare against `torch.autocast`.
 `--max_batch` picks the largest batch whose training step fits in memory.
+
+`--memory_batches 8,16,32` instead compiles each variant's training step at these batches
+(nothing allocated or timed) and prints its memory as a line in the batch (`memory_table`):
+the fixed part of XLA's memory and its bytes per image, the fixed part's state (arguments +
+outputs - donated), the temporaries per image, how far the batches between the first and
+last lie from the line through them, and the largest batch that fits in each of
+`--memory_gib` GiB: (G GiB - fixed) / per image, rounded down. `--model` may then be a
+comma list.
 """
 
 import dataclasses
@@ -426,6 +434,24 @@ def _model_flops(config, num_classes, variant, mode, images, labels, params, acc
   return _flops(lowered) / images.shape[0]
 
 
+def train_memory(
+  config: ml_collections.ConfigDict,
+  num_classes: int,
+  variant: Variant,
+  resolution: int,
+  batch: int,
+  accum_steps: int = 1,
+) -> dict[str, Any]:
+  """`_compiled_facts` of one training step at `batch` in `accum_steps` micro-batches
+  (compiled, nothing allocated), and its `compile_s`."""
+  model = _model(config, num_classes, variant)
+  images = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
+  labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x[:1], train=False), images)
+  _, compile_s, _, facts = _compile_train(model, params['params'], images, labels, accum_steps)
+  return {**facts, 'compile_s': compile_s}
+
+
 def train_memory_bytes(
   config: ml_collections.ConfigDict,
   num_classes: int,
@@ -436,12 +462,9 @@ def train_memory_bytes(
 ) -> int | None:
   """XLA's memory for one training step at `batch` in `accum_steps` micro-batches (compiled,
   nothing allocated)."""
-  model = _model(config, num_classes, variant)
-  images = jax.ShapeDtypeStruct((batch, resolution, resolution, 3), jnp.float32)
-  labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
-  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x[:1], train=False), images)
-  compiled = _compile_train(model, params['params'], images, labels, accum_steps)
-  return compiled[3]['xla_memory_bytes']
+  return train_memory(config, num_classes, variant, resolution, batch, accum_steps)[
+    'xla_memory_bytes'
+  ]
 
 
 def memory_limit_bytes() -> int:
@@ -480,6 +503,18 @@ def largest_batch(
   return batch, need
 
 
+GIB = 2**30
+
+
+def _line(xs: Sequence[int], ys: Sequence[float]) -> tuple[float, float, float | None]:
+  """(intercept, slope) of the line through the first and last points, and the largest
+  distance of the points between them from it (None where there are none)."""
+  slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+  intercept = ys[0] - slope * xs[0]
+  inner = [abs(y - intercept - slope * x) for x, y in zip(xs[1:-1], ys[1:-1], strict=True)]
+  return intercept, slope, max(inner) if inner else None
+
+
 def memory_line(
   config: ml_collections.ConfigDict,
   num_classes: int,
@@ -496,7 +531,8 @@ def memory_line(
   )
   if m1 is None or m2 is None:
     raise ValueError('this backend reports no memory analysis')
-  return 2.0 * m1 - m2, float(m2 - m1)
+  fixed, per_image, _ = _line((1, 2), (m1, m2))
+  return fixed, per_image
 
 
 def accum_steps_to_fit(
@@ -515,6 +551,73 @@ def accum_steps_to_fit(
     if rows % accum_steps == 0 and fixed + per_image * images <= fraction * device_bytes:
       return accum_steps
   return None
+
+
+def memory_row(
+  config: ml_collections.ConfigDict,
+  num_classes: int,
+  variant: Variant,
+  resolution: int,
+  batches: Sequence[int],
+  devices_gib: Sequence[float],
+) -> dict[str, Any]:
+  """The training step's memory on one device as a line in the batch, from XLA's memory of
+  the step compiled at each of `batches` (nothing allocated): the fixed part and the bytes
+  per image, of the whole (arguments + outputs - donated + temporaries) and of the
+  temporaries; how far the batches between the first and last lie from the line; and the
+  largest batch whose step fits in each of `devices_gib` (GiB for XLA's program)."""
+  facts = [train_memory(config, num_classes, variant, resolution, b) for b in batches]
+  total, temp = ([f[k] for f in facts] for k in ('xla_memory_bytes', 'temp_bytes'))
+  if None in total or None in temp:
+    raise ValueError('this backend reports no memory analysis')
+  fixed, per_image, off_line = _line(batches, total)
+  temp_fixed, temp_per_image, _ = _line(batches, temp)
+  fits = lambda gib: max(int((gib * GIB - fixed) // max(per_image, 1.0)), 0)
+  return {
+    'program': variant.name,
+    **dataclasses.asdict(variant),
+    'batches': list(batches),
+    'xla_memory_bytes': total,
+    'temp_bytes': temp,
+    'compile_s': [f['compile_s'] for f in facts],
+    'fixed_bytes': fixed,
+    'per_image_bytes': per_image,
+    'state_bytes': fixed - temp_fixed,  # arguments + outputs - donated, less the batch
+    'temp_fixed_bytes': temp_fixed,
+    'temp_per_image_bytes': temp_per_image,
+    'off_line_bytes': off_line,
+    'largest_batch': {f'{g:g}': fits(g) for g in devices_gib},
+  }
+
+
+def memory_table(
+  models: Sequence[str],
+  variants: Sequence[Variant],
+  resolution: int,
+  batches: Sequence[int],
+  devices_gib: Sequence[float] = (16, 40, 80),
+  num_classes: int = 1000,
+  log: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+  """`memory_row` of every model and variant, compiled one after another, and the conditions;
+  JSON-ready."""
+  if len(batches) < 2 or sorted(set(batches)) != list(batches) or batches[0] < 1:
+    raise ValueError(f'--memory_batches={batches}: two or more increasing batches')
+  rows = []
+  for model, variant in itertools.product(models, variants):
+    row = memory_row(model_config(model), num_classes, variant, resolution, batches, devices_gib)
+    rows.append({'model': model, **row})
+    log(f'  {model} {variant.name}: compiled in {", ".join(f"{s:.0f}" for s in row["compile_s"])}s')
+  return {
+    'resolution': resolution,
+    'num_classes': num_classes,
+    'devices_gib': list(devices_gib),
+    'platform': jax.default_backend(),
+    'device': jax.devices()[0].device_kind,
+    'jax': jax.__version__,
+    'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
+    'rows': rows,
+  }
 
 
 # ----------------------------------------------------------------------------- Hugging Face
@@ -1065,6 +1168,27 @@ def format_table(result: dict[str, Any]) -> str:
   return '\n'.join(out)
 
 
+def format_memory_table(result: dict[str, Any]) -> str:
+  """A Markdown table of `memory_table`'s rows: GiB, and MiB per image."""
+  devices = result['devices_gib']
+  head = '| model | program | fixed GiB | of it state | MiB/img | of it temp | off line MiB | '
+  lines = [head + ' | '.join(f'{g:g} GiB' for g in devices) + ' |']
+  lines.append('|' + '---|' * (7 + len(devices)))
+  for r in result['rows']:
+    cells = [
+      r['model'],
+      r['program'],
+      _fmt(r['fixed_bytes'], '.2f', GIB),
+      _fmt(r['state_bytes'], '.2f', GIB),
+      _fmt(r['per_image_bytes'], '.1f', 2**20),
+      _fmt(r['temp_per_image_bytes'], '.1f', 2**20),
+      _fmt(r['off_line_bytes'], '.2f', 2**20),
+      *(str(r['largest_batch'][f'{g:g}']) for g in devices),
+    ]
+    lines.append('| ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines)
+
+
 def write_json(result: dict[str, Any], path: str) -> None:
   """Writes atomically (`vit_jax.files`): a failed write leaves an earlier file as it was."""
   files.atomic_write_text(path, json.dumps(result, indent=2) + '\n')
@@ -1081,6 +1205,9 @@ def _main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  if f.memory_batches:
+    _memory_main(f, log)
+    return
   batch = f.batch
   if f.max_batch:
     variants = variants_from(f.dtype, f.attention, f.remat, f.layers, f.precision)
@@ -1119,6 +1246,21 @@ def _main(argv: Sequence[str]) -> None:
     print(f'wrote {f.json}')
 
 
+def _memory_main(f: flags.FlagValues, log: Callable[[str], None]) -> None:
+  """`--memory_batches`: the memory table of the training steps of every `--model` (a comma
+  list here) and variant."""
+  variants = variants_from(f.dtype, f.attention, f.remat, f.layers, f.precision)
+  models = f.model.split(',')
+  log(f'{", ".join(models)} {f.resolution}px on {jax.devices()[0].device_kind}: memory only')
+  batches = [int(b) for b in f.memory_batches]
+  devices = [float(g) for g in f.memory_gib]
+  result = memory_table(models, variants, f.resolution, batches, devices, f.num_classes, log)
+  print(format_memory_table(result))
+  if f.json:
+    write_json(result, f.json)
+    print(f'wrote {f.json}')
+
+
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags, on `flag_values` (defined at program start, not at import)."""
   _define_program_flags(flag_values)
@@ -1139,6 +1281,19 @@ def _define_program_flags(fv: flags.FlagValues) -> None:
   )
   flags.DEFINE_float(
     'memory_fraction', 0.9, 'of the device memory, for --max_batch', flag_values=fv
+  )
+  flags.DEFINE_list(
+    'memory_batches',
+    [],
+    "instead of timing: compile each variant's training step at these batches (nothing"
+    ' allocated) and print its memory as a line in the batch; --model may be a comma list',
+    flag_values=fv,
+  )
+  flags.DEFINE_list(
+    'memory_gib',
+    ['16', '40', '80'],
+    'with --memory_batches: the largest batch for these GiB',
+    flag_values=fv,
   )
   flags.DEFINE_integer('resolution', 224, 'image side in pixels', flag_values=fv)
   flags.DEFINE_integer('num_classes', 1000, 'head width', flag_values=fv)
