@@ -35,6 +35,29 @@ def test_digits_split_is_fixed_stratified_and_disjoint():
     digits.load('validation')
 
 
+def test_digits_splits_join_like_tfds():
+  """'train+test' is the 1,797 digits, train first; sliced parts join too; hosts share it."""
+  source = data.DigitsSource()
+  (x_train, y_train), (x_test, y_test) = digits.load('train'), digits.load('test')
+
+  def read(split, index=0, count=1):
+    reader = source.reader(split, index, count)
+    records = reader.fetch(tf.range(reader.size, dtype=tf.int64))
+    return records['image'].numpy(), records['label'].numpy()
+
+  images, labels = read('train+test')
+  assert source.num_examples('train+test') == len(labels) == 1437 + 360
+  np.testing.assert_array_equal(images, np.concatenate([x_train, x_test]))
+  np.testing.assert_array_equal(labels, np.concatenate([y_train, y_test]))
+  images, labels = read('test[-5:] + train[:10%]')  # 5 + round(143.7)
+  np.testing.assert_array_equal(images, np.concatenate([x_test[-5:], x_train[:144]]))
+  np.testing.assert_array_equal(labels, np.concatenate([y_test[-5:], y_train[:144]]))
+  odd = read('train+test', 1, 2)[1]  # the second of two hosts
+  np.testing.assert_array_equal(odd, np.concatenate([y_train, y_test])[1::2])
+  with pytest.raises(ValueError, match="Bad digits split 'train\\+'"):
+    source.num_examples('train+')
+
+
 def test_value_range_and_eval_resize():
   image = tf.constant(np.array([[[0, 255, 51]]], np.uint8))
   out = preprocess.eval_image(image, 2).numpy()

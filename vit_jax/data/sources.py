@@ -25,7 +25,8 @@ from vit_jax import files
 from vit_jax.data import digits, preprocess
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
-# A digits split, optionally sliced like tfds: 'train', 'train[:90%]', 'train[1000:]'.
+# A digits split, optionally sliced like tfds: 'train', 'train[:90%]', 'train[1000:]'; parts
+# joined by '+' ('train+test': all 1,797) are concatenated.
 _DIGITS_SPLIT = re.compile(r'^(\w+)(?:\[(-?\d+%?)?:(-?\d+%?)?\])?$')
 # Records a reader fetches at a time when a split is read in order.
 _IN_ORDER_CHUNK = 256
@@ -116,23 +117,31 @@ class Source(abc.ABC):
     return [str(i) for i in range(self.num_classes)]
 
 
+def _digits_part(part: str, split: str) -> tuple[np.ndarray, np.ndarray]:
+  """One '+'-joined part of a digits split: a split, optionally sliced like tfds."""
+  match = _DIGITS_SPLIT.match(part)
+  if not match:
+    raise ValueError(
+      f'Bad digits split {split!r}; expected train or test, optionally sliced and joined like '
+      'tfds: train[:90%], train[90%:], train[:1000], train+test.'
+    )
+  images, labels = digits.load(match[1])
+  rows = slice(_bound(match[2], len(labels)), _bound(match[3], len(labels)))
+  return images[rows], labels[rows]
+
+
 class DigitsSource(Source):
-  """scikit-learn's handwritten digits: 1,437 train / 360 test 8x8 images, bundled."""
+  """scikit-learn's handwritten digits: 1,437 train / 360 test 8x8 images, bundled; 'train+test'
+  is all 1,797."""
 
   name = 'digits'
   num_classes = digits.NUM_CLASSES
   holds_pixels = True
 
   def _share(self, split: str, process_index: int, process_count: int):
-    match = _DIGITS_SPLIT.match(split.replace(' ', ''))
-    if not match:
-      raise ValueError(
-        f'Bad digits split {split!r}; expected train or test, optionally sliced like tfds: '
-        'train[:90%], train[90%:], train[:1000].'
-      )
-    images, labels = digits.load(match[1])
-    part = slice(_bound(match[2], len(labels)), _bound(match[3], len(labels)))
-    images, labels = images[part], labels[part]
+    parts = [_digits_part(part, split) for part in split.replace(' ', '').split('+')]
+    images = np.concatenate([images for images, _ in parts])
+    labels = np.concatenate([labels for _, labels in parts])
     return images[process_index::process_count], labels[process_index::process_count]
 
   def reader(self, split: str, process_index: int = 0, process_count: int = 1) -> Reader:
