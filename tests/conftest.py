@@ -157,8 +157,10 @@ def train_error(config, tmp_path, match: str) -> None:
 
 
 def dot_types(hlo_text: str) -> list[tuple[str, str, str]]:
-  """(lhs, rhs, result) element types of every dot_general in StableHLO text."""
-  types = r'\(tensor<(?:\d+x)*(\w+)>, tensor<(?:\d+x)*(\w+)>\) -> tensor<(?:\d+x)*(\w+)>'
+  """(lhs, rhs, result) element types of every dot_general in StableHLO text (a symbolic
+  dimension reads '?')."""
+  dims = r'(?:(?:\d+|\?)x)*'
+  types = rf'\(tensor<{dims}(\w+)>, tensor<{dims}(\w+)>\) -> tensor<{dims}(\w+)>'
   return re.findall(r'stablehlo\.dot_general.*?:\s*' + types, hlo_text)
 
 

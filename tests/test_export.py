@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from absl import flags
 
-from tests.conftest import randomize
+from tests.conftest import dot_types, randomize
 from vit_jax import checkpoint, families
 from vit_jax.cli import export as export_cli
 from vit_jax.export import export_model, functions
@@ -48,7 +48,8 @@ STABLEHLO_CHECK = BLOCKER + textwrap.dedent("""
     exp = export.deserialize(open(case['artifact'], 'rb').read())
     for i in range(len(data.files) // 2):
       got = np.asarray(exp.call(data[f'x{i}']))
-      np.testing.assert_allclose(got, data[f'y{i}'], rtol=0, atol=1e-6, err_msg=case['artifact'])
+      atol = case.get('atol', 1e-6)
+      np.testing.assert_allclose(got, data[f'y{i}'], rtol=0, atol=atol, err_msg=case['artifact'])
   print('ok')
 """)
 SAVED_MODEL_CHECK = BLOCKER + textwrap.dedent("""
@@ -159,6 +160,28 @@ def _passed(proc: subprocess.Popen) -> None:
   assert proc.returncode == 0 and out.strip() == 'ok', err[-3000:]
 
 
+def _bfloat16_vit(root, outs) -> dict[str, str | int]:
+  """The tiny ViT exported again in bfloat16 (StableHLO), and its check case: the bfloat16
+  model's outputs in this process at each batch size, on the float32 case's inputs. The
+  artifact is the program this process compiles, run on the same machine: the same bits
+  (tolerance 0), where one bfloat16 rounding apart would be 1e-3 or more."""
+  src = str(root / 'vit.npz')
+  outs['vit_bf16'] = out = root / 'vit_bf16_out'
+  export_model(src, out, formats=('stablehlo',), dtype='bfloat16')
+  (function,) = functions(checkpoint.fit(src), 'bfloat16')
+  jitted, arrays = jax.jit(function.fn), {}
+  with np.load(root / 'vit_model.npz') as float32:
+    for i in range(len(BATCHES)):
+      arrays[f'x{i}'] = float32[f'x{i}']
+      arrays[f'y{i}'] = np.asarray(jitted(arrays[f'x{i}']))  # each batch size compiled
+  np.savez(root / 'vit_bf16_model.npz', **arrays)
+  return {
+    'artifact': str(out / 'model.stablehlo'),
+    'data': str(root / 'vit_bf16_model.npz'),
+    'atol': 0,
+  }
+
+
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
   """Each tiny model saved and exported, and the two checks in fresh interpreters started on
@@ -179,6 +202,7 @@ def exported(tmp_path_factory):
       np.savez(data, **_expected(function, rng))
       stablehlo.append({'artifact': str(out / f'{function.name}.stablehlo'), 'data': data})
       saved.append({'artifact': str(out / 'saved_model'), 'signature': function.name, 'data': data})
+  stablehlo.append(_bfloat16_vit(root, outs))
   checks = (
     _check_blocked(STABLEHLO_CHECK, 'vit_jax,flax', stablehlo, root),
     _check_blocked(SAVED_MODEL_CHECK, 'vit_jax,flax,jax,jaxlib', saved, root),
@@ -190,8 +214,24 @@ def exported(tmp_path_factory):
 
 def test_stablehlo_runs_with_jax_alone_and_equals_the_model(exported):
   """Every function (vit, deit, mixer; siglip's and naflex's image and text) at batch 1, 3
-  and 8, with jax alone."""
+  and 8, with jax alone; the ViT exported in bfloat16 too, bit for bit."""
   _passed(exported[1])
+
+
+def test_bfloat16_export_computes_in_bfloat16(exported):
+  """`--dtype=bfloat16`: export.json says so, every matmul of the StableHLO takes bfloat16
+  operands, and its logits move off the float32 model's by more than float32 rounding (the
+  check above holds them to the bfloat16 model's in this process, bit for bit)."""
+  out = exported[0]['vit_bf16']
+  assert json.loads((out / 'export.json').read_text())['dtype'] == 'bfloat16'
+  artifact = jax.export.deserialize((out / 'model.stablehlo').read_bytes())
+  types = dot_types(artifact.mlir_module())
+  assert len(types) >= 6 and {t[:2] for t in types} == {('bf16', 'bf16')}
+  with (
+    np.load(out.parent / 'vit_bf16_model.npz') as bf16,
+    np.load(out.parent / 'vit_model.npz') as f32,
+  ):
+    assert 1e-4 < np.abs(bf16['y2'] - f32['y2']).max() < 0.05
 
 
 def test_saved_model_runs_with_tensorflow_alone_and_equals_the_model(exported):
