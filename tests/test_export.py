@@ -305,3 +305,46 @@ def test_command_writes_the_directory_or_one_line_and_nothing(tmp_path, capsys):
   assert status == 1 and 'exists' in err
   status, _, err = _cli(capsys, src, tmp_path / 'o3', '--formats=tflite')
   assert status == 2 and err.count('\n') == 1
+
+
+@pytest.mark.slow
+def test_vit_b16_exported_by_the_command_runs_alone_and_equals_the_model(tmp_path):
+  """ViT-B/16 at 224 px (86M random weights at ViT's init scale) exported by `python -m
+  vit_jax.export`: the StableHLO with jax alone (1e-6) and the SavedModel with TensorFlow
+  alone (1e-5) give the logits of the registry's model applied in this process, at batch 1, 3
+  and 8. The command runs apart (its 7 GB of export are gone before the checks start) while
+  this process computes the logits."""
+  model = model_from_config(get_config('ViT-B_16'), num_classes=1000)
+  params = randomize(families.param_shapes(model, 224), seed=1, scale=0.02)
+  src, out = tmp_path / 'vit_b16.npz', tmp_path / 'out'
+  checkpoint.save_npz(params, src)
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'CUDA_VISIBLE_DEVICES': ''}
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  command = [sys.executable, '-m', 'vit_jax.export', str(src), str(out)]
+  export = subprocess.Popen(command, cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+  # Once at batch 8, the parameters as arguments (as constants XLA compiles 2.4 CPU-s longer);
+  # the smaller batches its first rows: a ViT treats each image alone.
+  apply = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False))
+  x = np.random.default_rng(0).uniform(-1, 1, (max(BATCHES), 224, 224, 3)).astype(np.float32)
+  y = np.asarray(apply(params, x))
+  assert y.std() > 0.01  # so that 1e-6 is a relative 1e-4 or finer
+  data = str(tmp_path / 'data.npz')
+  arrays = {f'x{i}': x[:batch] for i, batch in enumerate(BATCHES)}
+  np.savez(data, **arrays, **{f'y{i}': y[:batch] for i, batch in enumerate(BATCHES)})
+  del params
+  _, err = export.communicate(timeout=600)
+  assert export.returncode == 0, err[-3000:]
+  meta = json.loads((out / 'export.json').read_text())['functions']['model']
+  assert meta['input']['shape'] == ['b', 224, 224, 3] and meta['output']['shape'] == ['b', 1000]
+  stablehlo = [{'artifact': str(out / 'model.stablehlo'), 'data': data}]
+  saved = [{'artifact': str(out / 'saved_model'), 'signature': 'model', 'data': data}]
+  checks = (
+    _check_blocked(STABLEHLO_CHECK, 'vit_jax,flax', stablehlo, tmp_path),
+    _check_blocked(SAVED_MODEL_CHECK, 'vit_jax,flax,jax,jaxlib', saved, tmp_path),
+  )
+  try:
+    for proc in checks:
+      _passed(proc)
+  finally:
+    for proc in (export, *checks):
+      proc.kill()
