@@ -288,8 +288,8 @@ def _casts(jaxpr: Any, tracked: dict[Any, int], found: dict[int, Any]) -> None:
 def cast_matmul_params(fn: Any, params: Any, *args: Any) -> Any:
   """`params` with each leaf that `fn(params, *args)` only reads as a 16-bit matmul operand
   (its kernels under a 16-bit dtype) stored in that dtype already: the same outputs bit for
-  bit, without casting ~all the weights at every call (a fifth of ViT-B/16's bfloat16
-  inference on CPUs). `args` may be arrays or `jax.ShapeDtypeStruct`s. For inference:
+  bit, without casting ~all the weights at every call (a quarter of ViT-B/16's bfloat16
+  inference on an Intel Xeon). `args` may be arrays or `jax.ShapeDtypeStruct`s. For inference:
   training keeps float32 parameters."""
   leaves, treedef = jax.tree.flatten(params)
   closed = jax.make_jaxpr(lambda flat, a: fn(jax.tree.unflatten(treedef, flat), *a))(leaves, args)
