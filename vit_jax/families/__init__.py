@@ -195,8 +195,10 @@ def forward_flops(config: Config, resolution: int = 224, num_classes: int = 1000
 
 
 def xla_forward_flops(model: nn.Module, resolution: int = 224) -> float:
-  """Forward FLOPs per image from XLA's cost analysis of the lowered (uncompiled) program."""
+  """Forward FLOPs per image from XLA's cost analysis of the lowered (uncompiled) program:
+  every token through every block, as the model is trained and its FLOPs are counted (applied
+  with its intermediates recorded, a ViT's class-token readout keeps every token)."""
   params = param_shapes(model, resolution)
   inputs = of_module(model).init_inputs(model, resolution, None)
-  apply = lambda p, x: model.apply({'params': p}, **x, train=False)
+  apply = lambda p, x: model.apply({'params': p}, **x, train=False, mutable=['intermediates'])
   return float(jax.jit(apply).lower(params, inputs).cost_analysis()['flops'])
