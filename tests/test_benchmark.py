@@ -139,7 +139,7 @@ def _train_memory(config, variant, batch=16, resolution=128):
   if variant.layers == 'scan':
     params = blocks.stack_encoder_blocks(params)
   model = benchmark._model(config, 10, variant)
-  *_, facts = benchmark._train(model, params, images, labels)
+  *_, facts = benchmark._compile_train(model, params, images, labels)
   return facts['xla_memory_bytes']
 
 
