@@ -16,7 +16,7 @@ import pytest
 
 from vit_jax import families, parallel
 from vit_jax.cli import benchmark, benchmark_loss
-from vit_jax.models import blocks, stats
+from vit_jax.models import stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds
 
@@ -132,23 +132,13 @@ def test_json_and_table(tiny_run):
   assert 'matmul probe' in table
 
 
-def _train_memory(config, variant, batch=16, resolution=128):
-  images = jnp.zeros((batch, resolution, resolution, 3))
-  labels = jnp.zeros((batch,), jnp.int32)
-  params = benchmark.init_params(config, 10, resolution)
-  if variant.layers == 'scan':
-    params = blocks.stack_encoder_blocks(params)
-  model = benchmark._model(config, 10, variant)
-  *_, facts = benchmark._compile_train(model, params, images, labels)
-  return facts['xla_memory_bytes']
-
-
 @pytest.mark.slow
 def test_remat_inside_scan_cuts_training_memory():
   # Activations dominate here (65 tokens x 6 blocks x batch 16 against 2M parameters).
   config = benchmark.model_config('ViT-Ti_16', {'transformer': {'num_layers': 6}})
-  plain = _train_memory(config, benchmark.Variant())
-  remat = _train_memory(config, benchmark.Variant(remat='full', layers='scan'))
+  memory = lambda variant: benchmark.train_memory_bytes(config, 10, variant, 128, 16)
+  plain = memory(benchmark.Variant())
+  remat = memory(benchmark.Variant(remat='full', layers='scan'))
   assert remat < 0.6 * plain
 
 
