@@ -540,13 +540,18 @@ def run(
   if warning:
     print(f'warning: {warning}', file=sys.stderr)
   if warning and not features:
-    if as_json:
-      print(json.dumps(_as_json(loaded, [], [], warning, checkpoint), indent=1))
+    _report(loaded, [], [], warning, checkpoint, as_json)
     return 1
 
   predictions, errors = predict_files(loaded, images, k, batch_size, features_block)
   if features and predictions:
     _write_features(features, predictions, loaded, checkpoint, features_block)
+  _report(loaded, predictions, errors, warning, checkpoint, as_json)
+  return 1 if errors else 0
+
+
+def _report(loaded, predictions, errors, warning, checkpoint, as_json: bool) -> None:
+  """The predictions as JSON, or as a table unless the head was not trusted (`warning`)."""
   if as_json:
     print(json.dumps(_as_json(loaded, predictions, errors, warning, checkpoint), indent=1))
   elif not warning:
@@ -556,7 +561,6 @@ def run(
       f'(names: {source})'
     )
     print(format_table(predictions))
-  return 1 if errors else 0
 
 
 def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:
