@@ -68,6 +68,7 @@ def test_a_directory_transformers_writes_gives_its_embeddings_and_logits(tmp_pat
   assert fitted.found.description == 'hf_siglip (model.safetensors, 88 tensors, SiglipModel)'
   assert fitted.config.pp.to_dict() == {
     'tokenizer_name': 'sentencepiece', 'size': SIZE, 'max_len': LEN, 'lower_case': True,
+    'round_to_uint8': True,
   }  # fmt: skip
   assert fitted.config.image.classifier == 'map' and tuple(fitted.config.out_dim) == (None, 32)
   _assert_ours_equal_theirs(fitted, hf, *_inputs())

@@ -617,7 +617,8 @@ def test_the_run_directory_reads_back_as_its_model(lit_run, tmp_path):
   assert_run_reads_back(workdir, result['params'], tmp_path)
   fitted = checkpoint.fit(workdir)
   assert fitted.config.text.num_heads == lit_digits.text_tower().num_heads == 2
-  assert fitted.config.pp.to_dict() == {'tokenizer_name': 'bert', 'size': 8, 'max_len': 12}
+  pp = {'tokenizer_name': 'bert', 'size': 8, 'max_len': 12, 'round_to_uint8': False}  # its own
+  assert fitted.config.pp.to_dict() == pp
 
 
 def _recall_at(similarities: np.ndarray, match: np.ndarray, k: int) -> float:

@@ -42,6 +42,7 @@ import tensorflow as tf
 from vit_jax.data import captions, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
+from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.text import Tokenizer
 
 _FOREVER = 2**62
@@ -380,9 +381,10 @@ def eval_dataset(
   local_batch: int,
   process_index: int = 0,
   process_count: int = 1,
+  preprocessing: Preprocessing | None = None,
 ) -> tf.data.Dataset:
-  """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches at the evaluation
-  preprocessing of `data.pp` (a resize to `crop`, or a patch sequence), by
+  """One pass of `{'image', 'label', 'mask', 'bad', 'name'}` batches, each image prepared by
+  the model's `preprocessing` (None: as `data.pp` alone implies, `preprocess.of_pp`), by
   `data.input_threads` threads; padding and unreadable examples have mask 0, the unreadable
   ones `bad` = 1 and their `name`.
 
@@ -391,11 +393,12 @@ def eval_dataset(
   """
   threads = _threads(data)
   size = group_size(local_batch)
+  images = preprocessing or preprocess.of_pp(data.pp)
 
   @_graph_fn
   def process(_, raw):
     example = source.example(raw)
-    image = preprocess.eval_input(source.decode(example['image']), data.pp)
+    image = preprocess.input_op(images, source.decode(example['image']))
     return {**example, 'image': image, 'label': tf.cast(example['label'], tf.int32)}
 
   @_graph_fn

@@ -25,6 +25,8 @@ from PIL import Image
 from vit_jax import files
 from vit_jax.data import naflex, randaugment
 from vit_jax.data.spec import Pp
+from vit_jax.families import preprocessing
+from vit_jax.families.preprocessing import Preprocessing
 
 # fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
 _RANDAUG_SEED = 7
@@ -79,9 +81,10 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     raise ImageError(f'{path}: cannot read image ({reason})') from None
 
 
-def value_range(image: tf.Tensor) -> tf.Tensor:
-  """uint8 (or float in [0, 255]) pixels to float32 in [-1, 1], as `(x - 127.5) / 127.5`."""
-  return (tf.cast(image, tf.float32) - 127.5) / 127.5
+def value_range(image: tf.Tensor, offset: float = 127.5, scale: float = 127.5) -> tf.Tensor:
+  """uint8 (or float in [0, 255]) pixels to float32 `(x - offset) / scale`: by default
+  [-1, 1], as every released family expects."""
+  return (tf.cast(image, tf.float32) - offset) / scale
 
 
 def _crop_box(image_shape, seed, area_range) -> tuple[tf.Tensor, tf.Tensor]:
@@ -221,22 +224,53 @@ def train_patch_sequence(image: tf.Tensor, seed: tf.Tensor, pp: Pp) -> tf.Tensor
   return patch_sequence(image, pp.patch_size, pp.max_patches)
 
 
-def eval_input(image: tf.Tensor, pp: Pp) -> tf.Tensor:
-  """The evaluation input of decoded pixels: a `pp.crop` square (`eval_image`), or with
-  `pp.max_patches` a NaFlex tower's `patch_sequence`."""
+def of_pp(pp: Pp) -> Preprocessing:
+  """The evaluation preprocessing a run's `pp` alone implies, where no model says more: a
+  `crop` square, or patch sequences of `max_patches` patches of `patch_size`."""
   if pp.max_patches:
-    return patch_sequence(image, pp.patch_size, pp.max_patches)
-  return eval_image(image, pp.crop)
+    return preprocessing.patches(pp.patch_size, pp.max_patches)
+  return preprocessing.square(pp.crop)
 
 
 def patch_sequence(image: tf.Tensor, patch: int, max_patches: int) -> tf.Tensor:
   """A NaFlex tower's input: the image at its own aspect ratio, resized to at most
   `max_patches` patches of `patch` (`naflex.resize_to_sequence`), in [-1, 1], as the packed
   sequence (`naflex.pack`: (max_patches, patch * patch * 3 + 3))."""
-  resized = naflex.resize_to_sequence(tf.cast(image, tf.float32), patch, max_patches)
-  return naflex.pack(naflex.patchify(value_range(resized), patch, max_patches))
+  return input_op(preprocessing.patches(patch, max_patches), image)
 
 
 def eval_image(image: tf.Tensor, crop: int) -> tf.Tensor:
-  """Resize to `crop` x `crop`, [-1, 1]."""
-  return value_range(tf.image.resize(image, [crop, crop]))
+  """Resize to `crop` x `crop`, [-1, 1]: a classifier's evaluation input."""
+  return input_op(preprocessing.square(crop), image)
+
+
+def _central_crop(image: tf.Tensor, fraction: float) -> tf.Tensor:
+  """The central `fraction` of each side (rounded to whole pixels, at least one)."""
+  shape = tf.shape(image)
+  keep = tf.maximum(tf.cast(tf.round(tf.cast(shape[:2], tf.float32) * fraction), tf.int32), 1)
+  begin = (shape[:2] - keep) // 2
+  return image[begin[0] : begin[0] + keep[0], begin[1] : begin[1] + keep[1]]
+
+
+def input_op(spec: Preprocessing, image: tf.Tensor) -> tf.Tensor:
+  """Decoded pixels (H, W, 3) -> the model's image input, as the spec states: THE
+  implementation of a model's preprocessing (the pipeline maps it, `host_input` runs it)."""
+  if spec.crop < 1:
+    image = _central_crop(image, spec.crop)
+  if spec.kind == preprocessing.PATCHES:
+    p = spec.patch_size
+    resized = naflex.resize_to_sequence(tf.cast(image, tf.float32), p, spec.max_patches)
+    values = value_range(resized, spec.offset, spec.scale)
+    return naflex.pack(naflex.patchify(values, p, spec.max_patches))
+  resized = tf.image.resize(image, spec.size, method=spec.method, antialias=spec.antialias)
+  if spec.round_to_uint8:  # the original LiT code's: the resized image cast to uint8
+    resized = tf.cast(resized, tf.uint8)
+  return value_range(resized, spec.offset, spec.scale)
+
+
+def host_input(spec: Preprocessing, image: np.ndarray) -> np.ndarray:
+  """`input_op` of one decoded uint8 image (H, W, 3), computed eagerly: a numpy array."""
+  image = np.asarray(image)
+  if image.ndim != 3 or image.shape[-1] != 3:
+    raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
+  return input_op(spec, tf.constant(image)).numpy()

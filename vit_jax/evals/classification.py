@@ -56,6 +56,7 @@ class ExactPass:
 
   def __init__(self, context: common.Context, source: data_lib.Source, split: str, what: str):
     self._data, self._source, self._split, self._what = context.data, source, split, what
+    self._context = context
     self._step = jax.jit(
       make_eval_step(context.model, context.data.num_classes),
       out_shardings=parallel.replicated(context.mesh),
@@ -63,7 +64,7 @@ class ExactPass:
     self._sharding = parallel.batch_sharding(context.mesh)
 
   def __call__(self, params: Any) -> dict[str, np.ndarray]:
-    ds = common.host_dataset(self._source, self._split, self._data)
+    ds = common.host_dataset(self._source, self._split, self._context)
     bad = data_lib.BadExamples(self._what)
     totals = None
     for local in data_lib.host_batches(ds):

@@ -45,6 +45,9 @@ class Context:
   source: sources.Source
   # The run's tokenizer (its task's, for the batch's texts), or None.
   tokenizer: Any = None
+  # How the model's images are prepared (its family's spec at the run's crop or patch
+  # budget: `families.run_preprocessing`); None: as `data.pp` alone implies.
+  preprocessing: Any = None
 
 
 class Evaluator(abc.ABC):
@@ -81,13 +84,15 @@ def evaluate(evaluator: Evaluator, parameter_sets: Mapping[str, Any]) -> dict[st
   return results
 
 
-def host_dataset(source: sources.Source, split: str, data: data_spec.Data):
-  """This process's share of one evaluation pass over `split` (`data`'s test batch,
+def host_dataset(source: sources.Source, split: str, context: Context):
+  """This process's share of one evaluation pass over `split` (the context's test batch,
   preprocessing and pipeline), batched so the processes together make `data.batch_eval`."""
+  data = context.data
   return pipeline.eval_dataset(
     source,
     split,
     data,
+    preprocessing=context.preprocessing,
     local_batch=parallel.local_batch_size(data.batch_eval),
     process_index=jax.process_index(),
     process_count=jax.process_count(),

@@ -203,6 +203,7 @@ class Evaluator(common.Evaluator):
     super().__init__(instance.every)
     self.prefix = f'{name}/'
     self._fewshot, self._data, self._tasks = instance.settings, context.data, tuple(tasks)
+    self._context = context
     self._features_fn = compile_features(context.model, context.mesh)
     self._sharding = parallel.batch_sharding(context.mesh)
 
@@ -221,7 +222,7 @@ class Evaluator(common.Evaluator):
   def _features(self, params, source, split) -> tuple[dict[str, np.ndarray], int]:
     """The features of the readable examples, and how many could not be read (counted as
     training counts them, and left out)."""
-    ds = common.host_dataset(source, split, self._data)
+    ds = common.host_dataset(source, split, self._context)
     parts, bad = [], data_lib.BadExamples('few-shot')  # unreadable images: masked out
     unreadable = 0
     for local in data_lib.host_batches(ds):

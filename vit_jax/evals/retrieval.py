@@ -183,6 +183,7 @@ class Evaluator(common.Evaluator):
     self.prefix = f'{name}/'
     self.fixed = frozenset(f'{t.name}/{n}' for t in tasks for n in ('num_images', 'num_texts'))
     self._data, self._tasks = context.data, tuple(tasks)
+    self._context = context
     self._batch_texts = instance.settings.batch_texts
     self._embed_texts = zeroshot.text_embedder(context.model, context.mesh)
     self._embed_images = zeroshot.compile_images(context.model, context.mesh)
@@ -190,7 +191,7 @@ class Evaluator(common.Evaluator):
 
   def _images(self, params, task: Task) -> dict[str, np.ndarray]:
     """The readable images' embeddings, split positions and labels."""
-    ds = common.host_dataset(task.images, task.split, self._data)
+    ds = common.host_dataset(task.images, task.split, self._context)
     parts, bad = [], data_lib.BadExamples('retrieval')
     for local in data_lib.host_batches(ds):
       local.pop('texts', None)  # strings: the captions come tokenized

@@ -165,6 +165,7 @@ class Evaluator(common.Evaluator):
     super().__init__(instance.every)
     self.prefix = f'{name}/'
     self._data, self._tasks = context.data, tuple(tasks)
+    self._context = context
     self._batch_texts = instance.settings.batch_texts
     self._embed_texts = text_embedder(context.model, context.mesh)
     self._embed_images = compile_images(context.model, context.mesh)
@@ -172,7 +173,7 @@ class Evaluator(common.Evaluator):
 
   def _images(self, params, task: Task) -> tuple[np.ndarray, np.ndarray]:
     """The image embeddings and labels of the task's split (padding, unreadable images out)."""
-    ds = common.host_dataset(task.source, task.split, self._data)
+    ds = common.host_dataset(task.source, task.split, self._context)
     parts, bad = [], data_lib.BadExamples('zero-shot')
     for local in data_lib.host_batches(ds):
       batch = parallel.global_batch(bad.take(local), self._sharding)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.families import mixer, two_towers, vit
+from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.flat import CheckpointError, as_flat
 from vit_jax.models import MODEL_CONFIGS
 
@@ -131,6 +132,16 @@ def of_config(config: Config) -> Family:
     if family.owns_config(config):
       return family
   raise ValueError(f'no model family has the fields {sorted(config)}')
+
+
+def run_preprocessing(config: Config, crop: int, max_patches: int) -> Preprocessing:
+  """A training run's preprocessing of its model's images (its evaluations' and every
+  command's on its directory): the family's, at the run's `crop` or, for patch sequences,
+  its `max_patches`."""
+  family = of_config(config)
+  if max_patches:
+    return family.preprocessing(config, None, max_patches)
+  return family.preprocessing(config, crop)
 
 
 def classifiers() -> dict[str, ml_collections.ConfigDict]:

@@ -107,6 +107,13 @@ def label(config: Config) -> str:
   return describe(config)
 
 
+def preprocessing(
+  config: Config, resolution: int | tuple[int, int] | None, max_patches: int = 0
+) -> Any:
+  """A Mixer's preprocessing is a ViT's: a square resize, [-1, 1]."""
+  return vit.preprocessing(config, resolution, max_patches)
+
+
 def model_kind(config: Config) -> str:
   del config
   return 'MLP-Mixer'

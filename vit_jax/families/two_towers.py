@@ -24,6 +24,7 @@ import ml_collections
 
 from vit_jax import text
 from vit_jax.families import naflex, vit
+from vit_jax.families.preprocessing import Preprocessing, patches, square
 from vit_jax.flat import SEP, CheckpointError, flatten
 from vit_jax.models import model_from_config
 from vit_jax.models.configs import MODEL_CONFIGS
@@ -182,6 +183,11 @@ def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
     pp['max_patches'] = NAFLEX_PATCHES
   else:
     pp['size'] = vit.native_resolution(img, image)
+  # A released file is fed as its code fed it: the resized image kept as uint8 (the original
+  # LiT code's cast; big_vision's resize casts back to the input's dtype). A run's model
+  # config states its own (`stated_fields`).
+  if image_model != 'naflex':
+    pp['round_to_uint8'] = True
   config.pp = ml_collections.ConfigDict(pp)
   if siglip and text_model != 'bert':  # BERT's WordPiece lower-cases by itself
     config.pp.lower_case = True
@@ -254,7 +260,8 @@ def stated_fields(model_config: Config) -> dict[str, Any]:
     stated['text']['gelu_approximate'] = False
   if model_config.get('pp'):
     pp = model_config['pp']
-    stated['pp'] = dict(pp.to_dict() if hasattr(pp, 'to_dict') else pp)
+    # A run evaluates its images without the uint8 cast of the released files.
+    stated['pp'] = {'round_to_uint8': False, **(pp.to_dict() if hasattr(pp, 'to_dict') else pp)}
   return stated
 
 
@@ -328,6 +335,28 @@ def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: in
     patches = (model.pp or {}).get('max_patches', NAFLEX_PATCHES)
     return {'images': naflex.image_input(model.image, patches), 'tokens': tokens}
   return {'images': vit.image_input(resolution), 'tokens': tokens}
+
+
+def preprocessing(
+  config: Config, resolution: int | tuple[int, int] | None = None, max_patches: int = 0
+) -> Preprocessing:
+  """THE preprocessing of an image-text model's images: a NaFlex tower's patch sequences of
+  at most `max_patches` (0: its `pp.max_patches`), or a resize to `resolution` (None: its
+  `pp.size`), cast to uint8 first where its `pp.round_to_uint8` says (released LiT and
+  SigLIP files: the original code's and big_vision's resize keep uint8 pixels; a run: its own
+  evaluation, without)."""
+  pp = dict(config.get('pp') or {})
+  if image_family(config) is naflex:
+    if resolution is not None:
+      raise ValueError('a NaFlex image tower takes images at their own size: no resolution')
+    budget = max_patches or int(pp.get('max_patches') or NAFLEX_PATCHES)
+    return patches(config['image']['patch_size'], budget)
+  if max_patches:
+    raise ValueError(f'max_patches={max_patches}: this model takes square images, not patches')
+  resolution = resolution or pp.get('size')
+  if not resolution:
+    raise ValueError('the image size of this image-text model is unknown (no pp.size): give one')
+  return square(resolution, round_to_uint8=bool(pp.get('round_to_uint8', False)))
 
 
 def forward_flops(config: Config, resolution: int, num_classes: int) -> int:

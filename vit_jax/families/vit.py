@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from vit_jax.families.preprocessing import Preprocessing, square
 from vit_jax.flat import (
   SEP,
   CheckpointError,
@@ -273,6 +274,19 @@ def init_inputs(model: nn.Module, resolution: int | tuple[int, int], max_len: in
 
 def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
   return stats.vit_forward_flops(config, resolution, num_classes)
+
+
+def preprocessing(
+  config: Config, resolution: int | tuple[int, int] | None, max_patches: int = 0
+) -> Preprocessing:
+  """THE preprocessing of a classifier at `resolution`: resize (bilinear, no antialiasing)
+  to it, [-1, 1], as the input pipeline evaluates and every released file expects."""
+  del config
+  if max_patches:
+    raise ValueError(f'max_patches={max_patches}: this model takes square images, not patches')
+  if resolution is None:
+    raise ValueError('the resolution of a square image input is unknown: give one')
+  return square(resolution)
 
 
 def model_kind(config: Config) -> str:

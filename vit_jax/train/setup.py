@@ -206,7 +206,11 @@ def prepare(
 
     captions.check_captioned(source)
   tx, schedule = optim.for_training(spec.optim, total_steps)
-  context = evals_common.Context(spec.evals, spec.data, model, mesh, source, task.tokenizer)
+  pp = spec.data.pp
+  images = families.run_preprocessing(spec.model.constructor_fields(), pp.crop, pp.max_patches)
+  context = evals_common.Context(
+    spec.evals, spec.data, model, mesh, source, task.tokenizer, preprocessing=images
+  )
   evaluators = evals_registry.build(context, task.class_logits)
   return Setup(
     spec=spec,
