@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 from numpy_models import big_vision_vit, gelu_exact, sincos2d
 
+import vit_jax
 from vit_jax import checkpoint, families
 from vit_jax.checkpoint import tree
-from vit_jax.cli import predict
+from vit_jax.inference import model as inference_model
 from vit_jax.models import get_config, get_model, model_from_config, posemb, stats
 
 WIDTH, DEPTH, HEADS, MLP, PATCH, SIZE = 32, 2, 4, 64, 8, 32
@@ -202,13 +203,13 @@ def test_analytic_flops_of_the_map_head_match_xla():
 
 def test_predict_needs_a_resolution_only_for_sincos2d(tmp_path):
   np.savez(tmp_path / 'map.npz', **on_disk(big_vision_params('map')))
-  assert predict.load(tmp_path / 'map.npz').resolution == SIZE
+  assert vit_jax.load(tmp_path / 'map.npz').resolution == SIZE
   params = big_vision_params('gap', 'sincos2d', classes=4)
   np.savez(tmp_path / 'sincos.npz', **on_disk(params))
   with pytest.raises(ValueError, match='pass --resolution'):
-    predict.load(tmp_path / 'sincos.npz')
-  loaded = predict.load(tmp_path / 'sincos.npz', resolution=SIZE)
+    vit_jax.load(tmp_path / 'sincos.npz')
+  loaded = vit_jax.load(tmp_path / 'sincos.npz', resolution=SIZE)
   images = _images(3, seed=7)
-  features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 3)
+  _, logits = inference_model.run_padded(loaded.features_and_logits, images, 3)
   want = _oracle(params, 'gap', images)
-  np.testing.assert_allclose(predict._logits(loaded, features), want, atol=1e-5)
+  np.testing.assert_allclose(logits, want, atol=1e-5)

@@ -22,10 +22,12 @@ import pytest
 from conftest import TINY, tiny_config
 from PIL import Image
 
+import vit_jax
 from configs import augreg
 from vit_jax import checkpoint, files, rundir, train
 from vit_jax.cli import predict
 from vit_jax.data import digits as digits_data
+from vit_jax.inference import predict as inference_predict
 from vit_jax.train import setup, spec
 
 pytestmark = pytest.mark.slow  # a Cloud Storage emulator server
@@ -199,7 +201,9 @@ def test_convert_and_predict_read_the_run_from_the_bucket(
     path = tmp_path / os.path.basename(url)
     path.write_bytes(gcs.cat(url))
     local.append(str(path))
-  expected, errors = predict.predict_files(predict.load(ref_dir, resolution=8), local, 5, 32)
+  expected, errors = inference_predict.predict_files(
+    vit_jax.load(ref_dir, resolution=8), local, 5, 32
+  )
   assert not errors
   results = json.loads(stdout)['results']
   assert [r['image'] for r in results] == urls

@@ -2,8 +2,6 @@
 against the DeiT equations in numpy, the fine-tuning surgery with two prefix tokens,
 training through the trainer, and predict's mean of the two heads."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,10 +12,12 @@ from conftest import SMALL, assert_run_reads_back
 from numpy_models import deit as numpy_deit
 from numpy_models import gelu_exact
 
+import vit_jax
 from configs import digits as digits_config
 from vit_jax import checkpoint, families, train
 from vit_jax.checkpoint import tree
-from vit_jax.cli import predict
+from vit_jax.inference import model as inference_model
+from vit_jax.inference import predict
 from vit_jax.models import get_config, get_model, model_from_config
 from vit_jax.tasks import distillation_losses as losses
 
@@ -189,20 +189,18 @@ def test_trains_through_the_trainer_with_the_mean_of_both_heads(tmp_path):
 def test_predict_gives_the_mean_of_both_heads(tmp_path, random_params):
   params = _params(random_params, _small(classes=5))
   checkpoint.save_npz(params, tmp_path / 'deit.npz')
-  loaded = predict.load(tmp_path / 'deit.npz')
+  loaded = vit_jax.load(tmp_path / 'deit.npz', batch_size=3)
   assert (loaded.resolution, loaded.num_classes) == (32, 5)
-  assert 'distillation token' in loaded.model_name  # unregistered size: described
+  assert 'distillation token' in loaded.name  # unregistered size: described
   images = _images(3, seed=5)
-  features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 3)
+  features, got = loaded.features_and_logits(images)
   assert features.shape == (3, 2 * 32)  # the class and distillation tokens side by side
   want_cls, want_dist = _numpy(params, images)
   head = params['head']
   np.testing.assert_allclose(features[:, :32] @ head['kernel'] + head['bias'], want_cls, atol=1e-5)
-  got = predict._logits(loaded, features)
   np.testing.assert_allclose(got, (want_cls + want_dist) / 2, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(loaded.logits(images), got)
   # --features_block: the same features from the pass that also gives the block's tokens.
-  both, grid = predict.run_padded(
-    functools.partial(predict._features_and_block, block=0), loaded.model, loaded.params, images, 3
-  )
+  both, grid = inference_model.run_padded(predict.block_program(loaded, 0), images, 3)
   np.testing.assert_allclose(both, features, atol=1e-6, rtol=0)
   assert grid.shape == (3, 4, 4, 32)

@@ -17,9 +17,10 @@ from PIL import Image
 from test_text import GEMMA_SETTINGS
 from test_two_towers import _hf_randomize
 
+import vit_jax
 from vit_jax import checkpoint, families
 from vit_jax.checkpoint import hf_siglip, tree
-from vit_jax.cli import convert, predict
+from vit_jax.cli import convert
 from vit_jax.families import two_towers
 from vit_jax.models import get_config, model_from_config
 
@@ -159,7 +160,8 @@ def test_siglip_processor_gives_our_pixels_and_token_ids(tmp_path):
   image = np.random.default_rng(5).integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8)
   got = processor(images=Image.fromarray(image), text=TEXTS, padding='max_length', truncation=True)
   pixels = np.asarray(got['pixel_values'])[0].transpose(1, 2, 0)
-  np.testing.assert_allclose(pixels, predict.preprocess(image, SIZE), atol=1e-6, rtol=0)
+  ours = vit_jax.load(tmp_path / 'siglip.npz').preprocess(image)[0]
+  np.testing.assert_allclose(pixels, ours, atol=1e-6, rtol=0)
   pp = checkpoint.fit(tmp_path / 'siglip.npz').config.pp
   np.testing.assert_array_equal(got['input_ids'], two_towers.tokenizer(pp, vocab)(TEXTS))
 

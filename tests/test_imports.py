@@ -24,7 +24,9 @@ FLOORS = {
     ['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot', 'embed'], 4
   ),
   # 3: what runs an experiment, and the experiment configs.
-  **dict.fromkeys(['train', 'tasks', 'evals', 'reproduce', 'fewshot', 'export', 'configs'], 3),
+  **dict.fromkeys(
+    ['train', 'tasks', 'evals', 'reproduce', 'fewshot', 'export', 'inference', 'configs'], 3
+  ),
   # 2: models and their families, checkpoints, data, text.
   **dict.fromkeys(['models', 'families', 'checkpoint', 'data', 'text'], 2),
   # 1: the shared services.

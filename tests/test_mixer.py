@@ -11,11 +11,14 @@ import tensorflow_datasets as tfds
 from conftest import assert_run_reads_back
 from numpy_models import mixer as numpy_mixer
 
+import vit_jax
 from configs import digits as digits_config
 from configs import vit as vit_config
 from vit_jax import checkpoint, families, train
 from vit_jax.checkpoint import tree
-from vit_jax.cli import benchmark, convert, predict
+from vit_jax.cli import benchmark, convert
+from vit_jax.inference import model as inference_model
+from vit_jax.inference import predict
 from vit_jax.models import get_config, get_model, model_from_config
 
 # A small Mixer: 64 px images in 16x16 patches, S = 16 patches.
@@ -172,13 +175,13 @@ def test_convert_writes_a_mixer_with_a_fresh_head_and_refuses_hugging_face(tmp_p
 def test_predict_infers_the_model_and_resolution(tmp_path):
   flat = released_layout(10)
   np.savez(tmp_path / 'Mixer.npz', **flat)
-  loaded = predict.load(tmp_path / 'Mixer.npz')
+  loaded = vit_jax.load(tmp_path / 'Mixer.npz')
   assert loaded.resolution == SIZE and loaded.num_classes == 10
-  assert loaded.model_name.startswith('Mixer with hidden_dim 32, 2 blocks')  # unregistered
+  assert loaded.name.startswith('Mixer with hidden_dim 32, 2 blocks')  # unregistered
   images = _images(3, seed=4)
-  features = predict.run_padded(predict._features, loaded.model, loaded.params, images, 4)
+  _, logits = inference_model.run_padded(loaded.features_and_logits, images, 4)
   want = numpy_mixer({k: v.astype(np.float64) for k, v in flat.items()}, images.astype(np.float64))
-  np.testing.assert_allclose(predict._logits(loaded, features), want, atol=1e-5)
+  np.testing.assert_allclose(logits, want, atol=1e-5)
   with pytest.raises(ValueError, match='has no transformer encoder blocks'):
     predict.feature_block(loaded, 0)  # --features_block: a Mixer has no encoder blocks
 

@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import vit_jax
 from vit_jax import checkpoint, data
+from vit_jax.checkpoint import class_names
 from vit_jax.cli import predict
 from vit_jax.data import preprocess
+from vit_jax.inference import model as model_lib
+from vit_jax.inference import predict as predict_lib
 from vit_jax.models import get_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,10 +47,17 @@ def _images(directory, n, seed=0):
   return paths
 
 
+def _eval_inputs(paths, resolution):
+  """The input pipeline's evaluation tensors of image files (`preprocess.eval_image`)."""
+  return np.stack(
+    [preprocess.eval_image(preprocess.read_image(p), resolution).numpy() for p in paths]
+  )
+
+
 def _reference_probs(params, paths, resolution=RESOLUTION):
   """Softmax of the full model (head included) applied directly: an independent path."""
   model = get_model('testing', num_classes=params['head']['kernel'].shape[1])
-  x = np.stack([predict.preprocess(preprocess.read_image(p), resolution) for p in paths])
+  x = _eval_inputs(paths, resolution)
   logits = np.asarray(model.apply({'params': params}, x, train=False), np.float64)
   e = np.exp(logits - logits.max(-1, keepdims=True))
   return e / e.sum(-1, keepdims=True)
@@ -56,10 +67,11 @@ def test_preprocess_matches_the_original_tf_image_resize():
   import tensorflow as tf
 
   rng = np.random.default_rng(0)
+  models = {r: vit_jax.load('testing', resolution=r) for r in (24, 32, 224)}  # a classifier's
   for h, w, r in [(37, 53, 24), (480, 640, 224), (1000, 750, 224), (8, 8, 32), (224, 224, 224)]:
     image = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
     expected = (tf.image.resize(image, [r, r]).numpy() - 127.5) / 127.5
-    got = predict.preprocess(image, r)
+    (got,) = models[r].preprocess(image)
     assert got.shape == (r, r, 3) and got.dtype == np.float32
     # TF places the samples in float32, we in float64: at most 0.02 of a grey level apart.
     np.testing.assert_allclose(got, expected, atol=2e-4)
@@ -77,7 +89,8 @@ def test_an_image_file_becomes_the_tensor_the_eval_pipeline_makes(tmp_path, suff
   pp = data.Data(pp=data.Pp(crop=24))
   (batch,) = data.eval_dataset(source, 'test', local_batch=1, data=pp).as_numpy_iterator()
   errors = []
-  ((names, images),) = predict.batches([str(path)], 24, 1, errors)
+  model = vit_jax.load('testing', resolution=24)
+  ((names, images),) = model_lib.image_batches(model, [str(path)], 1, errors)
   assert errors == [] and names == [str(path)] and images.shape == (1, 24, 24, 3)
   np.testing.assert_allclose(images[0], batch['image'][0], atol=1e-6, rtol=0)
   assert np.abs(images[0]).max() > 0.9  # a real image, not padding
@@ -113,8 +126,8 @@ def test_hand_set_head_gives_its_classes_and_probabilities(tmp_path, random_para
   # A zero kernel and bias log(p): every image gets exactly p, whatever the backbone says.
   p = np.array([0.0625, 0.5, 0.125, 0.25, 0.0625])
   params['head'] = {'kernel': np.zeros((10, 5), np.float32), 'bias': np.log(p).astype(np.float32)}
-  loaded = predict.load(_save(params, tmp_path / 'hand.npz'))
-  predictions, errors = predict.predict_files(loaded, _images(tmp_path, 2), k=3)
+  loaded = vit_jax.load(_save(params, tmp_path / 'hand.npz'))
+  predictions, errors = predict_lib.predict_files(loaded, _images(tmp_path, 2), k=3)
   assert errors == []
   for pred in predictions:
     assert pred.indices.tolist() == [1, 3, 2]
@@ -126,9 +139,9 @@ def test_predictions_equal_the_full_model_in_any_batching(tmp_path, random_param
   params = _params(random_params, num_classes=7, seed=1)
   paths = _images(tmp_path, 5)
   expected = _reference_probs(params, paths)
-  loaded = predict.load(_save(params, tmp_path / 'random.npz'))
+  loaded = vit_jax.load(_save(params, tmp_path / 'random.npz'))
   for batch_size in (2, 5, 32):
-    predictions, _ = predict.predict_files(loaded, paths, k=7, batch_size=batch_size)
+    predictions, _ = predict_lib.predict_files(loaded, paths, k=7, batch_size=batch_size)
     assert [p.image for p in predictions] == paths
     for pred, probs in zip(predictions, expected, strict=True):
       assert pred.indices.tolist() == np.argsort(-probs, kind='stable').tolist()
@@ -138,14 +151,14 @@ def test_predictions_equal_the_full_model_in_any_batching(tmp_path, random_param
 def test_model_and_resolution_are_inferred_from_the_shapes(tmp_path, random_params):
   params = _params(random_params, num_classes=3, resolution=48)
   path = _save(params, tmp_path / 'r48.npz')
-  loaded = predict.load(path)
-  assert (loaded.model_name, loaded.resolution, loaded.grid, loaded.num_classes) == (
+  loaded = vit_jax.load(path)
+  assert (loaded.name, loaded.resolution, loaded.grid, loaded.num_classes) == (
     'testing',
     48,
     (3, 3),
     3,
   )
-  bigger = predict.load(path, resolution=64)  # position embeddings resized to 4x4
+  bigger = vit_jax.load(path, resolution=64)  # position embeddings resized to 4x4
   assert bigger.grid == (4, 4)
   assert bigger.params['Transformer']['posembed_input']['pos_embedding'].shape == (1, 17, 10)
 
@@ -153,7 +166,7 @@ def test_model_and_resolution_are_inferred_from_the_shapes(tmp_path, random_para
 def test_a_model_that_does_not_fit_is_a_clear_error(tmp_path, random_params, capsys):
   path = _save(_params(random_params, num_classes=3), tmp_path / 't.npz')
   with pytest.raises(ValueError, match=r'--model ViT-Ti_16 does not fit .* holds testing'):
-    predict.load(path, model_name='ViT-Ti_16')
+    vit_jax.load(path, model='ViT-Ti_16')
   assert predict.run(path, _images(tmp_path, 1), model_name='ViT-B_16') == 1
   err = capsys.readouterr().err
   assert err.count('\n') == 1 and 'hidden_size 10, 1 layers, 2 heads' in err
@@ -168,10 +181,10 @@ def test_1000_class_heads_get_the_imagenet_names(tmp_path, random_params):
   bias = np.zeros(1000, np.float32)
   bias[281], bias[207] = 30.0, 29.0  # tabby cat first, golden retriever second
   params['head'] = {'kernel': np.zeros((10, 1000), np.float32), 'bias': bias}
-  loaded = predict.load(_save(params, tmp_path / 'in1k.npz'))
+  loaded = vit_jax.load(_save(params, tmp_path / 'in1k.npz'))
   assert loaded.class_names_source == 'ImageNet-1k (vit_jax package data)'
   assert loaded.class_names[0] == 'tench, Tinca tinca'
-  (pred,), _ = predict.predict_files(loaded, _images(tmp_path, 1), k=2)
+  (pred,), _ = predict_lib.predict_files(loaded, _images(tmp_path, 1), k=2)
   assert pred.names == ['tabby, tabby cat', 'golden retriever']
   np.testing.assert_allclose(pred.probabilities[0], 1 / (1 + np.exp(-1) + 998 * np.exp(-30)))
 
@@ -199,12 +212,12 @@ def test_a_run_directory_names_its_own_classes(tmp_path, random_params):
   names = ['zero', 'one', 'two']
   (run / 'config.json').write_text(json.dumps({'dataset': {'class_names': names}}))
   params = _params(random_params, num_classes=3)
-  loaded = predict.load(_save(params, run / 'checkpoints' / 'final.npz'))
+  loaded = vit_jax.load(_save(params, run / 'checkpoints' / 'final.npz'))
   assert loaded.class_names == names
   assert loaded.class_names_source == str(run / 'config.json')
   # A run that names a tfds dataset gets the names its builder declares (no data needed).
   (run / 'config.json').write_text(json.dumps({'dataset': 'oxford_iiit_pet'}))
-  pets = predict.class_names_for(run / 'checkpoints' / 'final.npz', 37)[0]
+  pets = class_names.beside(run / 'checkpoints' / 'final.npz', 37)[0]
   assert pets[:2] == ['Abyssinian', 'american_bulldog'] and len(pets) == 37
   # Hugging Face's placeholder labels (LABEL_0, ...) are no names.
   hf = tmp_path / 'hf'
@@ -212,9 +225,9 @@ def test_a_run_directory_names_its_own_classes(tmp_path, random_params):
   (hf / 'config.json').write_text(
     json.dumps({'id2label': {str(i): f'LABEL_{i}' for i in range(3)}})
   )
-  assert predict.class_names_for(hf / 'x.npz', 3) == (None, 'indices')
+  assert class_names.beside(hf / 'x.npz', 3) == (None, 'indices')
   (hf / 'config.json').write_text(json.dumps({'id2label': {'1': 'b', '0': 'a', '2': 'c'}}))
-  assert predict.class_names_for(hf / 'x.npz', 3)[0] == ['a', 'b', 'c']
+  assert class_names.beside(hf / 'x.npz', 3)[0] == ['a', 'b', 'c']
 
 
 def test_zero_head_warns_instead_of_predicting(tmp_path, random_params, capsys):
@@ -240,7 +253,7 @@ def test_features_are_the_pre_logits_with_the_file_list(tmp_path, random_params)
   assert predict.run(path, images, features=str(out), as_json=True) == 0
   features = np.load(out, allow_pickle=False)
   headless = get_model('testing', num_classes=None)
-  x = np.stack([predict.preprocess(preprocess.read_image(p), RESOLUTION) for p in images])
+  x = _eval_inputs(images, RESOLUTION)
   backbone = {k: v for k, v in params.items() if k != 'head'}
   expected = headless.apply({'params': backbone}, x, train=False)
   assert features.shape == (3, 10) and features.dtype == np.float32
@@ -310,9 +323,9 @@ def test_a_training_run_directory_predicts_with_its_class_names(tmp_path, random
   paths = _images(tmp_path, 2)
   expected = _reference_probs(params, paths)
   for where in (run, run / 'checkpoints' / '7' / 'state'):
-    loaded = predict.load(where)
+    loaded = vit_jax.load(where)
     assert loaded.class_names == ['ant', 'bee', 'cat']
-    predictions, _ = predict.predict_files(loaded, paths, k=1)
+    predictions, _ = predict_lib.predict_files(loaded, paths, k=1)
     for pred, probs in zip(predictions, expected, strict=True):
       assert pred.names == [['ant', 'bee', 'cat'][int(np.argmax(probs))]]
       np.testing.assert_allclose(pred.probabilities, [probs.max()], atol=1e-5)
@@ -330,7 +343,7 @@ def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params)
   assert json.loads(out.with_suffix('.json').read_text())['block'] == 0  # 'testing': one block
   # The block's output by hand: the unpooled model's tokens are LayerNorm(block output).
   unpooled = get_model('testing', num_classes=None, classifier='token_unpooled')
-  x = np.stack([predict.preprocess(preprocess.read_image(p), 64) for p in images])
+  x = _eval_inputs(images, 64)
   backbone = {k: v for k, v in params.items() if k != 'head'}
   tokens = np.asarray(unpooled.apply({'params': backbone}, x, train=False))[:, 1:]
   grid = grids.reshape(3, 16, 10).astype(np.float64)
@@ -338,9 +351,9 @@ def test_features_block_writes_that_blocks_patch_tokens(tmp_path, random_params)
   normed = (grid - grid.mean(-1, keepdims=True)) / np.sqrt(grid.var(-1, keepdims=True) + 1e-6)
   np.testing.assert_allclose(normed * norm['scale'] + norm['bias'], tokens, atol=1e-5)
   # One pass gives the block and the predictions: those of a run without the block.
-  loaded = predict.load(path)
-  with_block, _ = predict.predict_files(loaded, images, k=2, block=-1)
-  without, _ = predict.predict_files(loaded, images, k=2)
+  loaded = vit_jax.load(path)
+  with_block, _ = predict_lib.predict_files(loaded, images, k=2, block=-1)
+  without, _ = predict_lib.predict_files(loaded, images, k=2)
   for a, b in zip(with_block, without, strict=True):
     np.testing.assert_array_equal(a.indices, b.indices)
     np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6, rtol=0)

@@ -98,10 +98,10 @@ def test_run_directory_holds_config_metrics_events_checkpoints_and_curves(refere
 
 @pytest.mark.slow
 def test_predict_names_the_classes_of_a_training_run(reference_run):
-  from vit_jax.cli import predict
+  import vit_jax
 
   workdir, _ = reference_run
-  loaded = predict.load(workdir)
+  loaded = vit_jax.load(workdir)
   assert loaded.class_names == [str(i) for i in range(10)]
   assert loaded.class_names_source == os.path.join(workdir, 'config.json')
 

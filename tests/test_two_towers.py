@@ -621,7 +621,7 @@ def test_image_tower_alone_is_a_plain_vit(lit_text_transformer_file, tmp_path):
     np.testing.assert_array_equal(loaded[key], want, err_msg=key)
 
 
-def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_path):
+def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_path, capsys):
   path, flat = lit_text_transformer_file
   np.savez(tmp_path / 'vit.npz', **_tower(flat, 'img/'))
   cases = [
@@ -633,16 +633,18 @@ def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_pat
     (lambda: checkpoint.fit(tmp_path / 'vit.npz', 'LiT-L16S'), 'holds no image-text model'),
     (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'hf'), 'a LiT model (a softmax'),
     (lambda: convert.convert(str(path), str(tmp_path / 'hf'), 'timm'), 'to npz or hf only'),
-    (
-      lambda: predict.load(path),
-      f"classify zero-shot, or take its image tower's features from {path}:img",
-    ),
   ]
   for call, message in cases:
     with pytest.raises(checkpoint.CheckpointError, match=re.escape(message)) as e:
       call()
     assert '\n' not in str(e.value)
   assert not (tmp_path / 'hf').exists()
+  # vit-predict without --classes: an image-text model has no head to predict with.
+  capsys.readouterr()
+  assert predict.run(str(path), [str(tmp_path / 'cat.png')]) == 1
+  err = capsys.readouterr().err
+  assert f"classify zero-shot, or take its image tower's features from {path}:img" in err
+  assert err.startswith('error: ') and err.count('\n') == 1, err
 
 
 def test_towers_take_the_vit_options(lit_text_transformer_file):

@@ -121,13 +121,21 @@ def uses(path: Any, tokenizer_name: str) -> Uses:
   return Uses(vocab, templates, bool(evaluated.get('canonicalize', True)))
 
 
-def _vocab_beside(path: Any, tokenizer_name: str) -> str | None:
-  """FILE.txt or FILE.model beside FILE.npz, or a Hugging Face SigLIP directory's
-  sentencepiece file (spiece.model, tokenizer.model); None if there is none."""
+def vocab_places(path: Any, tokenizer_name: str) -> list[str]:
+  """Where a checkpoint's vocabulary is looked for: a training run's config.json (its
+  zero-shot evaluator's `vocab`, `pp.vocab`), FILE.txt or FILE.model beside FILE.npz, or a
+  Hugging Face SigLIP directory's sentencepiece files (spiece.model, tokenizer.model)."""
+  run = rundir.find_run(path)
+  if run is not None:
+    return [f"{run / rundir.CONFIG_FILE} (pp.vocab, a zeroshot evaluator's vocab)"]
   if files.path(path).is_dir():
-    found = [files.path(path) / name for name in hf_siglip.VOCAB_FILES]
-  else:
-    found = [files.path(_stem(path) + VOCAB_SUFFIX[tokenizer_name])]
+    return [str(files.path(path) / name) for name in hf_siglip.VOCAB_FILES]
+  return [_stem(path) + VOCAB_SUFFIX[tokenizer_name]]
+
+
+def _vocab_beside(path: Any, tokenizer_name: str) -> str | None:
+  """The first of `vocab_places` outside a run that exists; None if none does."""
+  found = [files.path(p) for p in vocab_places(path, tokenizer_name)]
   return next((str(p) for p in found if p.exists()), None)
 
 

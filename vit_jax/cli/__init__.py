@@ -21,6 +21,7 @@ console script, pyproject.toml) calls at program start; importing a module defin
 
 import dataclasses
 import importlib
+import json
 import sys
 from collections.abc import Callable, Sequence
 
@@ -109,3 +110,48 @@ def start(
     app.run(main)
   else:
     app.run(main, flags_parser=flags_parser)
+
+
+def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:
+  """--checkpoint, --model, --resolution: what `vit_jax.load` takes (the inference tools')."""
+  fv = flag_values
+  flags.DEFINE_string(
+    'checkpoint',
+    None,
+    'Checkpoint file or directory, vit-export directory, or a registered model name.',
+    required=True,
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'model', None, 'Registered model name; inferred from the shapes if unset.', flag_values=fv
+  )
+  flags.DEFINE_integer(
+    'resolution',
+    None,
+    'Input size in pixels; default: the one the checkpoint was trained at.',
+    flag_values=fv,
+  )
+
+
+def define_dtype_flag(flag_values: flags.FlagValues) -> None:
+  """--dtype: the inference tools' compute dtype."""
+  flags.DEFINE_enum(
+    'dtype',
+    'float32',
+    ['float32', 'bfloat16'],
+    'Compute dtype (bfloat16: 16-bit matmul operands, the kernels cast once).',
+    flag_values=flag_values,
+  )
+
+
+def print_zero_shot(shown: dict, as_json: bool) -> None:
+  """Zero-shot predictions (`inference.zeroshot.predictions`) as JSON or one line an image,
+  and each unreadable image as an error line (vit-zeroshot's and vit-predict --classes')."""
+  if as_json:
+    print(json.dumps(shown, indent=1))
+  else:
+    for row in shown['predictions']:
+      top = ', '.join(f'{c["class"]} {c["probability"]:.4f}' for c in row['top_k'])
+      print(f'{row["image"]}: {top}')
+  for error in shown['errors']:
+    print(f'error: {error}', file=sys.stderr)

@@ -7,8 +7,8 @@ Face and timm.
 
 SRC is any format `vit_jax.checkpoint.read` reads (original/AugReg/big_vision .npz, a Hugging
 Face or timm directory or .safetensors/.bin file, an orbax training checkpoint). A SigLIP model
-(SigLIP, SigLIP 2) converts to hf as transformers' `SiglipModel` (a NaFlex SigLIP 2:
-`Siglip2Model`) with its processor's files and, where its vocabulary is at hand, its
+(SigLIP, SigLIP 2) converts to hf as transformers' `SiglipModel` (a SigLIP 2 of patch
+sequences: `Siglip2Model`) with its processor's files and, where its vocabulary is at hand, its
 tokenizer's; other image-text models convert to npz only.
 The pre_logits
 layer is kept when the checkpoint has one. The checkpoint is fitted to the model by
@@ -63,8 +63,8 @@ def _write_hf(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[
 
 
 def _write_hf_siglip(fitted: checkpoint.Fitted, src: str, dst: str) -> str:
-  """A SigLIP model as transformers' SiglipModel (a NaFlex one: Siglip2Model), with its
-  processor's files (the tokenizer's where the vocabulary is at hand)."""
+  """A SigLIP model as transformers' SiglipModel (SigLIP 2's of patch sequences:
+  Siglip2Model), with its processor's files (the tokenizer's where the vocabulary is at hand)."""
   vocab = _uses(fitted, src).vocab
   path = checkpoint.export_hf(
     fitted.params, fitted.config, dst, image_size=fitted.resolution, vocab=vocab
@@ -157,7 +157,7 @@ def convert(
   out(
     f'wrote {dst}: {written}; {len(tree.flatten(fitted.params))} arrays,'
     f' {tree.count_params(fitted.params):,} parameters; model {fitted.name or "(unregistered)"}'
-    + (f' at {fitted.resolution} px' if fitted.resolution else '')  # NaFlex: any size
+    + (f' at {fitted.resolution} px' if fitted.resolution else '')  # patch sequences: any size
   )
   for path in beside:
     out(f'wrote {path}')

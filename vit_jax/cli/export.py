@@ -4,7 +4,7 @@
       [--model=NAME] [--resolution=R]
 
 SRC is any checkpoint `vit_jax.checkpoint.fit` reads (a run directory, an .npz, a Hugging Face
-or timm model, a LiT or SigLIP file, a NaFlex SigLIP 2). OUT, a new directory, gets:
+or timm model, a LiT or SigLIP file, a SigLIP 2 of patch sequences). OUT, a new directory, gets:
 
   model.stablehlo     `jax.export`, parameters as constants, batch 'b' symbolic, lowered
                       for cpu, cuda and tpu: `jax.export.deserialize(blob).call(images)`
@@ -19,14 +19,15 @@ is one line).
 
 A classifier takes NHWC float32 images in [-1, 1] at its resolution and gives logits (its
 pre-logits features where it has no head). An image-text model (LiT, SigLIP) is two
-functions: `image` (images; a NaFlex tower: packed patch sequences (b, n, p * p * 3 + 3)) and
-`text` (int32 tokens (b, max_len)), each to normalised embeddings: image.stablehlo,
-text.stablehlo (image.onnx, text.onnx), and the SavedModel signatures `image` (also
-`serving_default`) and `text`; export.json adds the tokenizer's settings, t and b, and its
-vocabulary is copied beside where one is known. `--dtype=bfloat16` computes in bfloat16
-(outputs stay float32; ONNX has no bfloat16 Einsum, so no ONNX then). A format that cannot be
-written here is one warning line; with none left to write, as on any failure, it exits with
-status 1 and one line, leaving OUT untouched; bad usage exits with status 2 (docs/export.md).
+functions: `image` (images; a patch-sequence tower: packed patch sequences
+(b, n, p * p * 3 + 3)) and `text` (int32 tokens (b, max_len)), each to normalised
+embeddings: image.stablehlo, text.stablehlo (image.onnx, text.onnx), and the SavedModel
+signatures `image` (also `serving_default`) and `text`; export.json adds the tokenizer's
+settings, t and b, and its vocabulary is copied beside where one is known. `--dtype=bfloat16`
+computes in bfloat16 (outputs stay float32; ONNX has no bfloat16 Einsum, so no ONNX then). A
+format that cannot be written here is one warning line; with none left to write, as on any
+failure, it exits with status 1 and one line, leaving OUT untouched; bad usage exits with status
+2 (docs/export.md).
 """
 
 import os

@@ -60,25 +60,32 @@ class ImageError(ValueError):
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason.
-
-  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`data.preprocess.decode`);
-  other files go to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
-  """
+  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason
+  (`decode_image`)."""
   try:
     raw = files.path(path).read_bytes()
   except OSError as e:
     raise ImageError(f'{path}: cannot read image ({e.strerror or e})') from None
+  return decode_image(raw, path)
+
+
+def decode_image(raw: bytes, name: str | os.PathLike) -> np.ndarray:
+  """Encoded image bytes to uint8 RGB (H, W, 3); raises ImageError naming `name`.
+
+  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`decode`); other bytes go
+  to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
+  """
   image = decode_bytes(raw)
   if image is not None:
     return image
+  buffer = io.BytesIO(raw)
   try:
-    with Image.open(os.fspath(path) if files.is_local(path) else io.BytesIO(raw)) as im:
-      rgb = im.convert('RGB')
-      return np.asarray(rgb, dtype=np.uint8)
+    with Image.open(buffer) as im:
+      return np.asarray(im.convert('RGB'), dtype=np.uint8)
   except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-    reason = ' '.join(str(e).split()) or type(e).__name__
-    raise ImageError(f'{path}: cannot read image ({reason})') from None
+    message = str(e).replace(repr(buffer), repr(str(name)))  # Pillow names the file it read
+    reason = ' '.join(message.split()) or type(e).__name__
+    raise ImageError(f'{name}: cannot read image ({reason})') from None
 
 
 def value_range(image: tf.Tensor, offset: float = 127.5, scale: float = 127.5) -> tf.Tensor:

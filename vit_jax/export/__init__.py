@@ -7,7 +7,7 @@ SavedModel and ONNX files, with an `export.json` that says how to feed them.
 
 Each function of the model (`functions`: a classifier's `model`; an image-text model's `image`
 and `text` towers) closes over its parameters, so the artifacts hold them as constants and
-need neither this project nor flax to run. The batch dimension is symbolic ('b'); a NaFlex
+need neither this project nor flax to run. The batch dimension is symbolic ('b'); a patch-sequence
 tower's sequence length too ('n'). The StableHLO is lowered for CPU, CUDA and TPU at once.
 The SavedModel (`vit_jax/export/saved_model.py`) is the same functions through `jax2tf`,
 the ONNX files (`vit_jax/export/onnx.py`) through `jax2onnx`, which needs an environment of
@@ -30,10 +30,11 @@ import numpy as np
 from vit_jax import checkpoint as ckpt
 from vit_jax import families
 from vit_jax.export import onnx, saved_model
-from vit_jax.export.artifact import METADATA, Artifact, is_export_dir, load_artifact
+from vit_jax.export.artifact import METADATA, is_export_dir
+from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.models import precision
 
-__all__ = ['Artifact', 'export_model', 'functions', 'is_export_dir', 'load_artifact']
+__all__ = ['export_model', 'functions', 'is_export_dir']
 
 FORMATS = ('stablehlo', 'saved_model', 'onnx')
 DTYPES = ('float32', 'bfloat16')
@@ -53,7 +54,7 @@ class Function:
     name: 'model' (a classifier), 'image' or 'text' (an image-text model's towers); the
       StableHLO file is NAME.stablehlo, the SavedModel signature NAME.
     fn: the model's apply on one input array, its parameters closed over (constants).
-    shape: the input's dimensions, 'b' the symbolic batch ('n': a NaFlex sequence length).
+    shape: the input's dimensions, 'b' the symbolic batch ('n': a patch sequence's length).
     dtype: the input's dtype ('float32' images, 'int32' tokens).
     input_name, output_name: what the input and output are called in the SavedModel and
       export.json.
@@ -91,41 +92,42 @@ def _arrays(fitted: ckpt.Fitted) -> Any:
   return jax.tree.map(jnp.asarray, fitted.params)
 
 
-def _sides(resolution: Any) -> tuple[int, int]:
-  return (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+def image_preprocessing(fitted: ckpt.Fitted) -> Preprocessing:
+  """How the fitted model's images are prepared: its family's spec at its resolution."""
+  return families.of_config(fitted.config).preprocessing(fitted.config, fitted.resolution, 0)
+
+
+def _image_shape(fitted: ckpt.Fitted) -> tuple[str | int, ...]:
+  """The image input with its symbolic batch 'b' (and a patch sequence's length 'n')."""
+  return ('b', *image_preprocessing(fitted).symbolic_shape())
+
+
+def _example(shape: tuple[str | int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+  """A concrete example of `shape`: batch 1, a sequence of 2."""
+  return jax.ShapeDtypeStruct(tuple({'b': 1, 'n': 2}.get(d, d) for d in shape), dtype)
 
 
 def _classifier(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
   """A ViT, DeiT or Mixer: NHWC images in [-1, 1] -> logits (a DeiT's: the mean of its two
   heads), or the pre-logits features where it has no head."""
   model = fitted.model(dtype=jnp.dtype(dtype))
-  height, width = _sides(fitted.resolution)
   forward = lambda p, x: model.apply({'params': p}, x, train=False)
-  example = jax.ShapeDtypeStruct((1, height, width, 3), jnp.float32)
-  params = precision.cast_matmul_params(forward, _arrays(fitted), example)
+  shape = _image_shape(fitted)
+  params = precision.cast_matmul_params(forward, _arrays(fitted), _example(shape, jnp.float32))
   apply = lambda x: forward(params, x)
   output = 'logits' if fitted.config.get('num_classes') else 'features'
-  shape = ('b', height, width, 3)
   return [Function('model', _as_float32(apply), shape, 'float32', 'images', output)]
 
 
 def _image_text(fitted: ckpt.Fitted, dtype: str) -> list[Function]:
-  """An image-text model's towers: images (NaFlex: packed patch sequences) and int32 tokens
-  -> L2-normalised embeddings."""
+  """An image-text model's towers: images (patch sequences: each slot the patch's p * p * 3
+  values, its ptype, yidx, xidx) and int32 tokens -> L2-normalised embeddings."""
   tower = {'dtype': jnp.dtype(dtype)}
   model = fitted.model(image=tower, text=tower)
-  config = fitted.config
-  patch = families.of_config(config).sequence_patch(config)
-  if patch is None:
-    height, width = _sides(fitted.resolution)
-    image_shape, image_input = ('b', height, width, 3), 'images'
-  else:  # each slot: the patch's p * p * 3 values, its ptype, yidx, xidx
-    image_shape, image_input = ('b', 'n', patch * patch * 3 + 3), 'patches'
-  tokens = ('b', int(config.pp.max_len))
-  examples = (
-    jax.ShapeDtypeStruct((1, *[2 if d == 'n' else d for d in image_shape[1:]]), jnp.float32),
-    jax.ShapeDtypeStruct((1, tokens[1]), jnp.int32),
-  )
+  image_shape = _image_shape(fitted)
+  image_input = 'patches' if 'n' in image_shape else 'images'
+  tokens = ('b', int(fitted.config.pp.max_len))
+  examples = (_example(image_shape, jnp.float32), _example(tokens, jnp.int32))
   both = lambda p, x, t: model.apply({'params': p}, images=x, tokens=t)
   params = precision.cast_matmul_params(both, _arrays(fitted), *examples)
   image = lambda x: model.apply({'params': params}, images=x)[0]
@@ -156,47 +158,6 @@ def write_stablehlo(function: Function, path: str | os.PathLike) -> jax.export.E
   return exported
 
 
-def preprocessing(fitted: ckpt.Fitted) -> dict[str, Any]:
-  """How an image becomes the image input, in words and numbers (vit_jax/data/preprocess.py)."""
-  config = fitted.config
-  patch = families.of_config(config).sequence_patch(config)
-  scale = {'offset': 127.5, 'scale': 127.5, 'formula': '(x - 127.5) / 127.5, x in [0, 255]'}
-  if patch is not None:
-    max_patches = int(config.pp.get('max_patches') or 0)
-    return {
-      'kind': 'naflex_patch_sequence',
-      'text': (
-        f'decode to RGB; resize at its own aspect ratio to the largest size of at most'
-        f' {max_patches} patches of {patch} x {patch} pixels (bilinear, antialiased); values'
-        f' (x - 127.5) / 127.5; cut into {patch} x {patch} patches in row-major order, each'
-        f" flattened (row, column, channel); each of n slots holds a patch's {patch * patch * 3}"
-        " values, then ptype (1 a patch, 0 padding), yidx, xidx (the patch's row and column"
-        " in its image's grid); unused slots all zeros"
-      ),
-      'patch_size': patch,
-      'max_patches': max_patches,
-      'slot': [patch * patch * 3, 'ptype', 'yidx', 'xidx'],
-      'value_range': scale,
-    }
-  height, width = _sides(fitted.resolution)
-  # An image-text tower's images as the original LiT (and vit-zeroshot) feed them: the
-  # resized image cast to uint8 first.
-  lit = families.of_config(config).image_text
-  return {
-    'kind': 'resize',
-    'text': (
-      f'decode to RGB; resize to {height} x {width} (bilinear, half-pixel centres, no'
-      ' antialiasing, aspect ratio not kept); '
-      + ('cast to uint8 (truncating); ' if lit else '')
-      + 'values (x - 127.5) / 127.5, so [-1, 1]; NHWC'
-    ),
-    'size': [height, width],
-    'method': 'bilinear',
-    'round_to_uint8': lit,
-    'value_range': scale,
-  }
-
-
 def _text(fitted: ckpt.Fitted, source: str, out: str) -> dict[str, Any]:
   """The text tower's tokenizer (`tokenizer_settings`), its vocabulary copied into `out`
   where one is known beside the source, t and b."""
@@ -211,7 +172,14 @@ def _text(fitted: ckpt.Fitted, source: str, out: str) -> dict[str, Any]:
   params = fitted.params
   scalar = lambda key: float(np.asarray(params[key]).reshape(())) if key in params else None
   return {
-    'tokenizer': {'name': name, 'max_len': max_len, 'options': options, 'vocab': copied},
+    # `pp`: the model's tokenizer settings, which the one tokenizer resolver reads back.
+    'tokenizer': {
+      'name': name,
+      'max_len': max_len,
+      'options': options,
+      'vocab': copied,
+      'pp': pp,
+    },
     't': float(np.exp(scalar('t'))),  # exp of the stored log temperature
     'b': scalar('b'),
     'logits': 'sigmoid(t * zimg @ ztxt.T + b)' if 'b' in params else 'softmax(t * zimg @ ztxt.T)',
@@ -241,7 +209,7 @@ def metadata(
     'formats': list(written),
     'platforms': list(PLATFORMS),
     'functions': entries,
-    'preprocessing': preprocessing(fitted),
+    'preprocessing': image_preprocessing(fitted).to_json(),
   }
 
 

@@ -1,5 +1,5 @@
 """The exported functions as ONNX files (`jax2onnx`), for onnxruntime: NAME.onnx per function,
-its batch dimension symbolic ('b'; a NaFlex tower's sequence length 'n' too), inputs and outputs
+its batch dimension symbolic ('b'; a patch sequence's length 'n' too), inputs and outputs
 named as export.json says. Tensors over 1 MB go to NAME.onnx.data beside it, which the .onnx
 names.
 
@@ -33,7 +33,8 @@ def available() -> bool:
 
 @contextlib.contextmanager
 def _quiet():
-  """onnx_ir warns of each intermediate shape it leaves untyped (NaFlex's: harmless)."""
+  """onnx_ir warns of each intermediate shape it leaves untyped (harmless: a patch-sequence
+  tower's)."""
   logger = logging.getLogger('onnx_ir')
   level = logger.level
   logger.setLevel(logging.ERROR)

@@ -26,7 +26,7 @@ def available() -> bool:
 
 
 def _signature(function: Any, platforms: Sequence[str]) -> Any:
-  """A `tf.function` of one exported function, its batch (and NaFlex length) dimension None."""
+  """A `tf.function` of one exported function, its batch (and sequence length) dimension None."""
   import tensorflow as tf
   from jax.experimental import jax2tf
 

@@ -63,6 +63,13 @@ class Preprocessing:
       return (self.max_patches, self.patch_size**2 * 3 + 3)
     return (*self.size, 3)
 
+  def symbolic_shape(self) -> tuple[str | int, ...]:
+    """One image's input with a free sequence length 'n' for patch sequences (what an
+    exported function takes: `jax.export` shapes)."""
+    if self.kind == PATCHES:
+      return ('n', self.input_shape()[1])
+    return self.input_shape()
+
   def describe(self) -> str:
     """The spec in words (export.json's `text`, the commands' summaries)."""
     resize = f'{self.method}{", antialiased" if self.antialias else ", no antialiasing"}'
@@ -92,8 +99,13 @@ class Preprocessing:
 
   @classmethod
   def from_json(cls, entry: dict[str, Any]) -> 'Preprocessing':
+    """The spec of `to_json` (or of an export.json written before the spec: its kind
+    'naflex_patch_sequence' was antialiased, its value range (x - 127.5) / 127.5)."""
     names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in entry.items() if k in names})
+    fields = {k: v for k, v in entry.items() if k in names}
+    if entry.get('kind') == 'naflex_patch_sequence':
+      fields['antialias'] = True
+    return cls(**fields)
 
 
 def square(resolution: int | tuple[int, int], **options: Any) -> Preprocessing:
