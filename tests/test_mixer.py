@@ -13,9 +13,9 @@ from numpy_models import mixer as numpy_mixer
 
 from configs import digits as digits_config
 from configs import vit as vit_config
-from vit_jax import checkpoint, families, train
+from vit_jax import benchmark, checkpoint, families, train
 from vit_jax.checkpoint import tree
-from vit_jax.cli import benchmark, convert, predict
+from vit_jax.cli import convert, predict
 from vit_jax.models import get_config, get_model, model_from_config
 
 # A small Mixer: 64 px images in 16x16 patches, S = 16 patches.
