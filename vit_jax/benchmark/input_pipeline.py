@@ -148,9 +148,6 @@ class InOrderFolder(sources.FolderSource):
     paths = tf.data.Dataset.range(by_index.size).batch(256).map(by_index.fetch).unbatch()
     return paths.map(lambda r: {**r, 'image': tf.io.read_file(r['image'])})
 
-  def num_examples(self, split: str, process_index: int = 0, process_count: int = 1) -> int:
-    return super().num_examples(split, process_index, process_count)
-
   def encoded(self, image: tf.Tensor) -> tf.Tensor:
     return image
 
