@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from vit_jax import families, parallel
-from vit_jax.cli import benchmark, benchmark_loss
+from vit_jax import benchmark, families, parallel
+from vit_jax.benchmark import analysis, contrastive_loss, memory, programs
+from vit_jax.benchmark.variants import build_model
+from vit_jax.cli import benchmark as benchmark_cli
 from vit_jax.models import stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds
@@ -38,7 +40,7 @@ def tiny_run(tmp_path_factory):
     model_overrides=TINY,
   )
   path = tmp_path_factory.mktemp('bench') / 'out.json'
-  benchmark.write_json(result, str(path))
+  benchmark_cli.write_json(result, str(path))
   return result, path
 
 
@@ -90,14 +92,14 @@ def test_training_flops_are_three_forwards_and_remat_recomputes(tiny_run):
   # The trainer's step at two batch sizes: what grows with the batch is the per-image work,
   # the rest is the optimizer's, once per step on every parameter.
   config = benchmark.model_config('ViT-Ti_16', TINY)
-  model = benchmark._model(config, 10, benchmark.Variant())
+  model = build_model(config, 10, benchmark.Variant())
   image = jax.ShapeDtypeStruct((1, 32, 32, 3), jnp.float32)
   params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), image)['params']
 
   def step_flops(batch):
     images = jax.ShapeDtypeStruct((batch, 32, 32, 3), jnp.float32)
     labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    return benchmark._compile_train(model, params, images, labels)[2] * batch
+    return programs.compile_train(model, params, images, labels)[2] * batch
 
   assert step_flops(2) == pytest.approx(2 * plain['flops_per_image'], rel=1e-6)  # as timed
   per_image = (step_flops(4) - step_flops(2)) / 2
@@ -127,7 +129,7 @@ def test_json_and_table(tiny_run):
   loaded = json.loads(path.read_text())
   assert loaded['rows'][0]['img_per_s'] == result['rows'][0]['img_per_s']
   assert not list(path.parent.glob('.benchmark.*'))  # no temporary left behind
-  table = benchmark.format_table(result)
+  table = benchmark_cli.format_table(result)
   assert table.count('\n| float32/xla/remat=') == 3  # 1 inference + 2 train rows
   assert 'matmul probe' in table
 
@@ -217,7 +219,7 @@ def test_memory_line_holds_the_state_and_accum_steps_fit_the_device():
   in float32 (12 B per parameter); accum_steps is the fewest micro-batches that fit."""
   config = benchmark.model_config('ViT-Ti_16', TINY)
   fixed, per_image = benchmark.memory_line(config, 10, benchmark.Variant(), 32)
-  model = benchmark._model(config, 10, benchmark.Variant())
+  model = build_model(config, 10, benchmark.Variant())
   n = stats.count_params(families.param_shapes(model, 32))
   assert 12 * n <= fixed < 20 * n and per_image > 0
   # 512 images on 8 devices (64 each), 1 GB fixed, 0.1 GB per image, 90% of the device:
@@ -237,7 +239,7 @@ def test_memory_table_fits_a_line_and_the_largest_batches(monkeypatch):
     'temp_bytes': temp(b),
     'compile_s': 1.0,
   }
-  monkeypatch.setattr(benchmark, 'train_memory', fake)
+  monkeypatch.setattr(memory, 'train_memory', fake)
   variants = [benchmark.Variant(), benchmark.Variant('bfloat16', remat='full', layers='scan')]
   result = benchmark.memory_table(['ViT-B_16'], variants, 224, [8, 16, 32], [1, 16, 40, 80])
   row = result['rows'][1]
@@ -247,7 +249,7 @@ def test_memory_table_fits_a_line_and_the_largest_batches(monkeypatch):
   assert (row['temp_per_image_bytes'], row['off_line_bytes']) == (95.5 * mib, mib)
   # (G GiB - 2 GiB) / 96 MiB images: 14 * 1024 / 96 = 149.3, 405.3, and 832 exactly.
   assert row['largest_batch'] == {'1': 0, '16': 149, '40': 405, '80': 832}
-  table = benchmark.format_memory_table(result)
+  table = benchmark_cli.format_memory_table(result)
   assert '| ViT-B_16 | bfloat16/xla/remat=full/scan | 2.00 | 1.50 | 96.0 | 95.5 | 1.00 |' in table
   with pytest.raises(ValueError, match='two or more increasing batches'):
     benchmark.memory_table(['ViT-B_16'], variants, 224, [8])
@@ -324,7 +326,7 @@ def test_model_flops_count_attention_explicitly_or_analytically(monkeypatch):
     assert fused['cudnn_attention'] is False and explicit['cudnn_attention'] is False
   # A backend that analyses no lowered program (GPUs under jax 0.11): the analytic count,
   # and a training step as 3 forward passes.
-  monkeypatch.setattr(benchmark, '_flops', lambda lowered: float('nan'))
+  monkeypatch.setattr(analysis, 'flops', lambda lowered: float('nan'))
   result = _attention_run()
   analytic = families.forward_flops(benchmark.model_config('ViT-Ti_16', TINY), 32, 10)
   for row in result['rows']:
@@ -438,7 +440,7 @@ def test_precision_policies_show_bytes_accessed_and_temporary_memory():
   # tests/test_precision.py.)
   float32, bfloat16 = rows['float32/xla/remat=none'], rows['bfloat16/xla/remat=none']
   assert bfloat16['bytes_accessed_per_image'] < float32['bytes_accessed_per_image']
-  table = benchmark.format_table(result)
+  table = benchmark_cli.format_table(result)
   assert '| MB acc/img | temp MB/img |' in table
 
 
@@ -470,7 +472,7 @@ def test_profile_steps_trace_and_summarise_the_training_step(tmp_path):
   # which ones hold a dot (all were 'other' before).
   assert profile['shares']['matmul'] > 0
   assert sum(r['ms'] for r in profile['top']) <= profile['total_ms'] + 1e-6
-  assert 'steps profiled:' in benchmark.format_table(result)
+  assert 'steps profiled:' in benchmark_cli.format_table(result)
 
 
 @pytest.fixture(scope='module')
@@ -483,7 +485,7 @@ def loss_memory():
   got = {}
   for step, logits, devices, rows in cases:
     mesh = parallel.create_mesh(jax.devices()[:devices])
-    got[step, logits, devices, rows] = benchmark_loss.temp_bytes(
+    got[step, logits, devices, rows] = contrastive_loss.temp_bytes(
       rows * devices, 32, logits, step, mesh, chunk=16
     )
   return got

@@ -20,12 +20,21 @@ PACKAGES = ('vit_jax', 'configs')
 # module imports from its own floor or the ones below; a new top-level module takes a floor here.
 FLOORS = {
   # 4: the entry points, and the shims that keep `python -m vit_jax.<tool>` working.
+  **dict.fromkeys(['cli', 'main', 'convert', 'predict', 'visualize', 'zeroshot', 'embed'], 4),
+  # 3: what runs an experiment, the benchmark harness, the inference layer, the configs.
   **dict.fromkeys(
-    ['cli', 'main', 'convert', 'predict', 'visualize', 'benchmark', 'zeroshot', 'embed'], 4
-  ),
-  # 3: what runs an experiment, and the experiment configs.
-  **dict.fromkeys(
-    ['train', 'tasks', 'evals', 'reproduce', 'fewshot', 'export', 'inference', 'configs'], 3
+    [
+      'train',
+      'tasks',
+      'evals',
+      'reproduce',
+      'fewshot',
+      'export',
+      'benchmark',
+      'inference',
+      'configs',
+    ],
+    3,
   ),
   # 2: models and their families, checkpoints, data, text.
   **dict.fromkeys(['models', 'families', 'checkpoint', 'data', 'text'], 2),
@@ -46,8 +55,14 @@ FLOORS = {
   ),
   'vit_jax': 1,  # the package's own __init__
 }
-# `python -m vit_jax.reproduce`, `vit_jax.models`, `vit_jax.export`: shims inside their packages.
-ENTRY_SHIMS = ('vit_jax.reproduce.__main__', 'vit_jax.models.__main__', 'vit_jax.export.__main__')
+# `python -m vit_jax.reproduce`, `vit_jax.models`, `vit_jax.export`, `vit_jax.benchmark`: shims
+# inside their packages.
+ENTRY_SHIMS = (
+  'vit_jax.reproduce.__main__',
+  'vit_jax.models.__main__',
+  'vit_jax.export.__main__',
+  'vit_jax.benchmark.__main__',
+)
 
 
 def _modules(root: pathlib.Path, packages: tuple[str, ...]) -> dict[str, pathlib.Path]:

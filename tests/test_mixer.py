@@ -14,9 +14,9 @@ from numpy_models import mixer as numpy_mixer
 import vit_jax
 from configs import digits as digits_config
 from configs import vit as vit_config
-from vit_jax import checkpoint, families, train
+from vit_jax import benchmark, checkpoint, families, train
 from vit_jax.checkpoint import tree
-from vit_jax.cli import benchmark, convert
+from vit_jax.cli import convert
 from vit_jax.inference import model as inference_model
 from vit_jax.inference import predict
 from vit_jax.models import get_config, get_model, model_from_config

@@ -1,0 +1,185 @@
+"""The programs under test: a variant's compiled inference (`apply(train=False)`) and the
+trainer's own training step, their compile time and FLOPs; `Timed`, a program and its
+measurements, and `Job`, one run's inputs that its programs share."""
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from vit_jax import optim, parallel
+from vit_jax.benchmark import analysis
+from vit_jax.benchmark.variants import Variant, build_model
+from vit_jax.train import spec as spec_lib
+from vit_jax.train import steps as train_steps
+
+
+@dataclasses.dataclass
+class Timed:
+  """A program under test: `run()` does one step and blocks until it is done."""
+
+  label: str
+  variant: Variant | None
+  mode: str
+  run: Callable[[], Any]
+  compile_s: float = float('nan')
+  flops_per_image: float = float('nan')
+  model_flops_per_image: float = float('nan')
+  facts: dict[str, Any] = dataclasses.field(default_factory=dict)  # of the compiled program
+  wall: list[float] = dataclasses.field(default_factory=list)
+  cpu: list[float] = dataclasses.field(default_factory=list)
+  faults: list[int] = dataclasses.field(default_factory=list)
+  peak_bytes: int | None = None
+  hlo: Callable[[], str] | None = None  # the compiled program's text, for --profile_steps
+
+
+@dataclasses.dataclass
+class Job:
+  """One benchmark run's checked arguments and inputs, shared by its stages."""
+
+  config: ml_collections.ConfigDict
+  variants: list[Variant]
+  num_classes: int
+  images: Any  # arrays, or ShapeDtypeStructs under compile_only
+  labels: Any
+  inference: bool
+  train: bool
+  compile_only: bool
+  accum_steps: int
+  analytic: float  # forward FLOPs per image of `models.stats`
+  log: Callable[[str], None]
+
+  @property
+  def batch(self) -> int:
+    return self.images.shape[0]
+
+  def modes(self, variant: Variant) -> list[str]:
+    """remat changes no inference program: inference is measured once per layout."""
+    infer = self.inference and variant.remat == self.variants[0].remat
+    return (['inference'] if infer else []) + (['train'] if self.train else [])
+
+
+def applied(model: Any) -> Callable:
+  return lambda p, x: model.apply({'params': p}, x, train=False)
+
+
+def compile_inference(
+  model: Any, params: Any, images: jax.Array
+) -> tuple[Callable, float, float, Any]:
+  """(compiled apply, compile seconds, flops per image, `analysis.compiled_facts`)."""
+  f = jax.jit(applied(model))
+  start = time.perf_counter()
+  lowered = f.lower(params, images)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  flops = analysis.flops(lowered) / images.shape[0]
+  return compiled, compile_s, flops, analysis.compiled_facts(compiled)
+
+
+# The training step timed is the trainer's own (vit_jax.train.steps) with the run spec's
+# default recipe: softmax cross-entropy, clipping at global norm 1, SGD with momentum 0.9, the
+# warmup-cosine schedule of this many steps, per-example dropout keys where the model drops out.
+SCHEDULE_STEPS = 10_000
+
+
+def _trainer(model: Any, batch: int, accum_steps: int = 1):
+  """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec's
+  classification, with `accum_steps` micro-batches; step(state, {'image', 'label'}) ->
+  (state, metrics)."""
+  from vit_jax.tasks import classification
+
+  data = spec_lib.Data(batch=batch, num_classes=model.num_classes)
+  run = spec_lib.RunSpec(data=data, step=spec_lib.Step(accum_steps=accum_steps))
+  tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)
+  task = classification.Task(run, model)
+  return tx, train_steps.make_train_step(task, tx, schedule, run)
+
+
+def _train_state(params: Any, tx: Any) -> dict[str, Any]:
+  return {
+    'params': params,
+    'opt_state': tx.init(params),
+    'step': jnp.zeros((), jnp.int32),
+    'rng': jax.random.key_data(jax.random.key(1)),
+  }
+
+
+def abstract(tree: Any) -> Any:
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def _compiled_step(model: Any, images: Any, accum_steps: int):
+  """(optimizer, the step compiled as the trainer compiles it, on a one-device mesh)."""
+  tx, step = _trainer(model, images.shape[0], accum_steps)
+  mesh = parallel.create_mesh(jax.local_devices()[:1])
+  replicated = parallel.replicated(mesh)  # the whole state: a prefix of its tree
+  return tx, train_steps.compile_train_step(step, replicated, parallel.batch_sharding(mesh), mesh)
+
+
+def _lower_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int):
+  """(optimizer, the lowered training step); arrays may be abstract."""
+  tx, f = _compiled_step(model, images, accum_steps)
+  state = jax.eval_shape(lambda p: _train_state(p, tx), abstract(params))
+  return tx, f.lower(state, {'image': abstract(images), 'label': abstract(labels)})
+
+
+def compile_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int = 1):
+  """(compiled step, compile seconds, flops per image, `analysis.compiled_facts`); arrays may
+  be abstract."""
+  start = time.perf_counter()
+  _, lowered = _lower_train(model, params, images, labels, accum_steps)
+  compiled = lowered.compile()
+  compile_s = time.perf_counter() - start
+  flops = analysis.flops(lowered) / images.shape[0]
+  return compiled, compile_s, flops, analysis.compiled_facts(compiled)
+
+
+def train_program(
+  model: Any,
+  params: Any,
+  images: jax.Array,
+  labels: jax.Array,
+  state: dict | None = None,
+  accum_steps: int = 1,
+):
+  """(run, compile seconds, flops per image, `analysis.compiled_facts`, the compiled
+  program's text); `run` steps `state` in place.
+
+  Programs may share one `state` (the train state, donated and replaced at every step):
+  they run one after another, and a large model is then held once, not once per variant.
+  """
+  compiled, compile_s, flops, facts = compile_train(model, params, images, labels, accum_steps)
+  state = {} if state is None else state
+  if not state:
+    tx, _ = _trainer(model, images.shape[0], accum_steps)
+    state['train'] = _train_state(jax.tree.map(jnp.array, params), tx)  # a copy: donated
+  batch = {'image': images, 'label': labels}
+
+  def run():
+    state['train'], metrics = compiled(state['train'], batch)
+    return metrics['loss']
+
+  return run, compile_s, flops, facts, compiled.as_text
+
+
+def flops_reference(variant: Variant) -> Variant:
+  """The variant whose program XLA's cost analysis counts in full: unrolled (a scanned body
+  is counted once), no rematerialisation (recomputation is no useful work) and explicit
+  attention (a cuDNN attention kernel is a custom call that the analysis counts as 0 FLOPs).
+  """
+  return dataclasses.replace(variant, remat='none', layers='unrolled', attention='xla')
+
+
+def model_flops(config, num_classes, variant, mode, images, labels, params, accum_steps) -> float:
+  """FLOPs per image of `flops_reference(variant)`'s program: the model FLOPs."""
+  model = build_model(config, num_classes, flops_reference(variant))
+  shapes = abstract(params)
+  if mode == 'inference':
+    lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
+  else:
+    lowered = _lower_train(model, shapes, images, labels, accum_steps)[1]
+  return analysis.flops(lowered) / images.shape[0]
