@@ -19,11 +19,13 @@ import pytest
 from conftest import digest, randomize, unreadable_files
 from PIL import Image
 
+import vit_jax
 from configs import digits as digits_config
 from configs import lit_digits
 from vit_jax import checkpoint, families
 from vit_jax.cli import embed
 from vit_jax.data import digits, digits_text, embeddings, preprocess
+from vit_jax.inference import embed as embed_lib
 from vit_jax.models import model_from_config
 
 VIT = digits_config.get_config().model  # 2x2 patches of the 8x8 digits, 4 blocks of width 64
@@ -108,8 +110,8 @@ def test_a_stop_mid_write_then_a_rerun_equals_one_run(classifier, reference, tmp
   # What a kill leaves (no exception to clean up): a temporary file, embeddings without ids.
   (out / '.embeddings-00003-of-00009.npy.x1y2.tmp').write_bytes(b'\x93NUMPY')
   (out / 'embeddings-00002-of-00009.npy').write_bytes(b'\x93NUMPY')
-  shard, redone = embed.embed_shard, []
-  monkeypatch.setattr(embed, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
+  shard, redone = embed_lib.embed_shard, []
+  monkeypatch.setattr(embed_lib, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
   assert embed.run(classifier[0], str(out), ONE) == 0
   assert redone == list(range(2 * SHARD, COUNT, SHARD))  # the finished shards are not redone
   assert digest(out) == digest(reference)
@@ -155,8 +157,8 @@ def test_a_sigterm_mid_write_then_a_rerun_equals_one_run(
   finally:
     proc.kill()
   assert sorted(os.listdir(out)) == sorted([*_names(range(3)), 'embed.json'])  # nothing partial
-  shard, redone = embed.embed_shard, []
-  monkeypatch.setattr(embed, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
+  shard, redone = embed_lib.embed_shard, []
+  monkeypatch.setattr(embed_lib, 'embed_shard', lambda *a: redone.append(a[2]) or shard(*a))
   assert embed.run(classifier[0], str(out), ONE) == 0
   assert redone == list(range(3 * SHARD, COUNT, SHARD))  # the three finished shards are kept
   assert digest(out) == digest(reference)
@@ -234,15 +236,16 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   the LiT exported by vit-export embeds images and texts as its file."""
   from vit_jax.cli import zeroshot as zeroshot_cli
   from vit_jax.evals import zeroshot as zeroshot_eval
+  from vit_jax.inference import zeroshot as zeroshot_lib
 
   lit = _lit_digits(tmp_path)
   out = str(tmp_path / 'out')
   assert embed.run(lit, out, ONE) == 0
   manifest, zimg, ids = embeddings.read(out)
   assert manifest['kind'] == 'image' and zimg.shape == (COUNT, 64) and ids == list(range(COUNT))
-  loaded = zeroshot_cli.load(lit)
-  x = loaded.preprocess(_digits()).numpy()  # a batch at once
-  expected = loaded.apply({'params': loaded.params}, images=x)[0]  # the model directly
+  loaded = vit_jax.load(lit)
+  x = preprocess.input_op(loaded.preprocessing, _digits()).numpy()  # a batch at once
+  expected = loaded.module.apply({'params': loaded.params}, images=x)[0]  # the model directly
   np.testing.assert_allclose(zimg, expected, atol=1e-5)
   options = {'json': True, 'cache_dir': '', 'batch_size': 100, 'split': SPLIT}
   capsys.readouterr()
@@ -251,7 +254,7 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   for extra in ({}, {'embeddings': out}):
     with monkeypatch.context() as m:
       if extra:
-        m.setattr(zeroshot_cli, '_embed_split', embedded_again)
+        m.setattr(zeroshot_lib, '_embed_split', embedded_again)
       assert zeroshot_cli.run(lit, [], dataset='digits', options={**options, **extra}) == 0
     results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
   assert results[0] == results[1] and results[0]['count'] == COUNT
@@ -274,7 +277,7 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   assert zeroshot_cli.run(lit, [], dataset=folder, options=options) == 0
   results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
   with monkeypatch.context() as m:  # no image embedded again
-    m.setattr(zeroshot_cli, '_embed_split', embedded_again)
+    m.setattr(zeroshot_lib, '_embed_split', embedded_again)
     stored = {**options, 'embeddings': str(tmp_path / 'pairs_emb')}
     assert zeroshot_cli.run(lit, [], dataset=folder, options=stored) == 0
   results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
@@ -284,8 +287,8 @@ def test_zeroshot_on_stored_embeddings_equals_zeroshot_on_the_images(tmp_path, c
   texts.write_text('a photo of the digit 3.\n\nthe number 7\n')
   assert embed.run(lit, str(tmp_path / 'texts'), {'texts': str(texts), 'process_count': 1}) == 0
   _, ztxt, ids = embeddings.read(str(tmp_path / 'texts'))
-  tokens = np.asarray(loaded.tokenizer(['a photo of the digit 3.', 'the number 7']), np.int32)
-  expected = zeroshot_eval.text_embedder(loaded.model)(loaded.params, tokens)
+  tokens = loaded.tokenize(['a photo of the digit 3.', 'the number 7'])
+  expected = zeroshot_eval.text_embedder(loaded.module)(loaded.params, tokens)
   assert ids == [1, 3]
   np.testing.assert_allclose(ztxt, expected, atol=1e-5)
   # The model exported (StableHLO alone) embeds as the checkpoint: images and texts.

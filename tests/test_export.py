@@ -256,25 +256,29 @@ def test_export_json_says_how_to_feed_each_model(exported):
     'shape': ['b', 5],
     'dtype': 'float32',
   }
-  assert vit['preprocessing']['size'] == [SIZE, SIZE]
-  assert vit['preprocessing']['value_range']['offset'] == 127.5
+  assert vit['preprocessing']['kind'] == 'resize' and vit['preprocessing']['size'] == [SIZE, SIZE]
+  assert (vit['preprocessing']['offset'], vit['preprocessing']['scale']) == (127.5, 127.5)
   assert not vit['preprocessing']['round_to_uint8']  # the LiT towers' images: uint8 first
   assert meta['siglip']['preprocessing']['round_to_uint8']
   assert meta['deit']['kind'] == 'DeiT (distilled)'
   siglip = meta['siglip']
-  assert siglip['text']['tokenizer'] == {
+  tokenizer = dict(siglip['text']['tokenizer'])
+  pp = tokenizer.pop('pp')  # the model's own settings, which the tokenizer resolver reads
+  assert tokenizer == {
     'name': 'sentencepiece',
     'max_len': LEN,
     'options': {'eos': 'sticky', 'pad_value': 1, 'lower': True},
     'vocab': 'vocab.model',
   }
+  assert (pp['tokenizer_name'], pp['max_len']) == ('sentencepiece', LEN)
   assert (exported[0]['siglip'] / 'vocab.model').read_bytes() == b'a vocabulary'
   assert siglip['text']['t'] > 0
   assert isinstance(siglip['text']['b'], float)
   assert siglip['functions']['text']['input']['shape'] == ['b', LEN]
   naflex = meta['naflex']['functions']['image']
   assert naflex['input'] == {'name': 'patches', 'shape': ['b', 'n', 51], 'dtype': 'float32'}
-  assert meta['naflex']['preprocessing']['kind'] == 'naflex_patch_sequence'
+  naflex_pp = meta['naflex']['preprocessing']
+  assert (naflex_pp['kind'], naflex_pp['patch_size'], naflex_pp['size']) == ('patches', 4, None)
 
 
 def _cli(capsys, *argv):

@@ -22,6 +22,7 @@ from conftest import assert_run_reads_back, jpeg_bytes, randomize
 from PIL import Image
 from scipy.special import log_expit, logsumexp
 
+import vit_jax
 from configs import lit_coco, lit_digits, siglip_lit_coco
 from vit_jax import checkpoint, distributed, families, optim, parallel, rundir, text, train
 from vit_jax import data as data_lib
@@ -311,18 +312,19 @@ SP_MODEL = os.path.join(REPO, 'tests', 'data', 'sp_bpe.model')  # 1,200 pieces, 
 
 
 def _retrieval_tokens(loaded, tmp_path, monkeypatch) -> np.ndarray:
-  """The tokens of CAPTIONS that vit-zeroshot's retrieval (--captions) embeds."""
-  from vit_jax.cli import zeroshot as zeroshot_cli
-  from vit_jax.evals import zeroshot
+  """The tokens of CAPTIONS that vit-zeroshot's retrieval (--captions) embeds: what its
+  model's text tower is given."""
+  from vit_jax.inference import zeroshot as zeroshot_lib
 
   (tmp_path / 'image.jpg').write_bytes(jpeg_bytes(np.random.default_rng(0), 16, 16))
   listing = tmp_path / 'captions.tsv'
   listing.write_text(''.join(f'image.jpg\t{c}\n' for c in CAPTIONS))
-  seen, embed_tokens = [], zeroshot.embed_tokens
-  monkeypatch.setattr(
-    zeroshot, 'embed_tokens', lambda *args: seen.append(args[2]) or embed_tokens(*args)
+  seen, text_tower = [], loaded.programs.text
+  spied = dataclasses.replace(
+    loaded.programs, text=lambda tokens: seen.append(np.asarray(tokens)) or text_tower(tokens)
   )
-  zeroshot_cli.retrieval_recalls(loaded, str(listing), batch_size=2)
+  monkeypatch.setattr(loaded, 'programs', spied)
+  zeroshot_lib.retrieval_recalls(loaded, str(listing), batch_size=2)
   return seen[0]
 
 
@@ -330,7 +332,6 @@ def _ids_on_every_path(config, checkpoint_path, vocab, tmp_path, monkeypatch) ->
   """The ids of CAPTIONS through each path that tokenizes texts, from the training config
   `config` (its run, as `setup.prepare` resolves it) and a file of that model (for
   vit-zeroshot)."""
-  from vit_jax.cli import zeroshot as zeroshot_cli
   from vit_jax.evals import common as evals_common
   from vit_jax.evals import zeroshot
 
@@ -341,11 +342,11 @@ def _ids_on_every_path(config, checkpoint_path, vocab, tmp_path, monkeypatch) ->
   settings = s.spec.evals.named['zeroshot'].settings  # the config's zero-shot evaluator
   assert zeroshot.prompt_tokenizer(in_run, settings) is s.task.tokenizer  # one object in a run
   alone = dataclasses.replace(in_run, tokenizer=None)  # resolved from the family again
-  loaded = zeroshot_cli.load(str(checkpoint_path), vocab=str(vocab))
+  loaded = vit_jax.load(str(checkpoint_path), vocab=str(vocab))
   tokenizers = {
     'training captions': s.task.tokenizer,
     'zero-shot prompts, resolved apart': zeroshot.prompt_tokenizer(alone, settings),
-    'vit-zeroshot': loaded.tokenizer,
+    'vit-zeroshot': loaded.tokenize,
   }
   ids = {name: tokenizer(list(CAPTIONS)) for name, tokenizer in tokenizers.items()}
   graph = s.task.tokenizer.preprocess_tf(tf.constant(list(CAPTIONS)))
@@ -718,9 +719,9 @@ def _coco_recalls(model, params, preprocess) -> dict[str, float]:
 
 def test_the_coco_protocol_in_vit_zeroshot_and_in_a_run(lit_run, image_file, tmp_path, capsys):
   """COCO's retrieval protocol on mock coco_captions: `vit-zeroshot --dataset=coco_captions`
-  on the LiT run (the original's preprocessing) and a run's 'retrieval' evaluator with
-  max_texts=5 (the evaluation preprocessing) each equal the plain computation, over 12 images
-  and their first 5 captions."""
+  on the LiT run (the preprocessing its model states, `vit_jax.load(...).preprocessing`)
+  and a run's 'retrieval' evaluator with max_texts=5 (the evaluation preprocessing) each
+  equal the plain computation, over 12 images and their first 5 captions."""
   from vit_jax.cli import zeroshot as zeroshot_cli
   from vit_jax.data import preprocess
   from vit_jax.evals import common as evals_common
@@ -738,8 +739,8 @@ def test_the_coco_protocol_in_vit_zeroshot_and_in_a_run(lit_run, image_file, tmp
   assert (in_run['coco/coco_captions/num_images'], in_run['coco/coco_captions/num_texts']) == (
     COCO_IMAGES, 60,
   )  # fmt: skip
-  size = s.model.pp['size']
-  lit = _coco_recalls(s.model, params, lambda x: zeroshot_cli.lit_preprocess(x, size))
+  spec = vit_jax.load(workdir).preprocessing
+  lit = _coco_recalls(s.model, params, lambda x: preprocess.input_op(spec, x))
   crop = s.spec.data.pp.crop
   evaluation = _coco_recalls(s.model, params, lambda x: preprocess.eval_image(x, crop))
   for key, value in lit.items():

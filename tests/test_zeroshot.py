@@ -14,12 +14,14 @@ from conftest import randomize
 from numpy_models import l2_normalize, text_transformer, vit
 from PIL import Image
 
+import vit_jax
 from vit_jax import checkpoint, families, parallel, text
 from vit_jax import data as data_lib
 from vit_jax.cli import zeroshot as zeroshot_cli
 from vit_jax.data import spec as data_spec
 from vit_jax.evals import common, prompts, zeroshot
 from vit_jax.evals import spec as evals_spec
+from vit_jax.inference import zeroshot as inference_zeroshot
 from vit_jax.models import get_config, model_from_config
 
 DATA = Path(__file__).parent / 'data'
@@ -316,9 +318,9 @@ def test_report_puts_a_zero_shot_run_beside_the_lit_model_card(tmp_path):
   directory = tmp_path / 'released'
   directory.mkdir()
   path = write_lit_file(directory, 'LiT-B16B_2')
-  loaded = zeroshot_cli.load(str(path))
+  loaded = vit_jax.load(str(path))
   result = {'dataset': 'cifar100', 'split': 'test', 'accuracy': 0.7512, 'count': 10_000}
-  zeroshot_cli.write_run(str(tmp_path / 'runs/b16b2_c100'), str(path), loaded, result)
+  inference_zeroshot.write_run(str(tmp_path / 'runs/b16b2_c100'), loaded, result)
   rows, _, text = report.report([str(tmp_path / 'runs')])
   assert len(rows) == 1
   row = rows[0]
@@ -377,12 +379,12 @@ def test_a_sigmoid_bias_beside_a_bert_tower_keeps_berts_tokenizer(tmp_path, caps
   checkpoint.save_npz(params, path)
   vocab = tmp_path / 'vocab.txt'
   vocab.write_text('\n'.join(VOCAB_LINES) + '\n')
-  loaded = zeroshot_cli.load(str(path), vocab=str(vocab))
+  loaded = vit_jax.load(str(path), vocab=str(vocab))
   want = text.get_tokenizer('bert', vocab, 16)(['A Cat', 'the DOG'])
   np.testing.assert_array_equal(loaded.tokenizer(['A Cat', 'the DOG']), want)
   # Names the vocabulary does not know are one [UNK]: such classes cannot be told apart.
   names = ['zebra', 'cat', 'lion', 'okapi', 'dog']
-  alike = zeroshot_cli.tokenized_alike(loaded, names, ['a photo of a {}', '{}'])
+  alike = inference_zeroshot.tokenized_alike(loaded, names, ['a photo of a {}', '{}'])
   assert alike == [('zebra', 'lion'), ('zebra', 'okapi')]
   images = _write_images(tmp_path / 'images', 1, seed=6)
   options = {'vocab': str(vocab), 'json': True, 'cache_dir': '', 'canonicalize': False}
