@@ -765,3 +765,33 @@ def test_an_evaluator_the_run_cannot_have_is_one_line(image_file):
     with pytest.raises(ValueError, match=match) as stop:
       setup.prepare(config, '/nonexistent', jax.devices()[:1])
     assert '\n' not in str(stop.value)
+
+
+def test_vit_zeroshot_embeds_a_runs_images_as_its_evaluator_bit_for_bit(
+  lit_run, image_file, tmp_path
+):
+  """vit-zeroshot on a LiT run directory (`vit_jax.load` of the run: the run's own evaluation
+  preprocessing, no uint8 cast) and the run's zero-shot evaluator give the same image
+  embeddings bit for bit, on pictures whose resized pixels are not integers (13 to 17 x 11
+  brought to the run's 8 px). Before, vit-zeroshot cast the resized pixels to uint8."""
+  from vit_jax.evals import zeroshot as zeroshot_eval
+  from vit_jax.inference import zeroshot as inference_zeroshot
+
+  workdir, _ = lit_run
+  rng = np.random.default_rng(0)
+  for split, count in (('train', 1), ('test', 5)):
+    (tmp_path / split / 'a').mkdir(parents=True)
+    for i in range(count):
+      pixels = rng.integers(0, 256, (13 + i, 11, 3), dtype=np.uint8)
+      Image.fromarray(pixels).save(tmp_path / split / 'a' / f'{i}.png')
+  paths = sorted(str(p) for p in (tmp_path / 'test' / 'a').glob('*.png'))
+  model = vit_jax.load(workdir)
+  assert not model.preprocessing.round_to_uint8
+  x = model.preprocess(paths) * 127.5 + 127.5
+  assert np.abs(x - np.round(x)).max() > 0.1  # the resized pixels are not integers
+  names, ours, errors = inference_zeroshot.embed_files(model, paths, batch_size=32)
+  assert names == paths and not errors
+  evaluator = setup.prepare(tiny_digits(image_file), workdir, jax.devices()).evaluators['zeroshot']
+  task = zeroshot_eval.Task('pictures', data_lib.get_source(str(tmp_path)), 'test', None, 1)
+  theirs, _ = evaluator._images(model.params, task)  # the evaluator's own pass over a split
+  np.testing.assert_array_equal(ours, theirs)
