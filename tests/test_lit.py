@@ -186,7 +186,13 @@ def test_two_processes_of_four_devices_equal_one_of_eight(lit_run, image_file, t
   got, want = _lines(workdir), _lines(ref_dir)
   assert [m['step'] for m in want if 'zeroshot/digits' in m] == [6]
   assert [sorted(m) for m in got] == [sorted(m) for m in want]
+  # The 6-step model's zero-shot accuracy is at chance (0.1): its class similarities tie to
+  # within rounding, and the 2 x 4 layout's last bits may flip one of the 360 argmaxes (seen
+  # on an AMD EPYC before and after the inference layer). The embeddings' parameters are
+  # compared to 1e-5 below; the accuracy may differ by that one image.
   for a, b in zip(got, want, strict=True):
+    if 'zeroshot/digits' in a:
+      assert abs(a.pop('zeroshot/digits') - b.pop('zeroshot/digits')) <= 1 / 360 + 1e-12
     np.testing.assert_allclose(
       [a[k] for k in sorted(a)], [b[k] for k in sorted(b)], rtol=1e-5, atol=1e-5, err_msg=str(a)
     )

@@ -342,8 +342,8 @@ def _fit_two_towers(
       f' {found.name or "an unregistered image-text model"}'
       f' ({two_towers_family.describe(found_config)}); leave --model out to use that.'
     )
-  elif 'round_to_uint8' in found_config.pp and 'round_to_uint8' not in config.pp:
-    config.pp.round_to_uint8 = found_config.pp.round_to_uint8  # fed as the file's code fed it
+  else:
+    two_towers_family.adopt_file_preprocessing(config, found_config)
   init, resolution = request.init_params, request.resolution
   if two_towers_family.image_family(config) is naflex:  # any size: its images' own
     if resolution is not None:

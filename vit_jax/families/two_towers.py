@@ -359,6 +359,13 @@ def preprocessing(
   return square(resolution, round_to_uint8=bool(pp.get('round_to_uint8', False)))
 
 
+def adopt_file_preprocessing(config: ml_collections.ConfigDict, found: Config) -> None:
+  """A registered `config` fitted to a file takes the preprocessing the file's code used
+  (the released files' uint8 cast), where the registry says nothing of it."""
+  if 'round_to_uint8' in found['pp'] and 'round_to_uint8' not in config.pp:
+    config.pp.round_to_uint8 = found['pp']['round_to_uint8']
+
+
 def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
   """The image tower's forward FLOPs per image (what `vit-models` and the benchmark count); a
   NaFlex tower's at its `pp.max_patches` patches."""
