@@ -381,3 +381,49 @@ def test_a_naflex_tower_fine_tunes_on_mixed_aspect_ratios_and_resumes_exactly(
     assert printed[key] == ran[f'retrieval/pairs/{key}'], key
   assert zeroshot_cli.run(workdir, [], dataset=folder, options={**options, 'max_patches': 4}) == 0
   assert json.loads(capsys.readouterr().out)['num_images'] == 8  # 4 patches an image: runs
+
+
+def _packed(x) -> np.ndarray:
+  """`_inputs`' arrays packed as the input pipeline packs them (one array per image)."""
+  index = np.stack([x['ptype'], x['yidx'], x['xidx']], -1).astype(np.float32)
+  return np.concatenate([x['patches'], index], -1)
+
+
+def test_a_bare_naflex_tower_file_fits_as_a_naflex_classifier(siglip2_vision, tmp_path):
+  """A NaFlex tower's .npz alone (big_vision's `naflex_vit.Model` params, no `img/`: a
+  top-level 2-D `embedding/kernel`, a (G, G, D) `pos_embedding`, scan-stacked blocks, its
+  MAP head and a head of 10 classes) reads as a NaFlex classifier: its pooled features on
+  three aspect ratios equal transformers' Siglip2VisionModel's to 1e-5, its logits are
+  them through the head, and it takes the packed sequences of a batch as the four arrays."""
+  import torch
+  from conftest import big_vision_siglip
+
+  from vit_jax import checkpoint, families
+
+  hf, _, params = siglip2_vision
+  rng = np.random.default_rng(7)
+  head = {'kernel': rng.normal(0, 0.3, (WIDTH, 10)), 'bias': rng.normal(0, 0.3, 10)}
+  stacked = big_vision_siglip({**params, 'head': head})  # `params/...`, blocks stacked
+  np.savez(tmp_path / 'naflex.npz', **{k.removeprefix('params/'): v for k, v in stacked.items()})
+  assert stacked['params/pos_embedding'].shape == (GRID, GRID, WIDTH)
+
+  fitted = checkpoint.fit(tmp_path / 'naflex.npz')
+  family = families.of_config(fitted.config)
+  assert (family.name, fitted.config.num_classes, fitted.resolution) == ('naflex', 10, None)
+  assert fitted.found.description.endswith('(NaFlex, scan-stacked blocks)')
+  assert family.preprocessing(fitted.config).patch_size == PATCH
+  x = _inputs(GRIDS, SLOTS)
+  model = fitted.model()
+  features = jax.jit(family.image_features(model))(fitted.params, _packed(x))
+  with torch.no_grad():
+    want = hf(
+      pixel_values=torch.tensor(x['patches']).double(),
+      pixel_attention_mask=torch.tensor(x['ptype']),
+      spatial_shapes=torch.tensor(GRIDS),
+    ).pooler_output.numpy()
+  np.testing.assert_allclose(features, want, atol=1e-5, rtol=0)
+  logits = jax.jit(model.apply)({'params': fitted.params}, _packed(x))
+  np.testing.assert_allclose(logits, want @ head['kernel'] + head['bias'], atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(logits, _ours(model, fitted.params, x))
+  with pytest.raises(checkpoint.CheckpointError, match='no --resolution'):
+    checkpoint.fit(tmp_path / 'naflex.npz', resolution=32)

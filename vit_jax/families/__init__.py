@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax.families import mixer, two_towers, vit
+from vit_jax.families import mixer, naflex, two_towers, vit
 from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.flat import CheckpointError, as_flat
 from vit_jax.models import MODEL_CONFIGS
@@ -59,7 +59,7 @@ class Family:
   """One model family: the functions of its module, under the names the callers use.
 
   Attributes:
-    name: 'vit', 'mixer' or 'two_towers'.
+    name: 'two_towers', 'mixer', 'naflex' or 'vit'.
     image_text: an image-text model (two towers, `t`, embeddings) rather than a classifier.
     writes: the checkpoint formats `convert` writes it to.
     pre_logits: the model has a `representation_size` (pre_logits) layer.
@@ -111,7 +111,8 @@ class Family:
     return self.module.model_kind(config)
 
 
-# Tried in order: the first family that owns a config or a tree is its family.
+# Tried in order: the first family that owns a config or a tree is its family (NaFlex before
+# the ViT, whose `embedding/kernel` it shares).
 FAMILIES: tuple[Family, ...] = (
   Family(
     'two_towers',
@@ -122,6 +123,13 @@ FAMILIES: tuple[Family, ...] = (
     npz_layout='LiT layout: img/, txt/',
   ),
   Family('mixer', mixer, writes=('npz',), pre_logits=False, npz_layout='Mixer layout'),
+  Family(
+    'naflex',
+    naflex,
+    writes=('npz',),
+    pre_logits=False,
+    npz_layout='NaFlex layout: pos_embedding grid, pre-Linen names',
+  ),
   Family('vit', vit),
 )
 
