@@ -71,6 +71,16 @@ def sequence_patch(config: Config) -> int | None:
   return naflex.sequence_patch(config['image']) if image_family(config) is naflex else None
 
 
+def patch_pixels(config: Config) -> int:
+  """The side in input pixels of one token's patch of the image tower."""
+  return image_family(config).patch_pixels(config['image'])
+
+
+def token_grid(config: Config, image_size: int | tuple[int, int]) -> tuple[int, int]:
+  """(rows, cols) of the image tower's patch tokens for an image of `image_size` pixels."""
+  return image_family(config).token_grid(config['image'], image_size)
+
+
 def image_config(config: Config) -> dict[str, Any]:
   """The image tower's ViT config, its head (`num_classes`) the model's out_dim[0]."""
   image_dim, _ = out_dims(config.get('out_dim', (None, 768)))
@@ -250,16 +260,16 @@ def describe(config: Config) -> str:
   )
 
 
-def stated_fields(model_config: Config) -> dict[str, Any]:
+def stated_fields(config: Config) -> dict[str, Any]:
   """What a run's model config states that the shapes cannot: BERT's head count, its exact
   GELU where it has one (a text tower started from bert-base-uncased's file), and the
   preprocessing and tokenizer settings (`pp`)."""
-  text = model_config['text']
+  text = config['text']
   stated: dict[str, Any] = {'text': {'num_heads': text['num_heads']}}
   if text.get('gelu_approximate') is False:
     stated['text']['gelu_approximate'] = False
-  if model_config.get('pp'):
-    pp = model_config['pp']
+  if config.get('pp'):
+    pp = config['pp']
     # A run evaluates its images without the uint8 cast of the released files.
     stated['pp'] = {'round_to_uint8': False, **(pp.to_dict() if hasattr(pp, 'to_dict') else pp)}
   return stated
