@@ -4,6 +4,7 @@ family has every member of `Interface`, with its parameters."""
 import inspect
 import types
 
+import ml_collections
 import pytest
 
 from vit_jax import families
@@ -62,3 +63,35 @@ def test_a_naflex_tree_is_the_naflex_familys_and_a_vit_tree_the_vits():
   shapes = families.param_shapes(naflex_model)
   assert families.of_tree(shapes).name == 'naflex' == families.of_module(naflex_model).name
   assert families.infer_config(shapes).num_classes == 10
+
+
+def _naflex_digits(**pp) -> ml_collections.ConfigDict:
+  """configs/digits.py on a small NaFlex classifier (patches of 2), `pp` set."""
+  from configs import digits
+
+  config = ml_collections.ConfigDict(digits.get_config().to_dict())
+  config.model = {
+    'patch_size': 2, 'hidden_size': 16, 'classifier': 'map', 'posemb_grid': 4,
+    'transformer': {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2},
+  }  # fmt: skip
+  config.pp.update(pp)
+  return config
+
+
+def test_a_runs_patch_sequences_take_the_models_patch_and_an_old_pp_patch_size_is_ignored():
+  """`config.pp.max_patches` is the run's (0: the model's own); the patch is the model's (an
+  earlier config's `pp.patch_size` is accepted and dropped). A square-image model refuses
+  patch sequences in one line."""
+  from configs import digits
+  from vit_jax.train import spec
+
+  run = spec.from_config(_naflex_digits(max_patches=16, patch_size=2))  # an earlier key
+  assert 'patch_size' not in spec.to_dict(run)['pp']
+  fields, pp = run.model.constructor_fields(), run.data.pp
+  images = families.run_preprocessing(fields, pp.crop, pp.max_patches)
+  assert (images.kind, images.patch_size, images.max_patches) == ('patches', 2, 16)
+  assert families.run_preprocessing(fields, pp.crop, 0).max_patches == 256  # the model's own
+  vit_config = ml_collections.ConfigDict(digits.get_config().to_dict())
+  vit_config.pp.max_patches = 16
+  with pytest.raises(ValueError, match=r'max_patches=16: patch sequences, but this model takes'):
+    spec.from_config(vit_config)

@@ -282,13 +282,14 @@ def of_config(config: Config) -> Interface:
 
 
 def run_preprocessing(config: Config, crop: int, max_patches: int) -> Preprocessing:
-  """A training run's preprocessing of its model's images (its evaluations' and every
-  command's on its directory): the family's, at the run's `crop` or, for patch sequences,
-  its `max_patches`."""
+  """A training run's preprocessing of its model's images (its training examples', its
+  evaluations' and every command's on its directory): the family's, at the run's `crop`
+  or, for a model of patch sequences, at most `max_patches` patches (0: the model's own
+  number); `max_patches` for a model of square images is a ValueError."""
   family = of_config(config)
-  if max_patches:
+  if family.sequence_patch(config) is not None:  # its images' own sizes: no crop
     return family.preprocessing(config, None, max_patches)
-  return family.preprocessing(config, crop)
+  return family.preprocessing(config, crop, max_patches)
 
 
 def classifiers() -> dict[str, ml_collections.ConfigDict]:
