@@ -95,3 +95,12 @@ def test_a_runs_patch_sequences_take_the_models_patch_and_an_old_pp_patch_size_i
   vit_config.pp.max_patches = 16
   with pytest.raises(ValueError, match=r'max_patches=16: patch sequences, but this model takes'):
     spec.from_config(vit_config)
+
+
+def test_mixup_and_cutmix_refuse_patch_sequences():
+  from vit_jax.train import spec
+
+  config = _naflex_digits(max_patches=16)
+  config.mixup = 0.2
+  with pytest.raises(ValueError, match=r'mixup=0\.2, config\.cutmix=0\.0: they mix pixel'):
+    spec.from_config(config)
