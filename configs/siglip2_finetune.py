@@ -56,12 +56,10 @@ def get_config(variant: str = 'B16-256') -> ml_collections.ConfigDict:
   config.pretrained_path = 'siglip2_' + '_'.join(variant.lower().rsplit('-', 1)) + '.npz'
   config.pp.train = 'train'
   config.pp.test = 'val'
-  patch = families.of_config(model).sequence_patch(model)
-  if patch is None:
+  if families.of_config(model).sequence_patch(model) is None:
     config.pp.crop = model.pp.size
-  else:  # NaFlex: patch sequences, no crop
+  else:  # NaFlex: patch sequences (of the model's patch), no crop
     config.pp.max_patches = model.pp.max_patches
-    config.pp.patch_size = patch
   config.pp.area_min = 1.0  # the whole image
   config.pp.flip = True
   config.pp.tokenizer = model.pp.tokenizer_name

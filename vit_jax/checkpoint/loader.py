@@ -25,7 +25,6 @@ from vit_jax import families, files, rundir
 from vit_jax.checkpoint import formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
-from vit_jax.families import naflex
 from vit_jax.families import two_towers as two_towers_family
 from vit_jax.models import get_config, model_from_config
 
@@ -171,10 +170,23 @@ def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], s
       )
 
 
+def _takes_sequences(config: Any) -> bool:
+  """Whether the model (an image-text model: its image tower) takes images as patch
+  sequences, at their own size (NaFlex), rather than at one resolution."""
+  return families.of_config(config).sequence_patch(config) is not None
+
+
 def _resolution(
   resolution: int | tuple[int, int] | None, config: Any, native: int | None, source: str
-) -> int | tuple[int, int]:
-  """The requested size, else the checkpoint's; a multiple of the model's patch pixels."""
+) -> int | tuple[int, int] | None:
+  """The requested size, else the checkpoint's; a multiple of the model's patch pixels.
+  None for a model of patch sequences, which takes none."""
+  if _takes_sequences(config):
+    if resolution is not None:
+      raise CheckpointError(
+        f'{source}: a NaFlex model takes images at their own size: no --resolution'
+      )
+    return None
   if resolution is None:
     if native is None:
       raise CheckpointError(
@@ -345,13 +357,9 @@ def _fit_two_towers(
   else:
     two_towers_family.adopt_file_preprocessing(config, found_config)
   init, resolution = request.init_params, request.resolution
-  if two_towers_family.image_family(config) is naflex:  # any size: its images' own
-    if resolution is not None:
-      raise CheckpointError(f'{source}: a NaFlex image tower takes no --resolution')
-  else:
-    if init is not None:  # the tree is the model: its image grid
-      resolution = resolution or tree.native_resolution(init['img'], config.image)
-    resolution = _resolution(resolution, config.image, found.resolution, source)
+  if init is not None and not _takes_sequences(config):  # the tree is the model: its grid
+    resolution = resolution or tree.native_resolution(init['img'], config.image)
+  resolution = _resolution(resolution, config.image, found.resolution, source)
   params, report = two_towers.fit_params(restored, config, resolution, source, init)
   return Fitted(params, config, name, resolution, found, report)
 

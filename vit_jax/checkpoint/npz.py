@@ -13,6 +13,9 @@ Reading maps every layout to our tree (the Linen names of `vit_jax.models`):
   Image-text (two-tower) files are read by `two_towers`; of a file whose text tower is
   incomplete, only the image tower `params/img/` is read here, the arrays left out (the text
   tower, the temperature and bias scalars) named in the description.
+* NaFlex towers (big_vision's `naflex_vit.Model`, SigLIP 2's `*_naflex.npz` image tower):
+  their own tree (a 2-D patch embedding, a top-level (G, G, D) `pos_embedding` grid) as it
+  is, but for scan-stacked blocks; the family says which trees are NaFlex's.
 * MLP-Mixer files (`gs://mixer_models/...`): `stem`, `MixerBlock_{i}`, `pre_head_layer_norm`,
   `head`, in Linen names (renumbered like the others, which leaves them as they are).
 
@@ -52,6 +55,7 @@ from vit_jax.checkpoint.tree import (
   shape_str,
   unflatten,
 )
+from vit_jax.families import naflex
 
 # Prefixes of big_vision (and older flax training) checkpoints, most specific first.
 PREFIXES = ('params/img/', 'params/', 'opt/target/')
@@ -238,6 +242,8 @@ def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[
       ' .npz (original, AugReg, big_vision)'
     )
   check_arrays(flat, source)
+  if naflex.owns_tree(flat):
+    return _naflex_tree(flat, prefix, ignored)
   pre_linen = any('/MultiHeadDotProductAttention_1/' in k or '/MlpBlock_3/' in k for k in flat)
   gn4d = _squeeze_groupnorm(flat)
   tree = convert_pre_linen(unflatten(flat))
@@ -262,6 +268,18 @@ def from_flat(flat: dict[str, np.ndarray], source: str = 'checkpoint') -> tuple[
   if ignored:
     parts.append(ignored)
     logging.info('%s: %s', source, ignored)
+  return tree, 'npz (' + ', '.join(parts) + ')'
+
+
+def _naflex_tree(flat: dict[str, np.ndarray], prefix: str, ignored: str) -> tuple[dict, str]:
+  """A NaFlex tower's flat dict (its prefix stripped) -> (our tree, a description): its
+  names as they are (Linen; pre-Linen block names renumbered), its blocks unstacked."""
+  tree = convert_pre_linen(unflatten(flat))
+  parts = ['NaFlex'] + ([f'prefix {prefix!r}'] if prefix else [])
+  if unstack_blocks(tree.get('Transformer', {})):
+    parts.append('scan-stacked blocks')
+  if ignored:
+    parts.append(ignored)
   return tree, 'npz (' + ', '.join(parts) + ')'
 
 

@@ -39,7 +39,6 @@ from vit_jax import families, files, rundir
 from vit_jax.checkpoint import hf_siglip, npz
 from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError, flatten, shape_str, unflatten
-from vit_jax.families import naflex
 from vit_jax.families.two_towers import TOWERS, owns_tree, text_length, text_model_of
 from vit_jax.flat import as_flat
 from vit_jax.models import model_from_config
@@ -192,17 +191,6 @@ def _text_tree(flat: dict[str, np.ndarray], source: str) -> tuple[dict, str]:
   return tree, ', '.join(parts)
 
 
-def _image_tree(flat: dict[str, np.ndarray], source: str) -> tuple[dict, str]:
-  """An image tower's flat dict -> (our tree, a description): a ViT as `npz.from_flat` reads
-  one; a NaFlex tower (SigLIP 2's `*_naflex.npz`) as it is, but for its scanned blocks."""
-  if not naflex.owns_tree(flat):
-    return npz.from_flat(flat, source)
-  npz.check_arrays(flat, source)
-  tree = unflatten(flat)
-  scanned = npz.unstack_blocks(tree.get('Transformer', {}), 'img/Transformer')
-  return tree, 'npz (NaFlex' + (', scan-stacked blocks)' if scanned else ')')
-
-
 def _scalars(flat: Mapping[str, Any], prefix: str, source: str) -> dict[str, np.ndarray]:
   """`t` (required) and `b` (if present) as (1,) float arrays."""
   if f'{prefix}t' not in flat:
@@ -237,7 +225,7 @@ def from_flat(
         f' drop ":{tower}" to read it'
       )
     return npz.from_flat(flat, source)
-  img, img_note = _image_tree(_sub(flat, f'{prefix}img/'), f'{source}:img')
+  img, img_note = npz.from_flat(_sub(flat, f'{prefix}img/'), f'{source}:img')
   where = f', prefix {prefix!r}' if prefix else ''
   if tower == 'img':
     left = len(flat) - len(_sub(flat, f'{prefix}img/'))

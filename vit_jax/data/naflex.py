@@ -7,6 +7,7 @@ big_vision's `resize_to_sequence(patch, max_len)|patchify(patch)|pad_to_shape(..
   resize_to_sequence(image, patch, max_len)
   patchify(image, patch, max_len)       {'patches', 'ptype', 'yidx', 'xidx'}, padded to max_len
   pack(patchified)                      the four as one float32 array (max_len, p * p * 3 + 3)
+  packed_sequence(image, patch, max_len, offset, scale)   all of them, the values scaled
 
 The size keeps the aspect ratio up to rounding each side up to whole patches (at least one),
 as large as fits `max_len` patches: big_vision finds the scale by a binary search on float32
@@ -82,3 +83,13 @@ def pack(patchified: dict[str, tf.Tensor]) -> tf.Tensor:
   every other image batch; `vit_jax.models.naflex.inputs` unpacks it."""
   index = tf.stack([patchified[k] for k in ('ptype', 'yidx', 'xidx')], axis=-1)
   return tf.concat([tf.cast(patchified['patches'], tf.float32), tf.cast(index, tf.float32)], -1)
+
+
+def packed_sequence(
+  image: tf.Tensor, patch: int, max_len: int, offset: float = 127.5, scale: float = 127.5
+) -> tf.Tensor:
+  """Decoded pixels (H, W, C) -> the packed sequence (max_len, patch * patch * C + 3): resized
+  at their aspect ratio (`resize_to_sequence`), values (x - offset) / scale, `patchify`,
+  `pack`."""
+  resized = resize_to_sequence(tf.cast(image, tf.float32), patch, max_len)
+  return pack(patchify((resized - offset) / scale, patch, max_len))

@@ -42,7 +42,7 @@ import tensorflow as tf
 from vit_jax.data import captions, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
-from vit_jax.families.preprocessing import Preprocessing
+from vit_jax.families.preprocessing import PATCHES, Preprocessing
 from vit_jax.text import Tokenizer
 
 _FOREVER = 2**62
@@ -171,20 +171,34 @@ def _batches(groups, to_batch: Callable, rows: int, size: int, threads: int, the
 # ----------------------------------------------------------------------------------------
 
 
+def _sequences(pp: Pp, images: Preprocessing | None) -> Preprocessing | None:
+  """The model's spec where it takes patch sequences (their patch size is the model's, their
+  number `pp.max_patches` or its own), else None: `pp.crop` squares."""
+  spec = images or preprocess.of_pp(pp)  # without the model's: squares (or a ValueError)
+  return spec if spec.kind == PATCHES else None
+
+
 def _train_example(
-  source: Source, pp: Pp, host_seed: tf.Tensor, tokenizer: Tokenizer | None
+  source: Source,
+  pp: Pp,
+  host_seed: tf.Tensor,
+  tokenizer: Tokenizer | None,
+  images: Preprocessing | None,
 ) -> Callable:
   """(position, raw record) -> {'image', 'label'} (and with a `tokenizer`, 'text': the tokens
-  of a caption drawn from the example's captions), augmented with the position's seed."""
-  whole = source.holds_pixels or pp.subpixel or not pp.decode_window or pp.max_patches
+  of a caption drawn from the example's captions), augmented with the position's seed; the
+  model's `images` spec where it takes patch sequences."""
+  sequences = _sequences(pp, images)
+  whole = source.holds_pixels or pp.subpixel or not pp.decode_window or sequences is not None
   if tokenizer is not None:
     captions.check_captioned(source)
 
   def process(position, raw):
     example = source.example(raw)
     seed = tf.random.experimental.stateless_fold_in(host_seed, position)
-    if pp.max_patches:
-      image = preprocess.train_patch_sequence(source.decode(example['image']), seed, pp)
+    if sequences is not None:
+      decoded = source.decode(example['image'])
+      image = preprocess.train_patch_sequence(decoded, seed, pp, sequences)
     elif whole:
       image = preprocess.train_image(source.decode(example['image']), seed, pp)
     else:
@@ -255,12 +269,14 @@ def train_dataset(
   process_index: int = 0,
   process_count: int = 1,
   tokenizer: Tokenizer | None = None,
+  preprocessing: Preprocessing | None = None,
 ) -> tf.data.Dataset:
-  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1] (with `pp.max_patches`:
-  (B, max_patches, patch_size ** 2 * 3 + 3) packed patch sequences), 'label': int32 (B,),
-  'bad': int32 (B,), 'name': string (B,)}` of shard `process_index` of `process_count`,
-  preprocessed as `data.pp` says, by `data.input_threads` threads; with a `tokenizer` (of
-  an image-text task), also `'text': int32 (B, max_len)`, a caption of each image.
+  """Endless batches `{'image': f32 (B, crop, crop, 3) in [-1, 1] (a model of patch
+  sequences, its `preprocessing` spec says: (B, max_patches, patch_size ** 2 * 3 + 3) packed
+  sequences), 'label': int32 (B,), 'bad': int32 (B,), 'name': string (B,)}` of shard
+  `process_index` of `process_count`, augmented as `data.pp` says, by `data.input_threads`
+  threads; with a `tokenizer` (of an image-text task), also `'text': int32 (B, max_len)`, a
+  caption of each image.
 
   `position` counts the examples this shard has already given (step x local batch, a
   multiple of `local_batch`); the dataset yields exactly what an uninterrupted stream would
@@ -287,7 +303,7 @@ def train_dataset(
   host_seed = tf.random.experimental.stateless_fold_in(
     tf.constant([seed, 0], tf.int64), process_index
   )
-  process = _train_example(source, data.pp, host_seed, tokenizer)
+  process = _train_example(source, data.pp, host_seed, tokenizer, preprocessing)
 
   @_graph_fn
   def to_batch(g, raw):
@@ -322,9 +338,10 @@ def host_train_dataset(
   process_index: int = 0,
   process_count: int = 1,
   tokenizer: Tokenizer | None = None,
+  preprocessing: Preprocessing | None = None,
 ) -> tf.data.Dataset:
   """This host's rows of every global batch (`data.batch` rows of split `data.pp.train`),
-  the same whatever the number of hosts.
+  the same whatever the number of hosts; `preprocessing` the model's (`train_dataset`).
 
   The training stream is `data_shards` streams (`train_dataset` over shard k of the split),
   each giving `data.batch // data_shards` consecutive rows of every global batch. Host p
@@ -349,6 +366,7 @@ def host_train_dataset(
       process_index=k,
       process_count=data_shards,
       tokenizer=tokenizer,
+      preprocessing=preprocessing,
     )
     for k in range(process_index * per_host, (process_index + 1) * per_host)
   ]

@@ -6,8 +6,8 @@ that window is decoded), resize to `crop` x `crop`, random horizontal flip, opti
 RandAugment (on the resized image rounded to uint8, as big_vision's
 `inception_crop|flip_lr|randaug`), pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
-A NaFlex tower's inputs (`pp.max_patches`): the whole image at its aspect ratio as a sequence
-of patches (vit_jax/data/naflex.py), flipped at random in training.
+Patch sequences (a model whose preprocessing spec says so): the whole image at its aspect
+ratio as a sequence of patches (vit_jax/data/naflex.py), flipped at random in training.
 
 Every random op takes an explicit seed, so the same example at the same stream position
 gets the same augmentation in an uninterrupted and in a resumed run.
@@ -223,26 +223,31 @@ def train_image_from_bytes(
   return _finish(tf.image.resize(image, [pp.crop, pp.crop]), seed, flip_seed, pp)
 
 
-def train_patch_sequence(image: tf.Tensor, seed: tf.Tensor, pp: Pp) -> tf.Tensor:
-  """A NaFlex tower's training input: the image flipped at random (`pp.flip`), as its
-  `patch_sequence` (no crop: the sequence keeps the whole image at its aspect ratio)."""
+def train_patch_sequence(
+  image: tf.Tensor, seed: tf.Tensor, pp: Pp, spec: Preprocessing
+) -> tf.Tensor:
+  """A training input of patch sequences: the image flipped at random (`pp.flip`), then as
+  the model's `spec` says (no crop: the sequence keeps the whole image at its aspect
+  ratio; the patch size and their number are the spec's)."""
   if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, _seeds(seed)[1])
-  return patch_sequence(image, pp.patch_size, pp.max_patches)
+  return input_op(spec, image)
 
 
 def of_pp(pp: Pp) -> Preprocessing:
   """The evaluation preprocessing a run's `pp` alone implies, where no model says more: a
-  `crop` square, or patch sequences of `max_patches` patches of `patch_size`."""
+  `crop` square. Patch sequences are the model's (its patch size): a ValueError."""
   if pp.max_patches:
-    return preprocessing.patches(pp.patch_size, pp.max_patches)
+    raise ValueError(
+      f'config.pp.max_patches={pp.max_patches}: patch sequences take the patch size of the'
+      " model: give the run's preprocessing (families.run_preprocessing)"
+    )
   return preprocessing.square(pp.crop)
 
 
 def patch_sequence(image: tf.Tensor, patch: int, max_patches: int) -> tf.Tensor:
-  """A NaFlex tower's input: the image at its own aspect ratio, resized to at most
-  `max_patches` patches of `patch` (`naflex.resize_to_sequence`), in [-1, 1], as the packed
-  sequence (`naflex.pack`: (max_patches, patch * patch * 3 + 3))."""
+  """A patch-sequence input: the image at its own aspect ratio, resized to at most
+  `max_patches` patches of `patch`, in [-1, 1], packed (max_patches, patch * patch * 3 + 3)."""
   return input_op(preprocessing.patches(patch, max_patches), image)
 
 
@@ -265,10 +270,8 @@ def input_op(spec: Preprocessing, image: tf.Tensor) -> tf.Tensor:
   if spec.crop < 1:
     image = _central_crop(image, spec.crop)
   if spec.kind == preprocessing.PATCHES:
-    p = spec.patch_size
-    resized = naflex.resize_to_sequence(tf.cast(image, tf.float32), p, spec.max_patches)
-    values = value_range(resized, spec.offset, spec.scale)
-    return naflex.pack(naflex.patchify(values, p, spec.max_patches))
+    args = (spec.patch_size, spec.max_patches, spec.offset, spec.scale)
+    return naflex.packed_sequence(image, *args)
   resized = tf.image.resize(image, spec.size, method=spec.method, antialias=spec.antialias)
   if spec.round_to_uint8:  # the original LiT code's: the resized image cast to uint8
     resized = tf.cast(resized, tf.uint8)

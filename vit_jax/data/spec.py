@@ -8,6 +8,7 @@ top-level keys (`--config.shuffle_buffer`), those of `Pp` the nested `config.pp`
 """
 
 import dataclasses
+from typing import ClassVar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,11 +27,12 @@ class Pp:
   # is 2 and 10 (vit_jax/data/randaugment.py).
   randaug_layers: int = 0
   randaug_magnitude: float = 10.0
-  # A NaFlex image tower's inputs (vit_jax/data/naflex.py): each image at its own aspect ratio
-  # as at most `max_patches` patches of `patch_size` pixels (its model's), instead of a crop;
-  # training flips it at random (`flip`), nothing else. 0: square `crop` x `crop` images.
+  # A model that takes images as patch sequences (its family's preprocessing spec says so,
+  # vit_jax/data/naflex.py): each image at its own aspect ratio as at most `max_patches`
+  # patches of the model's patch size, instead of a crop; training flips it at random
+  # (`flip`), nothing else. 0: the model's own inputs (square `crop` x `crop` images, or
+  # patch sequences of the model's own number, SigLIP 2's 256).
   max_patches: int = 0
-  patch_size: int = 0
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
@@ -39,6 +41,10 @@ class Pp:
   tokenizer: str = ''
   vocab: str = ''
   max_len: int = 16
+
+  # Keys of earlier versions, accepted in a config (a run directory's config.json) and
+  # ignored: `patch_size`, the patch of patch sequences, is the model's.
+  RETIRED: ClassVar[frozenset[str]] = frozenset({'patch_size'})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +89,9 @@ def check(data: Data) -> None:
       f'config.pp.randaug_layers={data.pp.randaug_layers}, config.pp.randaug_magnitude='
       f'{data.pp.randaug_magnitude}; expected >= 0 (0 layers: no RandAugment).'
     )
-  if (data.pp.max_patches > 0) != (data.pp.patch_size > 0) or data.pp.max_patches < 0:
+  if data.pp.max_patches < 0:
     raise ValueError(
-      f'config.pp.max_patches={data.pp.max_patches}, config.pp.patch_size='
-      f'{data.pp.patch_size}: a NaFlex tower takes both (its patches per image and their'
-      ' side), any other model neither.'
+      f"config.pp.max_patches={data.pp.max_patches}; expected >= 0 (0: the model's own inputs)."
     )
   if data.input_threads < 0:
     raise ValueError(f'config.input_threads={data.input_threads}; expected >= 0 (0: all cores).')

@@ -13,7 +13,8 @@ from typing import Any
 import ml_collections
 
 from vit_jax.families import vit
-from vit_jax.flat import get, numbered, patch_embedding, square_side
+from vit_jax.families.preprocessing import Preprocessing
+from vit_jax.flat import as_flat, get, numbered, patch_embedding, square_side
 from vit_jax.models import stats
 from vit_jax.models.mixer import MlpMixer
 
@@ -34,8 +35,9 @@ def owns_tree(flat: Mapping[str, Any]) -> bool:
   return STEM in flat
 
 
-def infer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `MlpMixer` fields of a flat Mixer tree (`stem`, `MixerBlock_{i}`, `head`)."""
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `MlpMixer` fields of a Mixer tree, nested or flat (`stem`, `MixerBlock_{i}`, `head`)."""
+  flat = as_flat(params)
   patch, width = patch_embedding(flat, STEM)
   config = ml_collections.ConfigDict()
   config.patches = ml_collections.ConfigDict({'size': patch})
@@ -108,8 +110,8 @@ def label(config: Config) -> str:
 
 
 def preprocessing(
-  config: Config, resolution: int | tuple[int, int] | None, max_patches: int = 0
-) -> Any:
+  config: Config, resolution: int | tuple[int, int] | None = None, max_patches: int = 0
+) -> Preprocessing:
   """A Mixer's preprocessing is a ViT's: a square resize, [-1, 1]."""
   return vit.preprocessing(config, resolution, max_patches)
 

@@ -24,7 +24,7 @@ import ml_collections
 
 from vit_jax import text
 from vit_jax.families import naflex, vit
-from vit_jax.families.preprocessing import Preprocessing, patches, square
+from vit_jax.families.preprocessing import Preprocessing, square
 from vit_jax.flat import SEP, CheckpointError, flatten
 from vit_jax.models import model_from_config
 from vit_jax.models.configs import MODEL_CONFIGS
@@ -43,8 +43,8 @@ _TEXT_SHAPE_FIELDS = {
 # Gemma's vocabulary: SigLIP 2's text towers embed its 256,000 pieces.
 GEMMA_VOCAB = 256_000
 # The patches an image of a NaFlex tower is given where no run says otherwise: SigLIP 2's
-# evaluation sequence.
-NAFLEX_PATCHES = 256
+# evaluation sequence (the NaFlex family's).
+NAFLEX_PATCHES = naflex.PATCHES
 # big_vision's tokenize options for a model whose `pp.lower_case` is set (SigLIP).
 LOWER_CASE_OPTIONS = {'eos': 'sticky', 'pad_value': 1, 'lower': True}
 
@@ -62,13 +62,23 @@ def owns_tree(flat: Mapping[str, Any]) -> bool:
 
 
 def image_family(config: Config) -> Any:
-  """The module of the image tower's functions: families/vit.py or families/naflex.py."""
+  """The module of the image tower's family: families/vit.py or families/naflex.py."""
   return naflex if config.get('image_model', 'vit') == 'naflex' else vit
 
 
 def sequence_patch(config: Config) -> int | None:
   """A NaFlex image tower's patch side (it takes images as patch sequences), else None."""
-  return config['image']['patch_size'] if image_family(config) is naflex else None
+  return naflex.sequence_patch(config['image']) if image_family(config) is naflex else None
+
+
+def patch_pixels(config: Config) -> int:
+  """The side in input pixels of one token's patch of the image tower."""
+  return image_family(config).patch_pixels(config['image'])
+
+
+def token_grid(config: Config, image_size: int | tuple[int, int]) -> tuple[int, int]:
+  """(rows, cols) of the image tower's patch tokens for an image of `image_size` pixels."""
+  return image_family(config).token_grid(config['image'], image_size)
 
 
 def image_config(config: Config) -> dict[str, Any]:
@@ -250,16 +260,16 @@ def describe(config: Config) -> str:
   )
 
 
-def stated_fields(model_config: Config) -> dict[str, Any]:
+def stated_fields(config: Config) -> dict[str, Any]:
   """What a run's model config states that the shapes cannot: BERT's head count, its exact
   GELU where it has one (a text tower started from bert-base-uncased's file), and the
   preprocessing and tokenizer settings (`pp`)."""
-  text = model_config['text']
+  text = config['text']
   stated: dict[str, Any] = {'text': {'num_heads': text['num_heads']}}
   if text.get('gelu_approximate') is False:
     stated['text']['gelu_approximate'] = False
-  if model_config.get('pp'):
-    pp = model_config['pp']
+  if config.get('pp'):
+    pp = config['pp']
     # A run evaluates its images without the uint8 cast of the released files.
     stated['pp'] = {'round_to_uint8': False, **(pp.to_dict() if hasattr(pp, 'to_dict') else pp)}
   return stated
@@ -346,11 +356,9 @@ def preprocessing(
   SigLIP files: the original code's and big_vision's resize keep uint8 pixels; a run: its own
   evaluation, without)."""
   pp = dict(config.get('pp') or {})
-  if image_family(config) is naflex:
-    if resolution is not None:
-      raise ValueError('a NaFlex image tower takes images at their own size: no resolution')
-    budget = max_patches or int(pp.get('max_patches') or NAFLEX_PATCHES)
-    return patches(config['image']['patch_size'], budget)
+  if image_family(config) is naflex:  # its own budget where the run gives none
+    budget = max_patches or int(pp.get('max_patches') or 0)
+    return naflex.preprocessing(config['image'], resolution, budget)
   if max_patches:
     raise ValueError(f'max_patches={max_patches}: this model takes square images, not patches')
   resolution = resolution or pp.get('size')
@@ -373,7 +381,7 @@ def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
   image_dim = config['out_dim'][0]
   if image_family(config) is naflex:
     patches = config['pp'].get('max_patches', NAFLEX_PATCHES)
-    return naflex.forward_flops(config['image'], patches, image_dim or 0)
+    return naflex.sequence_flops(config['image'], patches, image_dim or 0)
   return vit.forward_flops(config['image'], resolution, image_dim or 0)
 
 

@@ -21,6 +21,7 @@ from vit_jax.families.preprocessing import Preprocessing, square
 from vit_jax.flat import (
   SEP,
   CheckpointError,
+  as_flat,
   get,
   numbered,
   patch_embedding,
@@ -59,8 +60,9 @@ def block_numbers(flat: Mapping[str, Any]) -> list[int]:
   return numbered(flat, _BLOCK_RE, 'Transformer')
 
 
-def infer_config(flat: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """The `VisionTransformer` fields a flat ViT tree implies, read off its shapes."""
+def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """The `VisionTransformer` fields a ViT tree (nested or flat) implies, read off its shapes."""
+  flat = as_flat(params)
   patch, width = patch_embedding(flat, PATCH_KERNEL)
   config = ml_collections.ConfigDict()
   config.patches = ml_collections.ConfigDict({'size': patch})
@@ -277,7 +279,7 @@ def forward_flops(config: Config, resolution: int, num_classes: int) -> int:
 
 
 def preprocessing(
-  config: Config, resolution: int | tuple[int, int] | None, max_patches: int = 0
+  config: Config, resolution: int | tuple[int, int] | None = None, max_patches: int = 0
 ) -> Preprocessing:
   """THE preprocessing of a classifier at `resolution`: resize (bilinear, no antialiasing)
   to it, [-1, 1], as the input pipeline evaluates and every released file expects."""

@@ -12,12 +12,14 @@ import ml_collections
 from vit_jax.models import two_towers
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.mixer import MlpMixer, is_mixer
+from vit_jax.models.naflex import NaFlexViT, is_naflex
 from vit_jax.models.two_towers import TwoTowerModel
 from vit_jax.models.vit import VisionTransformer
 
 __all__ = [
   'MODEL_CONFIGS',
   'MlpMixer',
+  'NaFlexViT',
   'TwoTowerModel',
   'VisionTransformer',
   'get_config',
@@ -54,9 +56,12 @@ def _frozen(value: Any) -> Any:
 
 def model_class(config: ml_collections.ConfigDict | Mapping[str, Any]) -> type[nn.Module]:
   """`TwoTowerModel` for an image-text config, `MlpMixer` for a Mixer config (it has
-  `num_blocks`), else `VisionTransformer`."""
+  `num_blocks`), `NaFlexViT` for a NaFlex config (`patch_size` and `posemb_grid`), else
+  `VisionTransformer`."""
   if is_two_tower(config):
     return TwoTowerModel
+  if is_naflex(config):
+    return NaFlexViT
   return MlpMixer if is_mixer(config) else VisionTransformer
 
 

@@ -6,7 +6,7 @@ An image comes as a sequence of `max_len` patch slots (vit_jax/data/naflex.py): 
 0 padding), `yidx`, `xidx` (B, N; each patch's row and column in its image's grid). So images
 of any aspect ratio and size batch together without distortion. The input pipeline packs the
 four into one float32 array (B, N, p * p * 3 + 3): the patch, then its ptype, yidx and xidx,
-so a batch stays one array per key (`inputs` unpacks it).
+so a batch stays one array per key (`inputs` unpacks it; the tower takes it as its one input).
 
   embedding      a Dense over the flattened patch (kernel (p * p * 3, D))
   pos_embedding  a learned (G, G, D) grid (G = `posemb_grid`, 16), resized per image to its
@@ -15,7 +15,8 @@ so a batch stays one array per key (`inputs` unpacks it).
                  side) and taken at each patch's (row, column)
   Transformer    this project's ViT encoder, padding masked in every attention layer
   MAPHead_0      attention pooling over the patches alone (or 'gap': their mean)
-  head           of width `num_classes` (SigLIP 2's image tower has none)
+  head           of width `num_classes`: a NaFlex classifier's (SigLIP 2's image tower has
+                 none, or its `out_dim[0]`)
 
 The parameter names are big_vision's, so its files (`siglip2_*_naflex.npz`) read by name.
 """
@@ -32,6 +33,11 @@ from vit_jax.models import precision
 from vit_jax.models.vit import Encoder, map_head
 
 CLASSIFIERS = ('map', 'gap')
+
+
+def is_naflex(config: Mapping[str, Any]) -> bool:
+  """A `NaFlexViT`'s fields (a `patch_size` and a `posemb_grid`, where a ViT has `patches`)."""
+  return 'patch_size' in config and 'posemb_grid' in config
 
 
 def inputs(images: jnp.ndarray | Mapping[str, jnp.ndarray]) -> dict[str, jnp.ndarray]:
@@ -94,9 +100,15 @@ class NaFlexViT(precision.Precision):
   gelu_approximate: bool = True
 
   @nn.compact
-  def __call__(self, patches, ptype, yidx, xidx, *, train: bool = False) -> jnp.ndarray:
+  def __call__(
+    self, patches, ptype=None, yidx=None, xidx=None, *, train: bool = False
+  ) -> jnp.ndarray:
     """(B, N, p * p * 3) patches with their type and grid positions -> logits, or the pooled
-    features without a head (float32)."""
+    features without a head (float32). `patches` alone: the packed sequences (B, N,
+    p * p * 3 + 3) of the input pipeline (`inputs`), as a classifier's batch holds them."""
+    if ptype is None:
+      unpacked = inputs(patches)
+      patches, ptype, yidx, xidx = (unpacked[k] for k in ('patches', 'ptype', 'yidx', 'xidx'))
     if self.classifier not in CLASSIFIERS:
       raise ValueError(f'classifier={self.classifier!r}; NaFlex pools with one of {CLASSIFIERS}')
     dense = self.dense_layers(nn.Dense)

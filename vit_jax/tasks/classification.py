@@ -40,11 +40,18 @@ class Task(common.Task):
 
   @classmethod
   def check(cls, spec: Any) -> None:
-    if families.of_config(spec.model.fields).image_text:
+    family = families.of_config(spec.model.fields)
+    if family.image_text:
       raise ValueError(
         'config.model is an image-text model (two towers, no class logits): train it with '
         '--config.task=contrastive, or fine-tune its image tower as a classifier '
         '(--config.pretrained_path=FILE:img).'
+      )
+    step = spec.step
+    if (step.mixup or step.cutmix) and family.sequence_patch(spec.model.fields) is not None:
+      raise ValueError(
+        f'config.mixup={step.mixup}, config.cutmix={step.cutmix}: they mix pixel images, and'
+        ' this model takes patch sequences: set both to 0.'
       )
 
   def __init__(self, spec: Any, model: Any):

@@ -41,20 +41,13 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def check_image_inputs(spec: Any) -> None:
-  """`config.pp.max_patches` and `patch_size` (patch sequences) are a NaFlex image tower's
-  inputs, their patch its own; every other model takes `crop` x `crop` images."""
+  """`config.pp.max_patches` asks for patch sequences: of a model that takes them (its family
+  says), whose patch they take; every other model takes `crop` x `crop` images."""
   fields, pp = spec.model.fields, spec.data.pp
-  patch = families.of_config(fields).sequence_patch(fields)
-  if patch is None and pp.max_patches:
+  if pp.max_patches and families.of_config(fields).sequence_patch(fields) is None:
     raise ValueError(
-      f"config.pp.max_patches={pp.max_patches}: patch sequences are a NaFlex image tower's"
-      ' inputs, and this model takes square images: set it to 0 (and pp.patch_size).'
-    )
-  if patch is not None and (not pp.max_patches or pp.patch_size != patch):
-    raise ValueError(
-      f'config.pp.max_patches={pp.max_patches}, config.pp.patch_size={pp.patch_size}: the'
-      f' NaFlex image tower takes each image as a sequence of patches of {patch}: set'
-      f' --config.pp.patch_size={patch} and --config.pp.max_patches=N (SigLIP 2: 256).'
+      f'config.pp.max_patches={pp.max_patches}: patch sequences, but this model takes'
+      ' config.pp.crop x config.pp.crop images: set it to 0.'
     )
 
 

@@ -46,6 +46,7 @@ def _train_batches(
     process_index=jax.process_index(),
     process_count=jax.process_count(),
     tokenizer=setup.task.tokenizer,
+    preprocessing=setup.preprocessing,
   )
   sharding = parallel.batch_sharding(setup.mesh)
   return (parallel.global_batch(bad.take(local), sharding) for local in data_lib.host_batches(ds))

@@ -26,6 +26,7 @@ from vit_jax import data as data_lib
 from vit_jax import families, files, optim, parallel, rundir, tasks
 from vit_jax.evals import common as evals_common
 from vit_jax.evals import registry as evals_registry
+from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.train import spec as spec_lib
 
 DOWNLOAD_ROOTS = {'augreg': 'gs://vit_models/augreg', 'default': 'gs://vit_models/imagenet21k'}
@@ -49,6 +50,9 @@ class Setup:
   schedule: optax.Schedule
   # The evaluators the spec asks for, by name (vit_jax/evals/registry.py), their data checked.
   evaluators: Mapping[str, evals_common.Evaluator] = dataclasses.field(default_factory=dict)
+  # How an image becomes the model's input (its family's spec at the run's crop or patches):
+  # the training pipeline's (patch sequences: the model's patch) and the evaluators'.
+  preprocessing: Preprocessing | None = None
 
   @property
   def num_classes(self) -> int:
@@ -222,4 +226,5 @@ def prepare(
     schedule=schedule,
     pretrained_path=pretrained_path,
     evaluators=evaluators,
+    preprocessing=images,
   )

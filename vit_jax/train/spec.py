@@ -198,10 +198,13 @@ def _convert(key: str, value: Any, kind: Any) -> Any:
 
 
 def _nested(key: str, kind: type, value: Any) -> Any:
-  """A nested section (`pp`, `distill`, `fewshot`) from its dict; unknown keys rejected."""
+  """A nested section (`pp`, `distill`, `fewshot`) from its dict; unknown keys rejected, the
+  section's retired ones (`RETIRED`, of earlier versions' configs) dropped."""
   known = frozenset(f.name for f in dataclasses.fields(kind))
   if not isinstance(value, Mapping):
     raise ValueError(f'config.{key}={value!r}; expected a dict of {sorted(known)}.')
+  retired = getattr(kind, 'RETIRED', frozenset())
+  value = {name: v for name, v in value.items() if name not in retired}
   for name in value:
     if name not in known:
       raise _unknown(name, known, prefix=f'{key}.')
