@@ -170,18 +170,12 @@ def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], s
       )
 
 
-def _takes_sequences(config: Any) -> bool:
-  """Whether the model (an image-text model: its image tower) takes images as patch
-  sequences, at their own size (NaFlex), rather than at one resolution."""
-  return families.of_config(config).sequence_patch(config) is not None
-
-
 def _resolution(
   resolution: int | tuple[int, int] | None, config: Any, native: int | None, source: str
 ) -> int | tuple[int, int] | None:
   """The requested size, else the checkpoint's; a multiple of the model's patch pixels.
   None for a model of patch sequences, which takes none."""
-  if _takes_sequences(config):
+  if families.takes_patch_sequences(config):
     if resolution is not None:
       raise CheckpointError(
         f'{source}: a NaFlex model takes images at their own size: no --resolution'
@@ -357,7 +351,9 @@ def _fit_two_towers(
   else:
     two_towers_family.adopt_file_preprocessing(config, found_config)
   init, resolution = request.init_params, request.resolution
-  if init is not None and not _takes_sequences(config):  # the tree is the model: its grid
+  if init is not None and not families.takes_patch_sequences(
+    config
+  ):  # the tree is the model: its grid
     resolution = resolution or tree.native_resolution(init['img'], config.image)
   resolution = _resolution(resolution, config.image, found.resolution, source)
   params, report = two_towers.fit_params(restored, config, resolution, source, init)

@@ -281,6 +281,12 @@ def of_config(config: Config) -> Interface:
   raise ValueError(f'no model family has the fields {sorted(config)}')
 
 
+def takes_patch_sequences(config: Config) -> bool:
+  """Whether the model (an image-text model: its image tower) takes images as patch
+  sequences at their own size (NaFlex) rather than as pixel images of one resolution."""
+  return of_config(config).sequence_patch(config) is not None
+
+
 def run_preprocessing(config: Config, crop: int, max_patches: int) -> Preprocessing:
   """A training run's preprocessing of its model's images (its training examples', its
   evaluations' and every command's on its directory): the family's, at the run's `crop`

@@ -48,7 +48,7 @@ class Task(common.Task):
         '(--config.pretrained_path=FILE:img).'
       )
     step = spec.step
-    if (step.mixup or step.cutmix) and family.sequence_patch(spec.model.fields) is not None:
+    if (step.mixup or step.cutmix) and families.takes_patch_sequences(spec.model.fields):
       raise ValueError(
         f'config.mixup={step.mixup}, config.cutmix={step.cutmix}: they mix pixel images, and'
         ' this model takes patch sequences: set both to 0.'

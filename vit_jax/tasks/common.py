@@ -44,7 +44,7 @@ def check_image_inputs(spec: Any) -> None:
   """`config.pp.max_patches` asks for patch sequences: of a model that takes them (its family
   says), whose patch they take; every other model takes `crop` x `crop` images."""
   fields, pp = spec.model.fields, spec.data.pp
-  if pp.max_patches and families.of_config(fields).sequence_patch(fields) is None:
+  if pp.max_patches and not families.takes_patch_sequences(fields):
     raise ValueError(
       f'config.pp.max_patches={pp.max_patches}: patch sequences, but this model takes'
       ' config.pp.crop x config.pp.crop images: set it to 0.'
