@@ -48,10 +48,12 @@ def test_a_lit_run_written_by_earlier_code_resumes_exactly(tmp_path):
   got = [{k: v for k, v in m.items() if k != 'img_per_sec'} for m in rundir.read_metrics(workdir)]
   assert [m['step'] for m in want] == [1, 2, 3, 4, 4]
   # Steps 3 and 4, and the zero-shot accuracy, as the old code logged them (the config's
-  # evaluators added since, retrieval and few-shot, log beside them).
+  # evaluators added since, retrieval and few-shot, log beside them). The logs were written on
+  # another machine, and XLA:CPU's last bits differ between processors: on an AMD EPYC the
+  # resumed grad_norm lies 1.5e-6 (relative) from the logged one, at 21178fb as now; 1e-5.
   assert [m['step'] for m in got] == [1, 2, 3, 4, 4]
   assert [{k: m[k] for k in w if k in m} for m, w in zip(got, want, strict=True)] == [
-    pytest.approx(m, rel=1e-6, abs=1e-9) for m in want
+    pytest.approx(m, rel=1e-5, abs=1e-9) for m in want
   ]
   assert all(m.keys() >= w.keys() for m, w in zip(got, want, strict=True))
   fitted = checkpoint.fit(workdir)
