@@ -155,8 +155,13 @@ def _model(weights: _Weights, dtype: str, max_patches: int, vocab: str | None, b
   return Model(
     programs=programs, params=params, num_classes=num_classes, class_names=names,
     class_names_source=names_source, head_is_zero=zero, patch_pixels=family.patch_pixels(config),
-    grid=family.token_grid(config, weights.resolution), **common,
+    grid=_grid(family, config, weights.resolution), **common,
   )  # fmt: skip
+
+
+def _grid(family: Any, config: Any, resolution: Any) -> tuple[int, int] | None:
+  """The patch tokens (rows, cols) at `resolution`; None for images at their own size."""
+  return None if resolution is None else family.token_grid(config, resolution)
 
 
 def _image_text(weights: _Weights, module: Any, spec: Any, vocab: str | None, common: dict):
