@@ -345,7 +345,7 @@ def classifier_programs(
 
   example = jax.ShapeDtypeStruct((1, *spec.input_shape()), jnp.float32)
   params = _cast(features, params, dtype, example)
-  head = _head(heads.get('head'), heads.get('head_dist'))
+  head = head_map(heads.get('head'), heads.get('head_dist'))
 
   def both(p, x):
     f = features(p['body'], x).astype(jnp.float32)
@@ -354,7 +354,7 @@ def classifier_programs(
   return Programs(classifier=_program(both, {'body': params, 'head': head})), {**params, **heads}
 
 
-def _head(head: Any, head_dist: Any) -> tuple[jax.Array, jax.Array] | None:
+def head_map(head: Any, head_dist: Any) -> tuple[jax.Array, jax.Array] | None:
   """(kernel, bias) of the map from the features to the logits, float32: the head, or for a
   distilled model the mean of its two heads on the two tokens side by side."""
   if head is None:

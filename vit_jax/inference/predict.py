@@ -21,7 +21,14 @@ import numpy as np
 from etils import epath
 
 from vit_jax import families, files
-from vit_jax.inference.model import Model, image_batches, run_padded, softmax, top_k_of
+from vit_jax.inference.model import (
+  Model,
+  head_map,
+  image_batches,
+  run_padded,
+  softmax,
+  top_k_of,
+)
 from vit_jax.models import blocks
 
 
@@ -67,14 +74,8 @@ def block_program(model: Model, block: int):
 
 def _head_logits(model: Model, features: np.ndarray) -> np.ndarray | None:
   """The logits of `features` through the head (a distilled model's: its two heads' mean)."""
-  head, dist = model.params.get('head'), model.params.get('head_dist')
-  if head is None:
-    return None
-  kernel, bias = np.asarray(head['kernel'], np.float32), np.asarray(head['bias'], np.float32)
-  if dist is not None:
-    kernel = np.concatenate([kernel, np.asarray(dist['kernel'], np.float32)]) / 2
-    bias = (bias + np.asarray(dist['bias'], np.float32)) / 2
-  return features @ kernel + bias
+  head = head_map(model.params.get('head'), model.params.get('head_dist'))
+  return None if head is None else features @ np.asarray(head[0]) + np.asarray(head[1])
 
 
 def predict_files(
