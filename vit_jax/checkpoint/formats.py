@@ -23,6 +23,11 @@ def _no_fields(path: Path) -> dict[str, Any]:
   return {}
 
 
+def _computed_as_stated(path: Path) -> list[str]:
+  del path
+  return []
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
   """A checkpoint format: `detect(path) -> bool`, `read(path, **kw) -> (tree, description)`,
@@ -33,13 +38,16 @@ class Format:
   need when they have no config.json) and returns our tree of numpy arrays. `fields` gives
   the model fields the file states that its shapes cannot tell (the GELU its config names:
   `gelu_approximate=False` for the exact one), only those that differ from the defaults.
-  `to_state_dict` refuses, in one line, a model the format cannot hold.
+  `unlike` gives, one line each, every setting the file states that the project computes
+  otherwise (what `fields` cannot carry onto the model). `to_state_dict` refuses, in one
+  line, a model the format cannot hold.
   """
 
   name: str
   detect: Callable[[Path], bool]
   read: Callable[..., tuple[dict, str]]
   fields: Callable[[Path], dict[str, Any]] = _no_fields
+  unlike: Callable[[Path], list[str]] = _computed_as_stated
   to_state_dict: Callable[[Mapping[str, Any], Any], dict[str, np.ndarray]] | None = None
   config: Callable[[pytorch.Export], dict[str, Any]] | None = None
 
@@ -48,15 +56,27 @@ FORMATS: list[Format] = [
   # transformers' SiglipModel (SigLIP, SigLIP 2) and Siglip2Model (NaFlex): an image-text tree;
   # its config.json says so.
   # It writes through `export_hf` (a directory with its processor's files).
-  Format('hf_siglip', hf_siglip.detect, hf_siglip.read, hf_siglip.model_fields),
+  Format('hf_siglip', hf_siglip.detect, hf_siglip.read, fields=hf_siglip.model_fields),
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
   Format(
-    'timm', timm.detect, timm.read, timm.model_fields, timm.to_timm_state_dict, timm.timm_config
+    'timm',
+    timm.detect,
+    timm.read,
+    fields=timm.model_fields,
+    to_state_dict=timm.to_timm_state_dict,
+    config=timm.timm_config,
   ),
-  Format('hf', hf.detect, hf.read, hf.model_fields, hf.to_hf_state_dict, hf.hf_config),
+  Format(
+    'hf',
+    hf.detect,
+    hf.read,
+    fields=hf.model_fields,
+    to_state_dict=hf.to_hf_state_dict,
+    config=hf.hf_config,
+  ),
   # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
-  Format('npz', npz.detect, two_towers.read, two_towers.stated_fields),
-  Format('orbax', orbax.detect, orbax.read, orbax.fields),
+  Format('npz', npz.detect, two_towers.read, fields=two_towers.stated_fields),
+  Format('orbax', orbax.detect, orbax.read, fields=orbax.fields),
 ]
 
 

@@ -41,6 +41,8 @@ class Found:
     resolution: the square image size its position embeddings are laid out for, or None.
     arrays, parameters: how many arrays and scalars it holds.
     description: its format, in one line.
+    unlike: every setting the file states that the project computes otherwise, a line each
+      (`Format.unlike`); `fit` logs each as a warning.
   """
 
   config: ml_collections.ConfigDict
@@ -49,6 +51,7 @@ class Found:
   arrays: int
   parameters: int
   description: str
+  unlike: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +111,9 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
 
 def _read(
   path: str | os.PathLike, tower: str | None, heads: int | None, params_entry: str = 'params'
-) -> tuple[dict, str, dict[str, Any]]:
-  """(the tree, its description, the model fields the file states beyond its shapes);
+) -> tuple[dict, str, dict[str, Any], tuple[str, ...]]:
+  """(the tree, its description, the model fields the file states beyond its shapes, what
+  the project computes otherwise than the file states: `Format.unlike`);
   `tower='img'`: an image-text file's image tower (a run's whole tree: `fit` takes the
   tower); `params_entry='polyak'`: a training run's Polyak average instead of its
   parameters."""
@@ -124,10 +128,12 @@ def _read(
   fields = fmt.fields(path)
   if tower is not None:  # the image tower's own, not the image-text model's (text, pp)
     fields = dict(fields.get('image') or {})
-  return restored, description, fields
+  return restored, description, fields, tuple(fmt.unlike(path))
 
 
-def _found(restored: dict, description: str, fields: dict[str, Any]) -> Found:
+def _found(
+  restored: dict, description: str, fields: dict[str, Any], unlike: tuple[str, ...] = ()
+) -> Found:
   """What a tree holds, read off its shapes by its family, and the file's stated `fields`
   (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
   flat = tree.flatten(restored)
@@ -141,6 +147,7 @@ def _found(restored: dict, description: str, fields: dict[str, Any]) -> Found:
     arrays=len(flat),
     parameters=tree.count_params(flat),
     description=description,
+    unlike=unlike,
   )
 
 
@@ -271,19 +278,23 @@ def fit(
     )
   transformer = None if config is None or image_text else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, description, fields = _read(path, tower, heads, params_entry)
+  restored, description, fields, unlike = _read(path, tower, heads, params_entry)
+  for line in unlike:
+    logging.warning('%s: %s', source, line)
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
   holds = families.of_tree(restored)
   if holds is not None and holds.image_text:
     if (config is None or image_text) and tower is None:
-      return _fit_two_towers(restored, _found(restored, description, fields), config, name, request)
+      found = _found(restored, description, fields, unlike)
+      return _fit_two_towers(restored, found, config, name, request)
     restored, description = two_towers.image_tower(restored, description)
     fields = dict(fields.get('image') or {})  # the image tower's own
   elif image_text:
     raise CheckpointError(
       f'{source} holds no image-text model, which the model {name or "given"} needs'
     )
-  return _fit_vit(restored, _found(restored, description, fields), fields, config, name, request)
+  found = _found(restored, description, fields, unlike)
+  return _fit_vit(restored, found, fields, config, name, request)
 
 
 @dataclasses.dataclass(frozen=True)
