@@ -51,7 +51,8 @@ class Model:
 
   Attributes:
     name: the registered name, or the architecture in words.
-    kind: 'ViT', 'DeiT (distilled)', 'MLP-Mixer', 'LiT', 'SigLIP', ... (the family's word).
+    kind: 'ViT', 'ViT hybrid', 'DeiT (distilled)', 'MLP-Mixer', 'LiT', 'SigLIP', ... (the
+      family's word).
     image_text: an image-text model (texts, embeddings, zero-shot) rather than a classifier.
     preprocessing: how its images are prepared (its family's spec, `families.preprocessing`).
     dtype: the compute dtype ('float32' or 'bfloat16').
