@@ -69,6 +69,9 @@ class Model:
     templates: the zero-shot templates the model was evaluated with, or None.
     canonicalize: whether its class names and templates were canonicalised.
     batch_size: images or texts per compiled call.
+    found: what the checkpoint file holds as it states it (`checkpoint.Found`: its format,
+      architecture, counts, and what the project computes otherwise than it states); None
+      for a registered name or an exported model.
   """
 
   name: str
@@ -96,6 +99,7 @@ class Model:
   templates: tuple[str, ...] | None = None
   canonicalize: bool = True
   batch_size: int = 32
+  found: Any = None
 
   # --- inputs -----------------------------------------------------------------------------
 
