@@ -257,7 +257,7 @@ def hybrid(folder) -> Case:
     if isinstance(module, torch.nn.GroupNorm):
       module.eps = 1e-6
   pre_logits = lambda model, t: model.forward_head(t, pre_logits=True)
-  return Case(path, 'ViT', square(32), _timm_outputs(theirs, pre_logits))
+  return Case(path, 'ViT hybrid', square(32), _timm_outputs(theirs, pre_logits))
 
 
 def mixer(folder) -> Case:

@@ -292,8 +292,11 @@ def preprocessing(
 
 
 def model_kind(config: Config) -> str:
-  """What the model is, for the commands' one-line summaries."""
-  return 'DeiT (distilled)' if config.get('distilled') else 'ViT'
+  """What the model is, for the commands' one-line summaries: a ResNet stem makes it the
+  paper's hybrid."""
+  if config.get('distilled'):
+    return 'DeiT (distilled)'
+  return 'ViT' if config.get('resnet') is None else 'ViT hybrid'
 
 
 MODULE = VisionTransformer

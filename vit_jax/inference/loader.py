@@ -30,6 +30,7 @@ class _Weights:
   resolution: Any
   source: str
   from_file: bool
+  found: Any = None  # a file's `checkpoint.Found`
 
 
 def load(
@@ -78,7 +79,7 @@ def load(
       raise ValueError('num_classes is for a registered model; a checkpoint keeps its head')
     fitted = ckpt.fit(source, model, resolution=resolution, params_entry=params_entry)
     weights = _Weights(
-      fitted.config, fitted.params, fitted.name, fitted.resolution, str(source), True
+      fitted.config, fitted.params, fitted.name, fitted.resolution, str(source), True, fitted.found
     )
   return _model(weights, dtype, max_patches, vocab, batch_size)
 
@@ -139,6 +140,7 @@ def _model(weights: _Weights, dtype: str, max_patches: int, vocab: str | None, b
     module=module,
     resolution=weights.resolution,
     batch_size=batch_size,
+    found=weights.found,
   )
   if family.image_text:
     return _image_text(weights, module, spec, vocab, common)

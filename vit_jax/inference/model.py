@@ -51,7 +51,8 @@ class Model:
 
   Attributes:
     name: the registered name, or the architecture in words.
-    kind: 'ViT', 'DeiT (distilled)', 'MLP-Mixer', 'LiT', 'SigLIP', ... (the family's word).
+    kind: 'ViT', 'ViT hybrid', 'DeiT (distilled)', 'MLP-Mixer', 'LiT', 'SigLIP', ... (the
+      family's word).
     image_text: an image-text model (texts, embeddings, zero-shot) rather than a classifier.
     preprocessing: how its images are prepared (its family's spec, `families.preprocessing`).
     dtype: the compute dtype ('float32' or 'bfloat16').
@@ -68,6 +69,9 @@ class Model:
     templates: the zero-shot templates the model was evaluated with, or None.
     canonicalize: whether its class names and templates were canonicalised.
     batch_size: images or texts per compiled call.
+    found: what the checkpoint file holds as it states it (`checkpoint.Found`: its format,
+      architecture, counts, and what the project computes otherwise than it states); None
+      for a registered name or an exported model.
   """
 
   name: str
@@ -95,6 +99,7 @@ class Model:
   templates: tuple[str, ...] | None = None
   canonicalize: bool = True
   batch_size: int = 32
+  found: Any = None
 
   # --- inputs -----------------------------------------------------------------------------
 
