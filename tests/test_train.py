@@ -758,8 +758,8 @@ def test_command_line_errors_are_one_line(tmp_path, flags, message):
     text=True,
     timeout=120,
   )
-  assert run.returncode == 1
-  errors = [line for line in run.stderr.splitlines() if line.startswith('Error:')]
+  assert run.returncode == 2  # the command line's config: a usage error
+  errors = [line for line in run.stderr.splitlines() if line.startswith('error:')]
   assert len(errors) == 1 and message in errors[0], run.stderr
   assert not os.path.exists(tmp_path / 'run')
 

@@ -17,13 +17,23 @@
 Each module defines its flags in `define_flags(flag_values)`, which its `run_cli()` (the
 console script, pyproject.toml) calls at program start; importing a module defines none. So
 `ENTRY_POINTS` lets a test define any tool's flags on a fresh `flags.FlagValues`.
+
+Every `run_cli()` starts its command through `start`, so all keep one convention: `--help`
+prints the command's docstring and its own flags, exit status 0; a usage error (a flag that is
+unknown, missing, malformed or out of range; arguments that do not go together) is an
+`error: ...` line and a line naming `--help`, status 2; a runtime error is one line, status 1.
 """
 
 import dataclasses
+import functools
 import importlib
+import itertools
 import json
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from absl import app, flags
 
@@ -72,44 +82,124 @@ def entry_point(command: str, args: Sequence[str] = ()) -> EntryPoint:
   return next(e for e in matches if not e.mode)
 
 
+USAGE_ERROR = 2  # the exit status of a command line that cannot be run as given
+_HELP = re.compile(r'-[h?]|--?(help|helpshort|helpfull)')
+
+
 def failure_line(e: BaseException) -> str:
   """An unexpected failure as one line: its type and the first line of its message."""
   reason = str(e).strip().splitlines()[0] if str(e).strip() else ''
   return f'{type(e).__name__}: {reason}'
 
 
-def usage_flags_parser(usage: str) -> Callable[[list[str]], list[str]]:
-  """A `flags_parser` for `start`: a bad flag (unknown, misspelt, a value out of range) is one
-  line, then `usage`, and exit status 2."""
+def program_name(entry: EntryPoint) -> str:
+  """How the user started `entry`: the console script as typed, or `python -m MODULE`; then
+  its mode flag, if any (`vit-benchmark --pipeline`)."""
+  ran_as_module = getattr(sys.modules['__main__'], '__spec__', None) is not None
+  started = f'python -m {entry.module}' if ran_as_module else os.path.basename(sys.argv[0])
+  return f'{started} {entry.mode}'.strip()
 
-  def parse(argv: list[str]) -> list[str]:
+
+def usage_error(message: str, program: str) -> NoReturn:
+  """A command line that cannot be run as given: `error: MESSAGE` and where the help is, two
+  lines on stderr, then exit status 2 (1 is a runtime error, one line)."""
+  print(f'error: {" ".join(message.split())}', file=sys.stderr)
+  print(usage_hint(program), file=sys.stderr)
+  sys.exit(USAGE_ERROR)
+
+
+def usage_hint(program: str) -> str:
+  return f"Try '{program} --help' for more information."
+
+
+def help_text(
+  define_flags: Callable[[flags.FlagValues], None],
+  program: str,
+  every_flag: flags.FlagValues | None = None,
+) -> str:
+  """The command's docstring and its own flags: those `define_flags` defines, not those its
+  libraries leave in the program's FLAGS (chex's and absltest's test flags); with `every_flag`,
+  every flag it holds (`--helpfull`)."""
+  doc = (sys.modules[define_flags.__module__].__doc__ or '').rstrip()
+  if every_flag is not None:
+    return f'{doc}\n\nflags:\n{every_flag.get_help()}'
+  own = flags.FlagValues()
+  define_flags(own)
+  for name in own:
+    own.register_key_flag_for_module(program, own[name])
+  more = 'Try --helpfull to get a list of all flags.'
+  return f'{doc}\n\nflags:\n{own.module_help(program)}\n\n{more}'
+
+
+def parse(
+  argv: list[str],
+  define_flags: Callable[[flags.FlagValues], None],
+  program: str,
+  flag_values: flags.FlagValues = flags.FLAGS,
+  flags_parser: Callable[[list[str], flags.FlagValues], list[str]] | None = None,
+) -> list[str]:
+  """`argv` parsed onto `flag_values`, which holds the command's flags, as every command's is:
+  `--help` (`-h`, `--helpshort`) prints `help_text` and `--helpfull` every flag, exit status 0;
+  a flag that is unknown, missing, malformed or out of range is a `usage_error`. A command's own
+  `flags_parser(argv, flag_values)` parses instead of `flag_values(argv)`; it raises
+  `app.UsageError` with one line for what it rejects."""
+  asked = [a for a in itertools.takewhile(lambda a: a != '--', argv[1:]) if _HELP.fullmatch(a)]
+  if asked:
+    every_flag = flag_values if asked[0].lstrip('-') == 'helpfull' else None
     try:
-      return flags.FLAGS(argv)
-    except flags.Error as e:
-      print(f'error: {e}'.replace('\n', ' '), file=sys.stderr)
-      print(usage, file=sys.stderr)
-      sys.exit(2)
+      print(help_text(define_flags, program, every_flag), flush=True)
+    except BrokenPipeError:  # `--help | head`: the rest unread, as Python's docs advise
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
+  try:
+    return flags_parser(argv, flag_values) if flags_parser else flag_values(argv)
+  except (flags.Error, app.UsageError) as e:
+    usage_error(str(e), program)
 
-  return parse
+
+def with_usage_hint(
+  main: Callable[[list[str]], int | None], program: str
+) -> Callable[[list[str]], int | None]:
+  """`main` whose usage errors end as `usage_error`'s: an `app.UsageError` it raises, or exit
+  status 2 after the one `error:` line it printed, which gets the hint line after it."""
+
+  def run(argv: list[str]) -> int | None:
+    try:
+      status = main(argv)
+    except app.UsageError as e:
+      usage_error(str(e), program)
+    except SystemExit as e:
+      if e.code == USAGE_ERROR:
+        print(usage_hint(program), file=sys.stderr)
+      raise
+    if status == USAGE_ERROR:
+      print(usage_hint(program), file=sys.stderr)
+    return status
+
+  return run
 
 
 def start(
   define_flags: Callable[[flags.FlagValues], None],
-  main: Callable[[list[str]], object],
-  flags_parser: Callable[[list[str]], list[str]] | None = None,
+  main: Callable[[list[str]], int | None],
+  flags_parser: Callable[[list[str], flags.FlagValues], list[str]] | None = None,
 ) -> None:
   """Runs a command as the program, whichever script or `python -m` shim started it: its flags
-  and its module's docstring are the program's (what `--help` shows), then `app.run(main)`."""
-  program = sys.modules['__main__']
-  program.__doc__ = sys.modules[define_flags.__module__].__doc__
-  before = set(flags.FLAGS)
-  define_flags(flags.FLAGS)
-  for name in sorted(set(flags.FLAGS) - before):
-    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
-  if flags_parser is None:
-    app.run(main)
-  else:
-    app.run(main, flags_parser=flags_parser)
+  on FLAGS, parsed by `parse`, then `app.run(main)` with `with_usage_hint`. So every command
+  exits 0 when done (and after `--help`), 1 on a runtime error (one line), 2 on a usage error
+  (one line and the hint)."""
+  entry = next(e for e in ENTRY_POINTS if e.cli == define_flags.__module__)
+  program = program_name(entry)
+  flag_values = flags.FLAGS
+  define_flags(flag_values)
+  parser = functools.partial(
+    parse,
+    define_flags=define_flags,
+    program=program,
+    flag_values=flag_values,
+    flags_parser=flags_parser,
+  )
+  app.run(with_usage_hint(main, program), flags_parser=parser)
 
 
 def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:

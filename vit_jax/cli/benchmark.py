@@ -82,7 +82,7 @@ from absl import flags
 from vit_jax import benchmark, cli, files, hugepages, profiling
 from vit_jax.benchmark.memory import GIB
 from vit_jax.benchmark.variants import ATTENTION, DTYPES, LAYERS, REMAT
-from vit_jax.models import precision
+from vit_jax.models import MODEL_CONFIGS, precision, unknown_model
 
 
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:
@@ -297,6 +297,13 @@ def _define_program_flags(fv: flags.FlagValues) -> None:
     'with --memory_batches: the largest batch for these GiB',
     flag_values=fv,
   )
+  flags.register_validator('model', _registered, flag_values=fv)
+  flags.register_multi_flags_validator(
+    ['model', 'memory_batches'],
+    lambda values: ',' not in values['model'] or bool(values['memory_batches']),
+    '--model is one name; a comma list of them only with --memory_batches',
+    flag_values=fv,
+  )
   flags.DEFINE_integer('resolution', 224, 'image side in pixels', flag_values=fv)
   flags.DEFINE_integer('num_classes', 1000, 'head width', flag_values=fv)
   flags.DEFINE_list(
@@ -323,6 +330,15 @@ def _define_program_flags(fv: flags.FlagValues) -> None:
   flags.DEFINE_string(
     'profile_dir', '/tmp/vit_benchmark_profile', 'where --profile_steps writes', flag_values=fv
   )
+
+
+def _registered(models: str) -> bool:
+  """--model names registered models: an unknown one is a usage error of one line, not a
+  traceback."""
+  for name in models.split(','):
+    if name not in MODEL_CONFIGS:
+      raise flags.ValidationError(f'{unknown_model(name)} `vit-models` lists the registered ones.')
+  return True
 
 
 def _define_run_flags(fv: flags.FlagValues) -> None:

@@ -30,8 +30,6 @@ from absl import flags, logging
 from vit_jax import checkpoint, cli, families
 from vit_jax.checkpoint import catalog, tree, two_towers
 
-USAGE = 'usage: python -m vit_jax.convert SRC DST --to={npz,hf,timm} (or --list [QUERY])'
-
 
 def _uses(fitted: checkpoint.Fitted, src: str) -> two_towers.Uses:
   """How an image-text source is used beyond its weights: its vocabulary, its templates."""
@@ -214,8 +212,7 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS) -> int:
     print(catalog.format_table(entries))
     return 0
   if len(args) != 2 or not f.to:
-    print(USAGE, file=sys.stderr)
-    print('error: SRC, DST and --to are required (or --list)', file=sys.stderr)
+    print('error: SRC, DST and --to are required (or --list [QUERY])', file=sys.stderr)
     return 2
   try:
     convert(*args, f.to, f.model, f.num_classes, f.resolution, params_entry=f.params)
@@ -236,4 +233,4 @@ def main(argv: Sequence[str]) -> None:
 
 def run_cli() -> None:
   """The `vit-convert` console script (and `python -m vit_jax.convert`)."""
-  cli.start(define_flags, main, cli.usage_flags_parser(USAGE))
+  cli.start(define_flags, main)

@@ -40,10 +40,6 @@ from absl import flags, logging
 from vit_jax import checkpoint, cli, data
 from vit_jax import export as export_lib
 
-USAGE = (
-  'usage: python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=...]'
-)
-
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags, on `flag_values`."""
@@ -78,7 +74,6 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
   """The command line's work on parsed flags `f` and positional `args`; returns the exit
   status (0 ok, 1 failed, 2 bad usage)."""
   if len(args) != 2:
-    print(USAGE, file=sys.stderr)
     print(f'error: SRC and OUT are required, got {list(args)}', file=sys.stderr)
     return 2
   unknown = [name for name in f.formats or () if name not in export_lib.FORMATS]
@@ -112,4 +107,4 @@ def main(argv: Sequence[str]) -> None:
 
 def run_cli() -> None:
   """The `vit-export` console script (and `python -m vit_jax.export`)."""
-  cli.start(define_flags, main, cli.usage_flags_parser(USAGE))
+  cli.start(define_flags, main)

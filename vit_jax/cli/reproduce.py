@@ -18,12 +18,13 @@ r"""Reproduces the paper's tables: `python -m vit_jax.reproduce COMMAND [flags]`
                 --workdir=runs/lit_digits_seeds --seeds=0,1,2
 
 Errors (an unknown dataset or task, unfinished dev runs, no runs found) end with one line
-on stderr and exit status 1.
+on stderr and exit status 1; usage errors (no command, a missing --config or --workdir) with
+exit status 2.
 """
 
 import sys
 
-from absl import flags, logging
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 import configs
@@ -88,9 +89,9 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
 
 def _config():
   if FLAGS.config is None:
-    raise ValueError('--config is required, e.g. --config=configs/vit.py:b16,cifar10.')
+    raise app.UsageError('--config is required, e.g. --config=configs/vit.py:b16,cifar10.')
   if not FLAGS.workdir:
-    raise ValueError('--workdir is required: the folder that holds the runs.')
+    raise app.UsageError('--workdir is required: the folder that holds the runs.')
   return FLAGS.config
 
 
@@ -178,7 +179,7 @@ def _report(paths: list[str]) -> None:
   from vit_jax.reproduce import report
 
   if not paths:
-    raise ValueError('report: give one or more run directories (or folders holding them).')
+    raise app.UsageError('report: give one or more run directories (or folders holding them).')
   rows, _, text = report.report(paths, FLAGS.out, FLAGS.pretrain)
   print(report.format_csv(rows) if FLAGS.csv else text)
   if FLAGS.out:
@@ -194,14 +195,13 @@ def _lit_digits() -> None:
 
 def main(argv: list[str]) -> int:
   if len(argv) < 2 or argv[1] not in COMMANDS:
-    print(f'Usage: python -m vit_jax.reproduce {{{",".join(COMMANDS)}}} [flags]', file=sys.stderr)
-    return 1
+    given = f', not {argv[1]!r}' if len(argv) > 1 else ''
+    raise app.UsageError(f'give a command: one of {", ".join(COMMANDS)}{given}')
   if not FLAGS['verbosity'].present:  # keep the library's INFO lines (orbax) out of the tables
     logging.set_verbosity(logging.WARNING)
   command, rest = argv[1], argv[2:]
   if rest and command != 'report':
-    print(f'Error: unexpected arguments {" ".join(rest)}', file=sys.stderr)
-    return 1
+    raise app.UsageError(f'unexpected arguments {" ".join(rest)}')
   try:
     if command == 'compute':
       _compute()
@@ -219,12 +219,12 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
+def _parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[str]:
+  """Flag errors (a bad override, a config file that fails) as one usage line."""
   try:
-    return FLAGS(argv)
+    return flag_values(argv)
   except (flags.Error, ValueError, KeyError, AttributeError) as e:
-    print(f'Error: {str(e).strip().splitlines()[0]}', file=sys.stderr)
-    sys.exit(1)
+    raise app.UsageError(str(e).strip().splitlines()[0]) from e
 
 
 def run_cli() -> None:

@@ -137,12 +137,12 @@ def _exit_with(e: BaseException) -> None:
   sys.exit(1)
 
 
-def _parse_flags(argv: list[str]) -> list[str]:
-  """Flag errors (unknown config key, bad override, bad config file) as one line on stderr."""
+def _parse_flags(argv: list[str], flag_values: flags.FlagValues = FLAGS) -> list[str]:
+  """Flag errors (unknown config key, bad override, bad config file) as one usage line."""
   try:
-    return FLAGS(argv)
+    return flag_values(argv)
   except (flags.Error, ValueError, KeyError, AttributeError, OSError) as e:
-    _exit_with(e)
+    raise app.UsageError(_one_line(e)) from e
 
 
 def run_cli() -> None:

@@ -48,7 +48,7 @@ def main(argv: Sequence[str]) -> None:
     model = inference.load(f.checkpoint, model=f.model, resolution=f.resolution)
   except (OSError, ValueError, KeyError) as e:
     print(f'error: {f.checkpoint}: {e}'.replace('\n', ' '), file=sys.stderr)
-    sys.exit(2)
+    sys.exit(1)
   written, errors = figures.visualize(model, f.out, f.image)
   for error in errors:  # each unreadable image, one line
     print(f'error: {error}', file=sys.stderr)

@@ -27,6 +27,7 @@ __all__ = [
   'is_mixer',
   'is_two_tower',
   'model_class',
+  'unknown_model',
 ]
 
 
@@ -35,11 +36,15 @@ def get_config(name: str) -> ml_collections.ConfigDict:
   unknown names list close matches."""
   registered = MODEL_CONFIGS.get(name)
   if registered is None:
-    names = list(MODEL_CONFIGS)
-    close = difflib.get_close_matches(name, names, n=5, cutoff=0.4)
-    hint = f' Did you mean: {", ".join(close)}?' if close else ''
-    raise KeyError(f'Unknown model {name!r}.{hint} Registered: {", ".join(names)}.')
+    raise KeyError(f'{unknown_model(name)} Registered: {", ".join(MODEL_CONFIGS)}.')
   return ml_collections.ConfigDict(registered.to_dict())
+
+
+def unknown_model(name: str) -> str:
+  """'Unknown model NAME.' and the registered names closest to it."""
+  close = difflib.get_close_matches(name, list(MODEL_CONFIGS), n=5, cutoff=0.4)
+  hint = f' Did you mean: {", ".join(close)}?' if close else ''
+  return f'Unknown model {name!r}.{hint}'
 
 
 def is_two_tower(config: ml_collections.ConfigDict | Mapping[str, Any]) -> bool:
