@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine (Python 3.11):
-#   make run    set up, then run the main job on the bundled data
+#   make run    set up (the venv, the package installed into it), then run the main job on the
+#               bundled data
 #   make test   set up, then lint and run the test suite (what CI runs)
 # and the inner loop while changing code:
 #   make test-fast   the suite without its `slow` tests (docs/testing.md)
@@ -20,6 +21,16 @@ $(VENV)/.runtime: requirements.txt
 	$(PY) -m pip install -q --no-compile -r requirements.txt
 	touch $@
 
+# The package itself, editable and without its dependencies (requirements.txt pins those): the
+# console scripts (vit-predict, ...) and `import vit_jax` work from any directory, on the
+# checkout's code. Built with the venv's setuptools where it is as new as pyproject.toml asks
+# (make test's, requirements-test.txt: 4 s), else in pip's isolated build, which fetches one
+# (make run's venv, whose setuptools is Python's own: 11 s).
+$(VENV)/.package: $(VENV)/.runtime pyproject.toml
+	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation \
+	  --check-build-dependencies -e . 2>/dev/null || $(PY) -m pip install -q --no-compile --no-deps -e .
+	touch $@
+
 $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	$(PY) -m pip install -q --no-compile -r requirements-test.txt
 	# The launch-script tests run shellcheck (Debian's package).
@@ -36,7 +47,7 @@ $(ONNX_VENV)/.onnx: requirements-onnx.txt
 
 onnx-env: $(ONNX_VENV)/.onnx
 
-run: $(VENV)/.runtime
+run: $(VENV)/.package
 	$(PY) -m vit_jax.main --config=configs/digits.py --workdir=runs/digits
 
 table: $(VENV)/.runtime
@@ -52,13 +63,13 @@ format: $(VENV)/.test
 
 # Two workers, a test file each at a time, the costliest first (tests/conftest.py); then,
 # alone, the tests that bound a wall time; then the ONNX tests in their environment.
-test: lint $(ONNX_VENV)/.onnx
+test: lint $(VENV)/.package $(ONNX_VENV)/.onnx
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not serial and not onnx' --durations=25
 	$(PY) -m pytest -q -m serial --durations=5
 	$(MAKE) test-onnx
 
 # The inner loop: what the `slow` marker leaves (tests/conftest.py), laid out as `test`.
-test-fast: $(VENV)/.test
+test-fast: $(VENV)/.test $(VENV)/.package
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not slow and not serial and not onnx' --durations=10
 	$(PY) -m pytest -q -m 'serial and not slow'
 

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from absl import flags
 
+import vit_jax
 from tests.conftest import dot_types, randomize
+from tests.text_vocabs import SP_EOS, SP_ID, SP_UNK, word_model
 from vit_jax import checkpoint, families
 from vit_jax.cli import export as export_cli
 from vit_jax.export import export_model, functions
@@ -193,10 +195,13 @@ def exported(tmp_path_factory):
   for name, config in MODELS.items():
     src = root / f'{name}.npz'
     _save(config, src)
-    if families.of_config(config).image_text:
-      (root / f'{name}.model').write_bytes(b'a vocabulary')  # found beside, copied
     outs[name] = out = root / f'{name}_out'
-    export_model(str(src), out)
+    if name == 'siglip':  # the command, its vocabulary not beside it; naflex's found nowhere
+      (root / 'elsewhere').mkdir()
+      (root / 'elsewhere' / 'words.model').write_bytes(word_model())
+      assert _command(src, out, f'--vocab={root / "elsewhere" / "words.model"}') == 0
+    else:
+      export_model(str(src), out)
     for function in functions(checkpoint.fit(str(src))):
       data = str(root / f'{name}_{function.name}.npz')
       np.savez(data, **_expected(function, rng))
@@ -271,7 +276,14 @@ def test_export_json_says_how_to_feed_each_model(exported):
     'vocab': 'vocab.model',
   }
   assert (pp['tokenizer_name'], pp['max_len']) == ('sentencepiece', LEN)
-  assert (exported[0]['siglip'] / 'vocab.model').read_bytes() == b'a vocabulary'
+  assert (exported[0]['siglip'] / 'vocab.model').read_bytes() == word_model()  # --vocab's
+  # The exported model tokenizes as the word model does: lower-cased, `</s>`, padding 1.
+  texts = ['A cat sat', 'zürich dog']
+  want = [
+    [SP_ID['a'], SP_ID['cat'], SP_ID['sat'], SP_EOS, 1, 1, 1, 1],
+    [SP_ID['zürich'], SP_UNK, SP_EOS, 1, 1, 1, 1, 1],
+  ]
+  np.testing.assert_array_equal(vit_jax.load(str(exported[0]['siglip'])).tokenizer(texts), want)
   assert siglip['text']['t'] > 0
   assert isinstance(siglip['text']['b'], float)
   assert siglip['functions']['text']['input']['shape'] == ['b', LEN]
@@ -279,13 +291,26 @@ def test_export_json_says_how_to_feed_each_model(exported):
   assert naflex['input'] == {'name': 'patches', 'shape': ['b', 'n', 51], 'dtype': 'float32'}
   naflex_pp = meta['naflex']['preprocessing']
   assert (naflex_pp['kind'], naflex_pp['patch_size'], naflex_pp['size']) == ('patches', 4, None)
+  # No vocabulary found: none named, and the warning names each place looked and the flag.
+  root = exported[0]['naflex'].parent
+  assert meta['naflex']['text']['tokenizer']['vocab'] is None
+  assert meta['naflex']['skipped'] == [
+    'exported without a tokenizer: no tokenizer vocabulary beside the checkpoint: expected'
+    f' {root / "naflex.model"} or {root / "spiece.model"} (a sentencepiece vocabulary); give it'
+    ' with --vocab=FILE'
+  ]
 
 
-def _cli(capsys, *argv):
+def _command(*argv) -> int:
+  """`vit-export ARGV`'s exit status, run in this process."""
   flag_values = flags.FlagValues()
   export_cli.define_flags(flag_values)
   args = flag_values(['vit-export', *map(str, argv)])[1:]
-  status = export_cli.run(args, flag_values, command='vit-export ' + ' '.join(map(str, argv)))
+  return export_cli.run(args, flag_values, command='vit-export ' + ' '.join(map(str, argv)))
+
+
+def _cli(capsys, *argv):
+  status = _command(*argv)
   out, err = capsys.readouterr()
   return status, out, err
 

@@ -7,8 +7,10 @@ import importlib
 import importlib.util
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from pathlib import Path
@@ -155,6 +157,34 @@ def test_the_wheel_holds_every_module_and_the_configs(tmp_path):
   for script, text in _installed_scripts(wheel, tmp_path).items():
     assert _flag_names(cli.entry_point(script)) <= _listed_flags(text), (script, text[-2000:])
     assert f'\n{script}:\n' in text  # listed as the script's own, by the name it was run as
+
+
+def test_the_makefile_setup_installs_the_package_editable_for_any_directory(tmp_path):
+  """`make run`'s and `make test`'s setup (the Makefile's `.package`) installs the checkout into
+  the venv: from another directory `import vit_jax` is the checkout's, and `vit-predict --help`
+  runs and lists its flags. The venv here is an empty one on this environment's packages (its
+  `.runtime` made), so that the Makefile's own recipe runs offline."""
+  venv = tmp_path / 'venv'
+  subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=60)
+  own = sysconfig.get_path('purelib', 'venv', vars={'base': str(venv), 'platbase': str(venv)})
+  (Path(own) / 'dependencies.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+  (venv / '.runtime').touch()  # newer than requirements.txt: the dependencies are there
+  make = ['make', '-s', '-C', REPO, f'VENV={venv}', f'{venv}/.package']
+  subprocess.run(make, check=True, capture_output=True, timeout=300)
+  env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}  # the venv's own lookup
+  where = [venv / 'bin' / 'python', '-c', 'import vit_jax; print(vit_jax.__file__)']
+  found = subprocess.run(where, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+  assert found.stdout.strip() == str(REPO / 'vit_jax' / '__init__.py'), found.stderr
+  help_run = subprocess.run(
+    [venv / 'bin' / 'vit-predict', '--help'],
+    cwd=tmp_path,
+    env={**env, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )  # its exit status is the exit-code convention's (tests of `--help` elsewhere)
+  text = help_run.stdout + help_run.stderr
+  assert _flag_names(cli.entry_point('vit-predict')) <= _listed_flags(text), text[-2000:]
 
 
 def test_a_configs_path_is_the_packaged_file_unless_the_working_directory_has_it(

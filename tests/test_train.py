@@ -36,6 +36,7 @@ from vit_jax.data import digits as digits_data
 from vit_jax.evals import classification
 from vit_jax.evals import common as evals_common
 from vit_jax.train import setup, spec
+from vit_jax.train import state as state_lib
 from vit_jax.train.spec import with_overrides
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -740,6 +741,21 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     '`gsutil cp gs://vit_models/imagenet21k/ViT-B_16.npz DIR/`',
   )
   train_error(tiny_config(pp__train='validation'), tmp_path, "split 'validation'")
+
+
+def test_a_run_that_fails_at_its_start_leaves_no_folder(tmp_path, monkeypatch):
+  """A run that stops while it builds its state (here as a pretrained file that does not fit
+  stops it, past the checks above; without the 2-s compile of the initialisation before the
+  fit) leaves no folder: no workdir, not the empty checkpoints/ it left."""
+  message = 'teacher.npz: embedding/kernel has shape (4, 4, 3, 16) in the checkpoint but ...'
+
+  def does_not_fit(*args):
+    raise ValueError(message)
+
+  monkeypatch.setattr(state_lib, 'initial_state', does_not_fit)
+  teacher = tmp_path / 'teacher.npz'
+  teacher.write_bytes(b'')  # there: the run's checks of its config pass
+  train_error(tiny_config(pretrained_path=str(teacher)), tmp_path, re.escape(message))
 
 
 @pytest.mark.slow

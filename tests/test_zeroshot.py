@@ -287,7 +287,9 @@ def test_command_errors_are_one_line(lit, tmp_path, capsys):
     (
       str(alone),
       {},
-      f'no tokenizer vocabulary beside the checkpoint: expected {alone.with_suffix(".model")}',
+      'no tokenizer vocabulary beside the checkpoint: expected'
+      f' {alone.with_suffix(".model")} or {alone.parent / "spiece.model"} (a sentencepiece'
+      ' vocabulary); give it with --vocab=FILE',
     ),
     (str(path), {'vocab': str(DATA / 'bert_vocab.txt')}, 'not a sentencepiece model'),
     (
@@ -308,6 +310,26 @@ def test_command_errors_are_one_line(lit, tmp_path, capsys):
     assert zeroshot_cli.run(str(path), images, options=no_cache, **kwargs) == 2
     err = capsys.readouterr().err
     assert err.startswith('error: ') and err.count('\n') == 1, err
+
+
+def test_a_vocabulary_is_looked_for_where_the_missing_line_says(tmp_path):
+  """A file's: FILE.model, then its folder's Hugging Face file of the tokenizer (a SigLIP
+  folder's model.safetensors: spiece.model; Gemma's tokenizer.model; a BERT vocabulary has
+  none); the first that exists is used, a given one wins, and the line names each place."""
+  weights = tmp_path / 'model.safetensors'
+  places = [f'{weights}.model', str(tmp_path / 'spiece.model')]
+  assert checkpoint.two_towers.missing_vocab(weights, 'sentencepiece') == (
+    f'no tokenizer vocabulary beside the checkpoint: expected {places[0]} or {places[1]} (a'
+    ' sentencepiece vocabulary); give it with --vocab=FILE'
+  )
+  assert checkpoint.two_towers.vocab_places(weights, 'gemma')[1] == str(
+    tmp_path / 'tokenizer.model'
+  )
+  assert checkpoint.two_towers.vocab_places(tmp_path / 'x.npz', 'bert') == [str(tmp_path / 'x.txt')]
+  for place in reversed(places):
+    Path(place).write_bytes(b'')
+    assert checkpoint.two_towers.uses(weights, 'sentencepiece').vocab == place
+  assert checkpoint.two_towers.uses(weights, 'sentencepiece', 'given.model').vocab == 'given.model'
 
 
 def test_report_puts_a_zero_shot_run_beside_the_lit_model_card(tmp_path):

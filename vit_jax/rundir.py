@@ -11,7 +11,8 @@
   events.out.tfevents.*    the same scalars for TensorBoard (vit_jax/train/events.py)
   plugins/profile/         profiler traces (config.profile_steps) for TensorBoard
   checkpoints/<step>/      orbax: items `state` (params, optimizer state, step, RNG) and
-                           `meta` (step, global batch, data shards, bad images)
+                           `meta` (step, global batch, data shards, bad images); the folder
+                           is made by the first save
   checkpoints/<step>.damaged-<n>/   a step found damaged at restore, set aside (kept)
   curves.png               loss and accuracy curves, written at the end
 

@@ -103,33 +103,61 @@ def _zeroshot_settings(config: Mapping[str, Any]) -> dict[str, Any]:
   return (config.get('zeroshot') or {}) if config.get('zeroshot_every') else {}
 
 
-def uses(path: Any, tokenizer_name: str) -> Uses:
+def uses(path: Any, tokenizer_name: str, vocab: str | None = None) -> Uses:
   """A training run's (its config.json: its zero-shot evaluator's vocabulary or
-  `config.pp.vocab`, and the evaluator's templates), or a file's (FILE.txt or FILE.model
-  beside it, FILE.json; a Hugging Face SigLIP directory's tokenizer file)."""
+  `config.pp.vocab`, and the evaluator's templates), or a file's (the first of `vocab_places`
+  that exists, FILE.json); `vocab` (a --vocab flag), where given, is the vocabulary."""
   run = rundir.find_run(path)
   if run is not None:
     config = rundir.read_config(run)
     evaluated, pp = _zeroshot_settings(config), config.get('pp') or {}
-    vocab = evaluated.get('vocab') or (config.get('zeroshot') or {}).get('vocab')
-    vocab = vocab or pp.get('vocab') or None
+    found = evaluated.get('vocab') or (config.get('zeroshot') or {}).get('vocab')
+    found = found or pp.get('vocab') or None
   else:
-    vocab = _vocab_beside(path, tokenizer_name)
+    found = None if vocab else _vocab_beside(path, tokenizer_name)
     evaluated = _sidecar(path).get('zeroshot') or {}
   templates = tuple(evaluated['templates']) if evaluated.get('templates') else None
-  return Uses(vocab, templates, bool(evaluated.get('canonicalize', True)))
+  return Uses(vocab or found, templates, bool(evaluated.get('canonicalize', True)))
 
 
 def vocab_places(path: Any, tokenizer_name: str) -> list[str]:
   """Where a checkpoint's vocabulary is looked for: a training run's config.json (its
-  zero-shot evaluator's `vocab`, `pp.vocab`), FILE.txt or FILE.model beside FILE.npz, or a
-  Hugging Face SigLIP directory's sentencepiece files (spiece.model, tokenizer.model)."""
+  zero-shot evaluator's `vocab`, `pp.vocab`); a Hugging Face SigLIP directory's file of the
+  tokenizer (spiece.model: SigLIP's sentencepiece; tokenizer.model: Gemma's); for a file,
+  FILE.txt or FILE.model beside FILE.npz, then that Hugging Face file in the file's folder
+  (as for a folder's model.safetensors)."""
   run = rundir.find_run(path)
   if run is not None:
     return [f"{run / rundir.CONFIG_FILE} (pp.vocab, a zeroshot evaluator's vocab)"]
+  # transformers' file of this tokenizer (a BERT vocabulary has none).
+  hf_name = (
+    [hf_siglip.TOKENIZERS[tokenizer_name][1]] if tokenizer_name in hf_siglip.TOKENIZERS else []
+  )
   if files.path(path).is_dir():
-    return [str(files.path(path) / name) for name in hf_siglip.VOCAB_FILES]
-  return [_stem(path) + VOCAB_SUFFIX[tokenizer_name]]
+    return [str(files.path(path) / name) for name in hf_name or hf_siglip.VOCAB_FILES]
+  folder = files.path(path).parent
+  return [_stem(path) + VOCAB_SUFFIX[tokenizer_name], *(str(folder / name) for name in hf_name)]
+
+
+def missing_vocab(path: Any, tokenizer_name: str, flag: str | None = '--vocab') -> str:
+  """THE line for a checkpoint whose vocabulary was not found: every place looked (as
+  `vocab_places`), and the flag that gives it (None: the command has none)."""
+  places = ' or '.join(vocab_places(path, tokenizer_name))
+  line = f'no tokenizer vocabulary beside the checkpoint: expected {places} (a {tokenizer_name}'
+  return line + (f' vocabulary); give it with {flag}=FILE' if flag else ' vocabulary)')
+
+
+def vocab_tokenizer(config: Any, vocab: str) -> Any:
+  """The tokenizer of the image-text model `config` on the vocabulary file `vocab`, checked
+  against its text tower: a vocabulary of more pieces than it embeds is not its own."""
+  tokenizer = families.of_config(config).tokenizer(dict(config.get('pp') or {}), vocab)
+  rows = dict(config.text)['vocab_size']
+  if tokenizer.vocab_size > rows:
+    raise ValueError(
+      f'{vocab}: {tokenizer.vocab_size} pieces, but the text tower embeds {rows}: not this '
+      "checkpoint's vocabulary"
+    )
+  return tokenizer
 
 
 def _vocab_beside(path: Any, tokenizer_name: str) -> str | None:

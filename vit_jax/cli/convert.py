@@ -69,7 +69,8 @@ def _write_hf_siglip(fitted: checkpoint.Fitted, src: str, dst: str) -> str:
   )
   written = ' + '.join(sorted(p.name for p in path.iterdir()))
   if vocab is None:
-    written += '; no tokenizer: no vocabulary at hand (FILE.model beside FILE.npz, pp.vocab)'
+    name = fitted.config.pp.tokenizer_name
+    written += '; no tokenizer: ' + two_towers.missing_vocab(src, name, flag=None)
   architecture = json.loads((path / 'config.json').read_text())['architectures'][0]
   return f'hf ({architecture}, {written})'
 

@@ -1,7 +1,7 @@
 """Exports a checkpoint as a model that runs outside JAX and this project.
 
   python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=bfloat16] \
-      [--model=NAME] [--resolution=R]
+      [--model=NAME] [--resolution=R] [--vocab=FILE]
 
 SRC is any checkpoint `vit_jax.checkpoint.fit` reads (a run directory, an .npz, a Hugging Face
 or timm model, a LiT or SigLIP file, a SigLIP 2 of patch sequences). OUT, a new directory, gets:
@@ -23,7 +23,9 @@ functions: `image` (images; a patch-sequence tower: packed patch sequences
 (b, n, p * p * 3 + 3)) and `text` (int32 tokens (b, max_len)), each to normalised
 embeddings: image.stablehlo, text.stablehlo (image.onnx, text.onnx), and the SavedModel
 signatures `image` (also `serving_default`) and `text`; export.json adds the tokenizer's
-settings, t and b, and its vocabulary is copied beside where one is known. `--dtype=bfloat16`
+settings, t and b, and its vocabulary (`--vocab`, else the one found beside the checkpoint, as
+vit-zeroshot finds it) is copied beside; without one, a warning line names every place looked
+and export.json names no vocabulary. `--dtype=bfloat16`
 computes in bfloat16 (outputs stay float32; ONNX has no bfloat16 Einsum, so no ONNX then). A
 format that cannot be written here is one warning line; with none left to write, as on any
 failure, it exits with status 1 and one line, leaving OUT untouched; bad usage exits with status
@@ -60,6 +62,9 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer(
     'resolution', None, "Input size in pixels (default: the checkpoint's).", flag_values=fv
   )
+  flags.DEFINE_string(
+    'vocab', None, 'An image-text model: its vocabulary; default: beside it.', flag_values=fv
+  )
 
 
 def _summary(meta: dict, out: str) -> str:
@@ -82,7 +87,9 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
     return 2
   src, out = args
   try:
-    meta = export_lib.export_model(src, out, f.formats, f.dtype, f.model, f.resolution, command)
+    meta = export_lib.export_model(
+      src, out, f.formats, f.dtype, f.model, f.resolution, command, vocab=f.vocab
+    )
   except (checkpoint.CheckpointError, export_lib.ExportError, OSError) as e:
     message = str(e) if str(src) in str(e) or str(out) in str(e) else f'{src}: {e}'
     print(f'error: {message}'.replace('\n', ' '), file=sys.stderr)

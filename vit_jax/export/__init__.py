@@ -158,13 +158,24 @@ def write_stablehlo(function: Function, path: str | os.PathLike) -> jax.export.E
   return exported
 
 
-def _text(fitted: ckpt.Fitted, source: str, out: str) -> dict[str, Any]:
+def _vocab(fitted: ckpt.Fitted, source: str, vocab: str | None) -> tuple[str | None, list[str]]:
+  """An image-text model's vocabulary (`vocab`, else the one found for `source`), checked
+  against its text tower: (its path, []); or (None, [the line that says where it was looked
+  for])."""
+  name = families.of_config(fitted.config).tokenizer_settings(fitted.config.get('pp'))[0]
+  vocab = ckpt.two_towers.uses(source, name, vocab).vocab
+  if vocab is None:
+    return None, ['exported without a tokenizer: ' + ckpt.two_towers.missing_vocab(source, name)]
+  ckpt.two_towers.vocab_tokenizer(fitted.config, vocab)
+  return vocab, []
+
+
+def _text(fitted: ckpt.Fitted, vocab: str | None, out: str) -> dict[str, Any]:
   """The text tower's tokenizer (`tokenizer_settings`), its vocabulary copied into `out`
-  where one is known beside the source, t and b."""
+  where there is one, t and b."""
   family = families.of_config(fitted.config)
   pp = dict(fitted.config.get('pp') or {})
   name, max_len, options = family.tokenizer_settings(pp)
-  vocab = ckpt.two_towers.uses(source, name).vocab
   copied = None
   if vocab is not None:
     copied = 'vocab' + ckpt.two_towers.VOCAB_SUFFIX[name]
@@ -265,10 +276,13 @@ def export_model(
   model: str | None = None,
   resolution: int | None = None,
   command: str | None = None,
+  vocab: str | None = None,
 ) -> dict[str, Any]:
   """Exports the checkpoint `source` (anything `checkpoint.fit` reads) into the new directory
-  `out` in `formats` (None: `default_formats()`); returns export.json's contents. One-line
-  ExportError or CheckpointError; `out` is written as a whole or not at all."""
+  `out` in `formats` (None: `default_formats()`); an image-text model with the tokenizer of
+  `vocab` (None: the vocabulary found for `source`, as `vit_jax.load` finds it); returns
+  export.json's contents. One-line ExportError, CheckpointError or ValueError (a vocabulary
+  not the model's); `out` is written as a whole or not at all."""
   out = os.fspath(out)
   if os.path.exists(out):
     raise ExportError(f'{out} exists: remove it or choose another directory')
@@ -276,6 +290,10 @@ def export_model(
     raise ExportError(f'--dtype={dtype}: choose one of {", ".join(DTYPES)}')
   todo, skipped = _check_formats(formats, dtype)
   fitted = ckpt.fit(source, model, resolution=resolution)
+  image_text = families.of_config(fitted.config).image_text
+  if image_text:
+    vocab, missing = _vocab(fitted, str(source), vocab)
+    skipped += missing
   fns = functions(fitted, dtype)
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
@@ -283,8 +301,8 @@ def export_model(
   try:
     _write(fitted, fns, todo, temp)
     meta = metadata(fitted, fns, str(source), dtype, todo)
-    if families.of_config(fitted.config).image_text:
-      meta['text'] = _text(fitted, str(source), temp)
+    if image_text:
+      meta['text'] = _text(fitted, vocab, temp)
     meta['skipped'] = skipped
     meta['command'] = command
     with open(os.path.join(temp, METADATA), 'w') as f:

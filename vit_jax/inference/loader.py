@@ -172,19 +172,13 @@ def _image_text(weights: _Weights, module: Any, spec: Any, vocab: str | None, co
   pp = dict(config.get('pp') or {})
   family = families.of_config(config)
   name, max_len, _ = family.tokenizer_settings(pp)
-  uses = ckpt.two_towers.uses(weights.source, name) if weights.from_file else None
-  path = vocab or (uses.vocab if uses else None)
+  uses = ckpt.two_towers.uses(weights.source, name, vocab) if weights.from_file else None
+  path = uses.vocab if uses else vocab
   tokenizer, error = None, ''
   if path is None:
     error = _no_vocab(weights, name)
   else:
-    tokenizer = family.tokenizer(pp, path)
-    rows = dict(config.text)['vocab_size']
-    if tokenizer.vocab_size > rows:
-      raise ValueError(
-        f'{path}: {tokenizer.vocab_size} pieces, but the text tower embeds {rows}: not this '
-        "checkpoint's vocabulary"
-      )
+    tokenizer = ckpt.two_towers.vocab_tokenizer(config, path)
   programs, cast = image_text_programs(module, params, spec, max_len, common['dtype'])
   scalar = lambda key: float(np.asarray(params[key]).reshape(())) if key in params else None
   return Model(
@@ -198,11 +192,7 @@ def _no_vocab(weights: _Weights, tokenizer_name: str) -> str:
   """The one line that says where the vocabulary was looked for."""
   if not weights.from_file:
     return f'{weights.source} was initialised without a vocabulary: give vocab=FILE (--vocab)'
-  places = ckpt.two_towers.vocab_places(weights.source, tokenizer_name)
-  return (
-    f'no tokenizer vocabulary beside the checkpoint: expected {" or ".join(places)} (a'
-    f' {tokenizer_name} vocabulary); give it with --vocab'
-  )
+  return ckpt.two_towers.missing_vocab(weights.source, tokenizer_name)
 
 
 def _exported(directory: str, batch_size: int) -> Model:

@@ -181,6 +181,7 @@ def _run(setup: Setup, workdir: str, checkpoints, stop_after, preemption) -> dic
   data_shards, note = state_lib.data_shards_for(data.data_shards, data.batch, meta)
   if note:
     _say(note)
+  files.makedirs(workdir)  # once the state stands: a run that fails before leaves no folder
   _write_config(workdir, setup)
   writer = actions.make_writer(workdir, checkpoints.last_saved)
   parts = _parts(setup, workdir, lay, checkpoints, meta, data_shards, writer)
@@ -224,7 +225,6 @@ def train_and_evaluate(
     finished run)}.
   """
   setup = prepare(config, workdir, devices)
-  files.makedirs(workdir)
   checkpoints = state_lib.Checkpoints(workdir, setup.spec.loop.keep_checkpoints)
   # A SIGTERM while restoring, compiling or building the input pipeline stops the run after
   # its first step, with a checkpoint, as one during training does.

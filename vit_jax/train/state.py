@@ -113,7 +113,9 @@ def start(setup: Setup, checkpoints: 'Checkpoints') -> tuple[Layout, dict, dict,
 
 
 class Checkpoints:
-  """The run's orbax CheckpointManager: async saves, the last `keep` kept."""
+  """The run's orbax CheckpointManager: async saves, the last `keep` kept. Its directory is
+  made by the first save (orbax makes a step's parents), so a run that stops before it
+  leaves none."""
 
   def __init__(self, workdir: str, keep: int):
     import orbax.checkpoint as ocp
@@ -122,7 +124,7 @@ class Checkpoints:
     self.directory = rundir.checkpoint_dir(workdir)
     options = ocp.CheckpointManagerOptions(
       max_to_keep=max(1, keep),
-      create=True,
+      create=False,
       enable_async_checkpointing=True,
       cleanup_tmp_directories=True,
       # A failed write ends every process's wait at once (not after orbax's 20 minutes).
