@@ -30,6 +30,7 @@ from vit_jax.flat import (
 )
 from vit_jax.models import model_from_config, stats
 from vit_jax.models.configs import MODEL_CONFIGS
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 from vit_jax.models.vit import VisionTransformer
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
@@ -170,6 +171,9 @@ def describe(config: Config) -> str:
     parts.append(f'posemb {config["posemb"]}')
   if not config.get('gelu_approximate', True):
     parts.append('exact GELU')
+  epsilon = config.get('layer_norm_epsilon', LAYER_NORM_EPSILON)
+  if epsilon != LAYER_NORM_EPSILON:
+    parts.append(f'LayerNorm epsilon {epsilon:g}')
   return ', '.join(parts)
 
 
