@@ -128,24 +128,33 @@ def test_save_pretrained_model_loads_into_ours_with_equal_logits(tmp_path):
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_hidden_act_gelu_is_the_exact_gelu_both_ways(tmp_path):
-  """transformers' default hidden_act='gelu' (the hub configs of Google's ViTs say it): fit
-  computes the exact GELU with transformers' logits, and exports hidden_act='gelu' again."""
-  config = _hf_config(num_labels=5, hidden_act='gelu')
+def test_hidden_act_and_layer_norm_eps_of_config_json_hold_both_ways(tmp_path):
+  """transformers' defaults hidden_act='gelu' and layer_norm_eps=1e-12 (the hub configs of
+  Google's ViTs say both): fit computes the exact GELU and that epsilon with transformers'
+  logits, and exports them again."""
+  config = _hf_config(num_labels=5, hidden_act='gelu', layer_norm_eps=1e-12)
   hf = _randomise(transformers.ViTForImageClassification(config), scale=0.5)
+  with torch.no_grad():  # small embeddings: the first LayerNorm's input variance is ~1e-4
+    for p in hf.vit.embeddings.parameters():
+      p.mul_(0.01)
   hf.save_pretrained(tmp_path / 'hf')
   fitted = checkpoint.fit(tmp_path / 'hf')
-  assert fitted.config.gelu_approximate is False and 'exact GELU' in fitted.found.description
+  assert fitted.config.gelu_approximate is False and fitted.config.layer_norm_epsilon == 1e-12
+  assert 'exact GELU, LayerNorm epsilon 1e-12' in families.of_config(fitted.config).describe(
+    fitted.config
+  )
   images = _images(32)
   with torch.no_grad():
     theirs = hf(pixel_values=_torch_images(images)).logits.numpy()
   ours = np.asarray(_apply(fitted.model())(fitted.params, images))
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
-  tanh = np.asarray(_apply(fitted.model(gelu_approximate=True))(fitted.params, images))
-  assert np.abs(tanh - theirs).max() > 1e-4  # 10x the tolerance
+  for ours_otherwise in ({'gelu_approximate': True}, {'layer_norm_epsilon': 1e-6}):
+    other = np.asarray(_apply(fitted.model(**ours_otherwise))(fitted.params, images))
+    assert np.abs(other - theirs).max() > 1e-4, ours_otherwise  # 10x the tolerance
 
   checkpoint.export_hf(fitted.params, fitted.config, tmp_path / 'back')
-  assert json.loads((tmp_path / 'back' / 'config.json').read_text())['hidden_act'] == 'gelu'
+  written = json.loads((tmp_path / 'back' / 'config.json').read_text())
+  assert (written['hidden_act'], written['layer_norm_eps']) == ('gelu', 1e-12)
   again = transformers.ViTForImageClassification.from_pretrained(tmp_path / 'back').eval()
   with torch.no_grad():
     np.testing.assert_array_equal(again(pixel_values=_torch_images(images)).logits, theirs)

@@ -37,7 +37,8 @@ class Format:
   `read` takes keyword options it may ignore (`num_heads`, which Hugging Face and timm files
   need when they have no config.json) and returns our tree of numpy arrays. `fields` gives
   the model fields the file states that its shapes cannot tell (the GELU its config names:
-  `gelu_approximate=False` for the exact one), only those that differ from the defaults.
+  `gelu_approximate=False` for the exact one; its LayerNorm epsilon: `layer_norm_epsilon`),
+  only those that differ from the defaults.
   `unlike` gives, one line each, every setting the file states that the project computes
   otherwise (what `fields` cannot carry onto the model). `to_state_dict` refuses, in one
   line, a model the format cannot hold.

@@ -9,7 +9,8 @@ The checkpoint is read in any format `formats.read` knows; the model is a regist
 model config (the constructor fields), or by default the architecture read off the shapes;
 the parameters are fitted to it by `surgery.merge_pretrained` (head, pre_logits, position
 embeddings on another grid), every mismatch a one-line error. What the file states beyond its
-shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set on the model.
+shapes (the GELU and LayerNorm epsilon of a Hugging Face or timm config.json, `Format.fields`)
+is set on the model.
 """
 
 import dataclasses
@@ -36,7 +37,8 @@ class Found:
   Attributes:
     config: the architecture (`tree.infer_config`: model fields, `num_classes` and
       `representation_size` included), and the fields the file states beyond its shapes
-      (`gelu_approximate=False` where its config names the exact GELU).
+      (`gelu_approximate=False` where its config names the exact GELU, `layer_norm_epsilon`
+      where it states another than 1e-6).
     name: the registered model of this architecture, or None.
     resolution: the square image size its position embeddings are laid out for, or None.
     arrays, parameters: how many arrays and scalars it holds.

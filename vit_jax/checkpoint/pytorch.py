@@ -43,6 +43,7 @@ from vit_jax.checkpoint.tree import (
   square_side,
   unflatten,
 )
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 
 TORCH_SUFFIXES = ('.bin', '.pth', '.pt')
 BLOCK = 'Transformer/encoderblock_{i}'
@@ -426,6 +427,11 @@ class Export:
   def gelu_approximate(self) -> bool:
     """The model's GELU: the tanh approximation (our default), or the exact one."""
     return bool(config_field(self.model_config, 'gelu_approximate', True))
+
+  @property
+  def layer_norm_epsilon(self) -> float:
+    """The model's LayerNorm epsilon (our default 1e-6, or the one a file stated)."""
+    return float(config_field(self.model_config, 'layer_norm_epsilon', LAYER_NORM_EPSILON))
 
 
 def _grid_image_size(flat: Mapping[str, np.ndarray]) -> ImageSize:
