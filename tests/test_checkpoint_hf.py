@@ -160,6 +160,26 @@ def test_hidden_act_and_layer_norm_eps_of_config_json_hold_both_ways(tmp_path):
     np.testing.assert_array_equal(again(pixel_values=_torch_images(images)).logits, theirs)
 
 
+def test_a_model_config_given_keeps_its_fields_and_each_line_names_the_key(tmp_path, caplog):
+  """Fine-tuning builds the model of its config: what the file states otherwise is one
+  complete warning line a field, naming the config key that follows the file."""
+  config = _hf_config(num_labels=3, hidden_act='gelu', layer_norm_eps=1e-12)
+  transformers.ViTForImageClassification(config).save_pretrained(tmp_path / 'hf')
+  given = {**get_config('testing').to_dict(), **SMALL, 'layer_norm_epsilon': 1e-6}
+  with caplog.at_level('WARNING'):
+    fitted = checkpoint.fit(tmp_path / 'hf', given, num_classes=3)
+  assert 'gelu_approximate' not in fitted.config and fitted.config.layer_norm_epsilon == 1e-6
+  source = tmp_path / 'hf'
+  assert [r.getMessage() for r in caplog.records] == [
+    f'{source}: the file states gelu_approximate=False; the model config given sets no'
+    ' gelu_approximate, and the model computes with its default: to compute as the file does,'
+    ' set gelu_approximate=False in it (a fine-tune: --config.model.gelu_approximate=False)',
+    f'{source}: the file states layer_norm_epsilon=1e-12; the model config given has'
+    ' layer_norm_epsilon=1e-06, and the model computes with that: to compute as the file does,'
+    ' set layer_norm_epsilon=1e-12 in it (a fine-tune: --config.model.layer_norm_epsilon=1e-12)',
+  ]
+
+
 def test_another_hidden_act_is_refused(tmp_path):
   hf = _randomise(transformers.ViTModel(_hf_config(hidden_act='relu')))
   hf.save_pretrained(tmp_path / 'hf')

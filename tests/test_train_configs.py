@@ -258,6 +258,16 @@ def test_with_overrides_sets_dotted_keys_and_rejects_unknown_ones():
     spec.with_overrides(digits.get_config(), {'pp.crpo': 16})
 
 
+def test_vit_configs_take_how_a_file_computes():
+  """A fine-tune takes a Hugging Face file's exact GELU and LayerNorm epsilon by the keys
+  that fit's warnings name."""
+  file = {'model.gelu_approximate': False, 'model.layer_norm_epsilon': 1e-12}
+  for config in (digits.get_config(), digits.get_config('deit'), vit.get_config('b16,cifar10')):
+    run = spec.from_config(spec.with_overrides(config, file))
+    model = setup.build_model(run.model, num_classes=10)
+    assert (model.gelu_approximate, model.layer_norm_epsilon) == (False, 1e-12)
+
+
 def test_a_misspelt_model_field_names_the_closest_one():
   fields = {**digits.get_config().model.to_dict(), 'hiden_size': 64}
   bad = spec.from_config({**digits.get_config().to_dict(), 'model': fields})

@@ -134,7 +134,10 @@ def _read(
 
 
 def _found(
-  restored: dict, description: str, fields: dict[str, Any], unlike: tuple[str, ...] = ()
+  restored: dict,
+  description: str,
+  fields: dict[str, Any],
+  unlike: tuple[str, ...] = (),
 ) -> Found:
   """What a tree holds, read off its shapes by its family, and the file's stated `fields`
   (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
@@ -166,17 +169,33 @@ def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
     )
 
 
-def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str) -> None:
-  """A model config given as is keeps its fields; a file that states others is logged."""
+def _warn_unlike(config: Any, fields: Mapping[str, Any], source: str, prefix: str = '') -> None:
+  """A model config given as is keeps its fields; each one the file states otherwise is a
+  warning line that names the config key to follow the file (a tower's: `prefix`)."""
   for key, value in fields.items():
-    if config.get(key) != value:
+    name, given = f'{prefix}{key}', config.get(key)
+    if isinstance(value, Mapping):  # an image-text model's tower
+      _warn_unlike(given or {}, value, source, f'{name}.')
+    elif given != value:
+      has = f'sets no {name}, and the model computes with its default'
+      if given is not None:
+        has = f'has {name}={given}, and the model computes with that'
       logging.warning(
-        '%s: the file states %s=%s, the model config given %s; the config holds',
-        source,
-        key,
-        value,
-        config.get(key),
+        '%s: the file states %s=%s; the model config given %s: to compute as the file does,'
+        ' set %s=%s in it (a fine-tune: --config.model.%s=%s)',
+        *(source, name, value, has, name, value, name, value),
       )
+
+
+def _take_stated(
+  model: Any, config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str
+) -> None:
+  """The fields the file states beyond its shapes: a registered model takes them (its
+  architecture, computed as the file says); a model config given as is keeps its own."""
+  if isinstance(model, str):
+    config.update(fields)
+  else:
+    _warn_unlike(config, fields, source)
 
 
 def _resolution(
@@ -221,11 +240,10 @@ def _fitted_config(
   architecture read off the shapes."""
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
-  elif isinstance(model, str):
-    _check_fits(name, config, found, resize_patch_embedding)
-    config.update(fields)  # the registry's architecture, computed as the file says
   else:
-    _warn_unlike(config, fields, source)
+    if isinstance(model, str):
+      _check_fits(name, config, found, resize_patch_embedding)
+    _take_stated(model, config, fields, source)
   given_config = isinstance(model, Mapping | ml_collections.ConfigDict)
   if not given_config and families.of_config(config).pre_logits:
     config.representation_size = found.config.representation_size
@@ -288,7 +306,7 @@ def fit(
   if holds is not None and holds.image_text:
     if (config is None or image_text) and tower is None:
       found = _found(restored, description, fields, unlike)
-      return _fit_two_towers(restored, found, config, name, request)
+      return _fit_two_towers(restored, found, fields, config, name, request)
     restored, description = two_towers.image_tower(restored, description)
     fields = dict(fields.get('image') or {})  # the image tower's own
   elif image_text:
@@ -338,13 +356,24 @@ def _fit_vit(
   if keep_head is None:
     keep_head = bool(found.config.num_classes) and config.num_classes == found.config.num_classes
   params, report = merge_pretrained(
-    restored, init_params, config, keep_head, image_size=image_size, source=source, **surgery
+    restored,
+    init_params,
+    config,
+    keep_head,
+    image_size=image_size,
+    source=source,
+    **surgery,
   )
   return Fitted(params, config, name, resolution, found, report)
 
 
 def _fit_two_towers(
-  restored: dict, found: Found, config: Any, name: str | None, request: _Request
+  restored: dict,
+  found: Found,
+  fields: dict[str, Any],
+  config: Any,
+  name: str | None,
+  request: _Request,
 ) -> Fitted:
   """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept."""
   source, found_config = request.source, found.config
@@ -363,6 +392,8 @@ def _fit_two_towers(
     )
   else:
     two_towers_family.adopt_file_preprocessing(config, found_config)
+    towers = {k: v for k, v in fields.items() if k in ('image', 'text')}
+    _take_stated(request.model, config, towers, source)
   init, resolution = request.init_params, request.resolution
   if init is not None and not families.takes_patch_sequences(
     config
