@@ -296,6 +296,25 @@ def _error(path, **kw) -> str:
   return str(e.value)
 
 
+def test_fit_errors_give_the_heads_of_config_json_or_say_they_are_inferred(tmp_path, hf_dir):
+  """The file's heads are config.json's, not the model's given (at 21178fb: '2 heads', the
+  model's, for a file of 4); a file without config.json takes the model's, a guess its errors
+  say. Another patch size names the key that resamples it."""
+  testing = {**get_config('testing').to_dict(), **SMALL}
+  two_heads = {**testing, 'transformer': {**SMALL['transformer'], 'num_heads': 2}}
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.fit(hf_dir, two_heads, num_classes=3)
+  assert 'the checkpoint has hidden_size 32, 2 layers, 4 heads,' in str(e.value)
+  assert 'inferred' not in str(e.value)
+  shutil.copy(hf_dir / 'model.safetensors', tmp_path / 'bare.safetensors')  # no config.json
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.fit(tmp_path / 'bare.safetensors', {**testing, 'patches': {'size': (4, 4)}})
+  assert str(e.value).endswith(
+    'patch 8x8, classifier token (its 4 heads inferred: the file states none); or resample it'
+    ' (FlexiViT): resize_patch_embedding=True, in a fine-tune --config.resize_patch_embedding=True'
+  )
+
+
 def test_truncated_safetensors(tmp_path, hf_dir):
   data = (hf_dir / 'model.safetensors').read_bytes()
   (tmp_path / 'cut.safetensors').write_bytes(data[: len(data) - 1000])

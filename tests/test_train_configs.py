@@ -268,6 +268,19 @@ def test_vit_configs_take_how_a_file_computes():
     assert (model.gelu_approximate, model.layer_norm_epsilon) == (False, 1e-12)
 
 
+def test_resize_patch_embedding_is_a_key_of_fine_tuning(monkeypatch):
+  """`--config.resize_patch_embedding=True` resamples a pretrained file's patch embedding."""
+  from vit_jax import checkpoint, tasks
+
+  config = spec.with_overrides(digits.get_config(), {'resize_patch_embedding': True})
+  run = spec.from_config(config)
+  task = tasks.build(run, setup.build_model(run.model, num_classes=10), 'FILE')
+  options = {}
+  monkeypatch.setattr(checkpoint, 'load_pretrained', lambda *args, **kw: options.update(kw))
+  task.pretrained('FILE', {})
+  assert options['resize_patch_embedding'] is True
+
+
 def test_a_misspelt_model_field_names_the_closest_one():
   fields = {**digits.get_config().model.to_dict(), 'hiden_size': 64}
   bad = spec.from_config({**digits.get_config().to_dict(), 'model': fields})

@@ -147,6 +147,11 @@ def model_fields(path: Path) -> dict[str, Any]:
   return gelu_fields(_gelu_approximate(config, path)) | layer_norm_fields(epsilon)
 
 
+def states_heads(path: Path) -> bool:
+  """Whether `config.json` states the attention heads (else the caller's are a guess)."""
+  return (pytorch.read_config(path) or {}).get('num_attention_heads') is not None
+
+
 def _map_key(key: str, value: np.ndarray, num_heads: int | None, source: str) -> dict:
   """One tensor (4.x or 5.x name, with or without `vit.`) as our key and array."""
   if key in _HEAD_MAP:  # outside the `vit.` prefix
@@ -191,7 +196,8 @@ def _notes(state: Mapping[str, Any], config: Mapping[str, Any] | None, path: Pat
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
-  """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
+  """Reads a Hugging Face ViT directory or weights file; returns (tree, description). The
+  heads are config.json's, else `num_heads`."""
   del unused
   path = files.path(path)
   config = pytorch.read_config(path)
@@ -201,8 +207,7 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
       f'{path}: config.json says model_type={config.get("model_type")!r}; only plain ViT'
       " ('vit') checkpoints map to our models"
     )
-  if num_heads is None and config is not None:
-    num_heads = config.get('num_attention_heads')
+  num_heads = (config or {}).get('num_attention_heads') or num_heads
   state = read_state_dict(weights)
   tree = from_hf_state_dict(state, num_heads, str(path))
   return tree, pytorch.description('hf', weights, state, _notes(state, config, path))

@@ -358,6 +358,11 @@ def model_fields(path: Path) -> dict[str, Any]:
   return ({'pp': pp} if pp else {}) | _tower_fields(vision, text)
 
 
+def states_heads(path: Path) -> bool:
+  """Whether a config.json states the towers' heads (else the caller's are a guess)."""
+  return pytorch.read_config(path) is not None
+
+
 def _heads(config: Mapping[str, Any] | None, num_heads: int | None) -> Callable[[str], int]:
   """The heads of the attention a tensor belongs to: its tower's in config.json (transformers'
   default 12 where a key is left out), else `num_heads` (the caller's)."""

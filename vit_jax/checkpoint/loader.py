@@ -24,7 +24,7 @@ from absl import logging
 
 from vit_jax import families, files, rundir
 from vit_jax.checkpoint import formats, tree, two_towers
-from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
+from vit_jax.checkpoint.surgery import LoadReport, heads_note, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
 from vit_jax.families import two_towers as two_towers_family
 from vit_jax.models import get_config, model_from_config
@@ -45,6 +45,8 @@ class Found:
     description: its format, in one line.
     unlike: every setting the file states that the project computes otherwise, a line each
       (`Format.unlike`); `fit` logs each as a warning.
+    heads_inferred: the file states no attention heads (a PyTorch file without config.json):
+      those of `config` are the model's given to `fit`, a guess its errors say.
   """
 
   config: ml_collections.ConfigDict
@@ -54,6 +56,7 @@ class Found:
   parameters: int
   description: str
   unlike: tuple[str, ...] = ()
+  heads_inferred: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +141,7 @@ def _found(
   description: str,
   fields: dict[str, Any],
   unlike: tuple[str, ...] = (),
+  heads_inferred: bool = False,
 ) -> Found:
   """What a tree holds, read off its shapes by its family, and the file's stated `fields`
   (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
@@ -153,6 +157,7 @@ def _found(
     parameters=tree.count_params(flat),
     description=description,
     unlike=unlike,
+    heads_inferred=heads_inferred,
   )
 
 
@@ -165,7 +170,8 @@ def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
     holds = found.name or 'an unregistered architecture'
     raise CheckpointError(
       f'--model {name} does not fit the checkpoint, which holds {holds}'
-      f' ({tree.describe(found.config)}); leave --model out to use that.'
+      f' ({tree.describe(found.config)}{heads_note(found.config, found.heads_inferred)});'
+      ' leave --model out to use that.'
     )
 
 
@@ -301,6 +307,7 @@ def fit(
   restored, description, fields, unlike = _read(path, tower, heads, params_entry)
   for line in unlike:
     logging.warning('%s: %s', source, line)
+  guessed = heads is not None and not formats.detect_format(path).states_heads(files.path(path))
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
   holds = families.of_tree(restored)
   if holds is not None and holds.image_text:
@@ -313,7 +320,7 @@ def fit(
     raise CheckpointError(
       f'{source} holds no image-text model, which the model {name or "given"} needs'
     )
-  found = _found(restored, description, fields, unlike)
+  found = _found(restored, description, fields, unlike, guessed)
   return _fit_vit(restored, found, fields, config, name, request)
 
 
@@ -362,6 +369,7 @@ def _fit_vit(
     keep_head,
     image_size=image_size,
     source=source,
+    heads_inferred=found.heads_inferred,
     **surgery,
   )
   return Fitted(params, config, name, resolution, found, report)

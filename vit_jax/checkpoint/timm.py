@@ -167,6 +167,11 @@ def _heads_from_config(config: Mapping[str, Any] | None) -> int | None:
   return heads if heads is not None else heads_of_architecture(str(config.get('architecture')))
 
 
+def states_heads(path: Path) -> bool:
+  """Whether timm's `config.json` states the heads (`model_args`, or the architecture's)."""
+  return _heads_from_config(_read_config(path)) is not None
+
+
 def _image_size_from_config(config: Mapping[str, Any] | None) -> tuple[int, int] | None:
   if config is None:
     return None
@@ -326,13 +331,13 @@ def _zero_qkv_biases(flat: dict[str, np.ndarray]) -> None:
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
-  """Reads a timm folder or weights file; returns (tree, description)."""
+  """Reads a timm folder or weights file; returns (tree, description). The heads are
+  config.json's (`model_args.num_heads`, or its architecture's), else `num_heads`."""
   del unused
   path = files.path(path)
   config = _read_config(path)
   weights = pytorch.weights_of(path, WEIGHT_FILES)
-  if num_heads is None:
-    num_heads = _heads_from_config(config)
+  num_heads = _heads_from_config(config) or num_heads
   state = pytorch.read_state_dict(weights)
   grid = None
   if (size := _image_size_from_config(config)) and 'patch_embed.proj.weight' in state:
