@@ -16,6 +16,7 @@ from conftest import SMALL
 from safetensors.numpy import load_file
 
 from vit_jax import checkpoint, families
+from vit_jax.checkpoint import hf_siglip
 from vit_jax.models import get_config, get_model
 
 
@@ -178,6 +179,25 @@ def test_a_model_config_given_keeps_its_fields_and_each_line_names_the_key(tmp_p
     ' layer_norm_epsilon=1e-06, and the model computes with that: to compute as the file does,'
     ' set layer_norm_epsilon=1e-12 in it (a fine-tune: --config.model.layer_norm_epsilon=1e-12)',
   ]
+
+
+def test_what_an_image_processor_states_otherwise_is_a_warning_line(hf_dir, tmp_path, caplog):
+  """A directory's preprocessor_config.json that transformers' processors write: ViT's with
+  DeiT's ImageNet statistics and bicubic resize, SigLIP's (bicubic by default)."""
+  imagenet = {'image_mean': [0.485, 0.456, 0.406], 'image_std': [0.229, 0.224, 0.225]}
+  transformers.ViTImageProcessor(resample=3, **imagenet).save_pretrained(hf_dir)
+  with caplog.at_level('WARNING'):
+    found = checkpoint.fit(hf_dir).found
+  differ = "so the model's inputs differ from the file's preprocessing"
+  bicubic = f'preprocessor_config.json resizes bicubic; the project resizes bilinear, {differ}'
+  assert found.unlike == (
+    bicubic,
+    'preprocessor_config.json normalises pixels x as (x / 255 - [0.485, 0.456, 0.406]) /'
+    f' [0.229, 0.224, 0.225]; the project as (x - 127.5) / 127.5, to [-1, 1], {differ}',
+  )
+  assert [r.getMessage() for r in caplog.records] == [f'{hf_dir}: {u}' for u in found.unlike]
+  transformers.SiglipImageProcessor().save_pretrained(tmp_path / 'siglip')
+  assert hf_siglip.unlike(tmp_path / 'siglip') == [bicubic]
 
 
 def test_another_hidden_act_is_refused(tmp_path):

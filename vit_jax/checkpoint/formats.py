@@ -70,6 +70,7 @@ FORMATS: list[Format] = [
     hf_siglip.detect,
     hf_siglip.read,
     fields=hf_siglip.model_fields,
+    unlike=hf_siglip.unlike,
     states_heads=hf_siglip.states_heads,
   ),
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
@@ -78,6 +79,7 @@ FORMATS: list[Format] = [
     timm.detect,
     timm.read,
     fields=timm.model_fields,
+    unlike=timm.unlike,
     states_heads=timm.states_heads,
     to_state_dict=timm.to_timm_state_dict,
     config=timm.timm_config,
@@ -87,6 +89,7 @@ FORMATS: list[Format] = [
     hf.detect,
     hf.read,
     fields=hf.model_fields,
+    unlike=hf.unlike,
     states_heads=hf.states_heads,
     to_state_dict=hf.to_hf_state_dict,
     config=hf.hf_config,

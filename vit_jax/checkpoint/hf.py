@@ -152,6 +152,35 @@ def states_heads(path: Path) -> bool:
   return (pytorch.read_config(path) or {}).get('num_attention_heads') is not None
 
 
+def processor_unlike(processor: Mapping[str, Any] | None) -> list[str]:
+  """How an image processor's `preprocessor_config.json` prepares images otherwise than the
+  project (`pytorch.preprocessing_unlike`); [] without one."""
+  if processor is None:
+    return []
+  rescale = (
+    float(processor.get('rescale_factor', 1 / 255)) if processor.get('do_rescale', True) else 1.0
+  )
+  normalize = processor.get('do_normalize', True)
+  mean = np.asarray(processor.get('image_mean', 0.5) if normalize else 0.0, np.float64)
+  std = np.asarray(processor.get('image_std', 0.5) if normalize else 1.0, np.float64)
+  method = pytorch.PIL_RESAMPLE.get(processor.get('resample', 2), str(processor.get('resample')))
+  crop = 1.0
+  if processor.get('do_center_crop') and isinstance(processor.get('crop_size'), Mapping):
+    size, cropped = processor.get('size') or {}, processor['crop_size']
+    if size.get('height') and cropped.get('height'):
+      crop = float(cropped['height']) / float(size['height'])
+  # In units of x / 255: (x * rescale - mean) / std = (x / 255 - mean / (255 rescale)) / ...
+  unit = 255 * rescale
+  where = 'preprocessor_config.json'
+  return pytorch.preprocessing_unlike(where, method, mean / unit, std / unit, crop)
+
+
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than the directory states: its image processor's
+  resize and values (config.json's GELU and epsilon the model takes, `model_fields`)."""
+  return processor_unlike(pytorch.read_config(path, 'preprocessor_config.json'))
+
+
 def _map_key(key: str, value: np.ndarray, num_heads: int | None, source: str) -> dict:
   """One tensor (4.x or 5.x name, with or without `vit.`) as our key and array."""
   if key in _HEAD_MAP:  # outside the `vit.` prefix

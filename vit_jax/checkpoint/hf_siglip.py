@@ -363,6 +363,12 @@ def states_heads(path: Path) -> bool:
   return pytorch.read_config(path) is not None
 
 
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than the directory states: its image processor's
+  resize (the hub's SigLIP processors: bicubic) and values."""
+  return hf.processor_unlike(pytorch.read_config(path, 'preprocessor_config.json'))
+
+
 def _heads(config: Mapping[str, Any] | None, num_heads: int | None) -> Callable[[str], int]:
   """The heads of the attention a tensor belongs to: its tower's in config.json (transformers'
   default 12 where a key is left out), else `num_heads` (the caller's)."""

@@ -172,6 +172,21 @@ def states_heads(path: Path) -> bool:
   return _heads_from_config(_read_config(path)) is not None
 
 
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than timm's `config.json` states: its
+  `pretrained_cfg`'s resize, values and central crop (the GELU the model takes)."""
+  cfg = (_read_config(path) or {}).get('pretrained_cfg') or {}
+  if not cfg:
+    return []
+  return pytorch.preprocessing_unlike(
+    "config.json's pretrained_cfg",
+    str(cfg.get('interpolation', 'bilinear')),
+    cfg.get('mean', 0.5),
+    cfg.get('std', 0.5),
+    float(cfg.get('crop_pct', 1.0)),
+  )
+
+
 def _image_size_from_config(config: Mapping[str, Any] | None) -> tuple[int, int] | None:
   if config is None:
     return None
