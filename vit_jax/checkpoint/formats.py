@@ -95,7 +95,7 @@ FORMATS: list[Format] = [
     config=hf.hf_config,
   ),
   # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
-  Format('npz', npz.detect, two_towers.read, fields=two_towers.stated_fields),
+  Format('npz', npz.detect, two_towers.read, fields=npz.stated_fields),
   Format('orbax', orbax.detect, orbax.read, fields=orbax.fields),
 ]
 

@@ -23,7 +23,7 @@ import ml_collections
 from absl import logging
 
 from vit_jax import families, files, rundir
-from vit_jax.checkpoint import formats, tree, two_towers
+from vit_jax.checkpoint import class_names, formats, tree, two_towers
 from vit_jax.checkpoint.surgery import LoadReport, heads_note, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
 from vit_jax.families import two_towers as two_towers_family
@@ -83,6 +83,15 @@ class Fitted:
   def model(self, **overrides: Any) -> nn.Module:
     """The module, e.g. `model(num_classes=None)` for the pre-logits features."""
     return model_from_config(self.config, **overrides)
+
+  def class_names(self) -> list[str] | None:
+    """The names of the head's classes found beside the checkpoint (an .npz's FILE.json, a
+    config.json's, a run's), where the head is the checkpoint's; None otherwise (a fresh
+    head's classes are new ones)."""
+    classes = self.config.get('num_classes')
+    if not classes or 'head/kernel' in self.report.fresh:
+      return None
+    return class_names.beside(self.report.source, classes, imagenet=False)[0]
 
   @property
   def patch_pixels(self) -> int:

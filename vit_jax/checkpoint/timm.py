@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from absl import logging
 from etils.epath import Path
 
 from vit_jax import files
@@ -57,6 +58,7 @@ from vit_jax.checkpoint.tree import (
   shape_str,
   square_side,
 )
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 # timm's `act_layer` -> our `gelu_approximate`; timm's ViT and DeiT default to 'gelu'.
@@ -457,6 +459,12 @@ def timm_config(model: pytorch.Export) -> dict[str, Any]:
     raise CheckpointError(f'mlp_dim {t.mlp_dim} is not int(hidden * mlp_ratio) for any float ratio')
   num_classes, distilled = arch.num_classes or 0, 'dist_token' in flat
   size = model.image_size
+  if model.layer_norm_epsilon != LAYER_NORM_EPSILON:
+    logging.warning(
+      "timm's config.json has no place for the model's LayerNorm epsilon %g: timm computes"
+      " the export with 1e-6, so its logits differ slightly from the model's",
+      model.layer_norm_epsilon,
+    )
   model_args = {
     'img_size': [size, size] if isinstance(size, int) else list(size),
     'patch_size': list(arch.patches.size),
