@@ -39,7 +39,7 @@ on frozen features.
 
 import ml_collections
 
-from configs import common
+from configs import common, models
 
 
 def _mixer() -> ml_collections.ConfigDict:
@@ -59,22 +59,24 @@ def _mixer() -> ml_collections.ConfigDict:
 def _deit() -> ml_collections.ConfigDict:
   """DeiT's student, small: 2 blocks of width 32 (MLP 64, 2 heads), a class and a
   distillation token with a head each."""
-  return ml_collections.ConfigDict(
-    {
-      'patches': {'size': (2, 2)},
-      'hidden_size': 32,
-      'transformer': {
-        'num_layers': 2,
-        'mlp_dim': 64,
-        'num_heads': 2,
-        'dropout_rate': 0.0,
-        'attention_dropout_rate': 0.0,
-      },
-      'classifier': 'token',
-      'distilled': True,
-      'representation_size': None,
-      'resnet': None,
-    }
+  return models.with_computed_as(
+    ml_collections.ConfigDict(
+      {
+        'patches': {'size': (2, 2)},
+        'hidden_size': 32,
+        'transformer': {
+          'num_layers': 2,
+          'mlp_dim': 64,
+          'num_heads': 2,
+          'dropout_rate': 0.0,
+          'attention_dropout_rate': 0.0,
+        },
+        'classifier': 'token',
+        'distilled': True,
+        'representation_size': None,
+        'resnet': None,
+      }
+    )
   )
 
 
@@ -85,22 +87,24 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
-  config.model = ml_collections.ConfigDict(
-    {
-      'patches': {'size': (2, 2)},
-      'hidden_size': 64,
-      'transformer': {
-        'num_layers': 4,
-        'mlp_dim': 128,
-        'num_heads': 4,
-        'dropout_rate': 0.0,
-        'attention_dropout_rate': 0.0,
-        'drop_path_rate': 0.0,
-      },
-      'classifier': 'gap',
-      'representation_size': None,
-      'resnet': None,
-    }
+  config.model = models.with_computed_as(
+    ml_collections.ConfigDict(
+      {
+        'patches': {'size': (2, 2)},
+        'hidden_size': 64,
+        'transformer': {
+          'num_layers': 4,
+          'mlp_dim': 128,
+          'num_heads': 4,
+          'dropout_rate': 0.0,
+          'attention_dropout_rate': 0.0,
+          'drop_path_rate': 0.0,
+        },
+        'classifier': 'gap',
+        'representation_size': None,
+        'resnet': None,
+      }
+    )
   )
   if model == 'mixer':
     config.model_name = 'Mixer-digits'

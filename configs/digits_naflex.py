@@ -21,7 +21,7 @@ steps, reaches 98.06 +- 0.73%.
 
 import ml_collections
 
-from configs import digits
+from configs import digits, models
 
 
 def naflex_model() -> ml_collections.ConfigDict:
@@ -50,7 +50,7 @@ def get_config() -> ml_collections.ConfigDict:
   """configs/digits.py's job on `naflex_model()`, each digit as 16 patches, 300 steps."""
   config = ml_collections.ConfigDict(digits.get_config().to_dict())
   config.model_name = 'NaFlex-digits'
-  config.model = naflex_model()
+  config.model = models.with_computed_as(naflex_model())
   config.pp.max_patches = 16
   config.total_steps = 300
   config.warmup_steps = 30

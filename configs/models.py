@@ -5,6 +5,7 @@ import difflib
 import ml_collections
 
 from vit_jax import families
+from vit_jax.families.vit import COMPUTED_AS
 from vit_jax.models import get_config
 
 
@@ -30,6 +31,19 @@ def registry_name(model: str) -> str:
   return name
 
 
+def with_computed_as(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`model`, a ViT's (or NaFlex ViT's) fields, with how it computes beyond its shapes at the
+  defaults where it does not say (`COMPUTED_AS`: the tanh GELU, LayerNorm epsilon 1e-6), so
+  that a fine-tune takes the values a file states: --config.model.gelu_approximate=False
+  --config.model.layer_norm_epsilon=1e-12 for a Hugging Face ViT of the hub."""
+  for key, default in COMPUTED_AS.items():
+    if key not in model:
+      model[key] = default
+  return model
+
+
 def model_config(model: str) -> ml_collections.ConfigDict:
-  """The registry config (the model's constructor fields) of `model`, short or registry name."""
-  return get_config(registry_name(model))
+  """The registry config (the model's constructor fields) of `model`, short or registry name;
+  a ViT's with `with_computed_as`."""
+  config = get_config(registry_name(model))
+  return with_computed_as(config) if families.vit.owns_config(config) else config

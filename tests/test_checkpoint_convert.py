@@ -12,6 +12,7 @@ import scipy.ndimage
 from absl import flags
 
 from vit_jax import checkpoint, families
+from vit_jax.checkpoint import class_names
 from vit_jax.cli import convert
 from vit_jax.models import get_model
 
@@ -69,6 +70,45 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
   assert sorted(before) == sorted(after)
   for key in before:
     np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+
+def test_hf_to_npz_to_hf_keeps_the_gelu_the_epsilon_and_the_class_names(tmp_path, capsys, caplog):
+  """What the .npz's shapes cannot hold goes in FILE.json beside it, which fit and the way
+  back read (at 21178fb: gelu_pytorch_tanh, 1e-6 and LABEL_0.. came back)."""
+  import transformers  # the oracle is a test requirement (requirements-test.txt)
+
+  names = [f'digit{i}' for i in range(3)]
+  config = transformers.ViTConfig(
+    hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+    image_size=8, patch_size=4, hidden_act='gelu', layer_norm_eps=1e-12,
+    id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+  )  # fmt: skip
+  transformers.ViTForImageClassification(config).save_pretrained(tmp_path / 'hf')
+  status, out, err = _run(capsys, tmp_path / 'hf', tmp_path / 'digits.npz', '--to=npz')
+  assert status == 0, err
+  assert f'wrote {tmp_path / "digits.json"}' in out.splitlines()
+  side = json.loads((tmp_path / 'digits.json').read_text())
+  assert side == {
+    'model': {'gelu_approximate': False, 'layer_norm_epsilon': 1e-12},
+    'class_names': names,
+  }
+  fitted = checkpoint.fit(tmp_path / 'digits.npz')
+  assert (fitted.config.gelu_approximate, fitted.config.layer_norm_epsilon) == (False, 1e-12)
+
+  status, out, err = _run(capsys, tmp_path / 'digits.npz', tmp_path / 'back', '--to=hf')
+  assert status == 0, err
+  back = json.loads((tmp_path / 'back' / 'config.json').read_text())
+  assert (back['hidden_act'], back['layer_norm_eps']) == ('gelu', 1e-12)
+  assert back['id2label'] == {str(i): name for i, name in enumerate(names)}
+  # timm keeps the GELU and the names, and has no place for the epsilon: one line says so.
+  with caplog.at_level('WARNING'):
+    status, _, err = _run(capsys, tmp_path / 'digits.npz', tmp_path / 'timm', '--to=timm')
+  assert status == 0, err
+  assert [r.getMessage() for r in caplog.records] == [
+    "timm's config.json has no place for the model's LayerNorm epsilon 1e-12: timm computes"
+    " the export with 1e-6, so its logits differ slightly from the model's"
+  ]
+  assert class_names.beside(tmp_path / 'timm', 3) == (names, str(tmp_path / 'timm/config.json'))
 
 
 def test_resolution_resizes_the_position_embeddings(tmp_path, capsys, testing_npz):

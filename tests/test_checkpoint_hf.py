@@ -16,6 +16,7 @@ from conftest import SMALL
 from safetensors.numpy import load_file
 
 from vit_jax import checkpoint, families
+from vit_jax.checkpoint import hf_siglip
 from vit_jax.models import get_config, get_model
 
 
@@ -128,27 +129,75 @@ def test_save_pretrained_model_loads_into_ours_with_equal_logits(tmp_path):
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_hidden_act_gelu_is_the_exact_gelu_both_ways(tmp_path):
-  """transformers' default hidden_act='gelu' (the hub configs of Google's ViTs say it): fit
-  computes the exact GELU with transformers' logits, and exports hidden_act='gelu' again."""
-  config = _hf_config(num_labels=5, hidden_act='gelu')
+def test_hidden_act_and_layer_norm_eps_of_config_json_hold_both_ways(tmp_path):
+  """transformers' defaults hidden_act='gelu' and layer_norm_eps=1e-12 (the hub configs of
+  Google's ViTs say both): fit computes the exact GELU and that epsilon with transformers'
+  logits, and exports them again."""
+  config = _hf_config(num_labels=5, hidden_act='gelu', layer_norm_eps=1e-12)
   hf = _randomise(transformers.ViTForImageClassification(config), scale=0.5)
+  with torch.no_grad():  # small embeddings: the first LayerNorm's input variance is ~1e-4
+    for p in hf.vit.embeddings.parameters():
+      p.mul_(0.01)
   hf.save_pretrained(tmp_path / 'hf')
   fitted = checkpoint.fit(tmp_path / 'hf')
-  assert fitted.config.gelu_approximate is False and 'exact GELU' in fitted.found.description
+  assert fitted.config.gelu_approximate is False and fitted.config.layer_norm_epsilon == 1e-12
+  assert 'exact GELU, LayerNorm epsilon 1e-12' in families.of_config(fitted.config).describe(
+    fitted.config
+  )
   images = _images(32)
   with torch.no_grad():
     theirs = hf(pixel_values=_torch_images(images)).logits.numpy()
   ours = np.asarray(_apply(fitted.model())(fitted.params, images))
   np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
-  tanh = np.asarray(_apply(fitted.model(gelu_approximate=True))(fitted.params, images))
-  assert np.abs(tanh - theirs).max() > 1e-4  # 10x the tolerance
+  for ours_otherwise in ({'gelu_approximate': True}, {'layer_norm_epsilon': 1e-6}):
+    other = np.asarray(_apply(fitted.model(**ours_otherwise))(fitted.params, images))
+    assert np.abs(other - theirs).max() > 1e-4, ours_otherwise  # 10x the tolerance
 
   checkpoint.export_hf(fitted.params, fitted.config, tmp_path / 'back')
-  assert json.loads((tmp_path / 'back' / 'config.json').read_text())['hidden_act'] == 'gelu'
+  written = json.loads((tmp_path / 'back' / 'config.json').read_text())
+  assert (written['hidden_act'], written['layer_norm_eps']) == ('gelu', 1e-12)
   again = transformers.ViTForImageClassification.from_pretrained(tmp_path / 'back').eval()
   with torch.no_grad():
     np.testing.assert_array_equal(again(pixel_values=_torch_images(images)).logits, theirs)
+
+
+def test_a_model_config_given_keeps_its_fields_and_each_line_names_the_key(tmp_path, caplog):
+  """Fine-tuning builds the model of its config: what the file states otherwise is one
+  complete warning line a field, naming the config key that follows the file."""
+  config = _hf_config(num_labels=3, hidden_act='gelu', layer_norm_eps=1e-12)
+  transformers.ViTForImageClassification(config).save_pretrained(tmp_path / 'hf')
+  given = {**get_config('testing').to_dict(), **SMALL, 'layer_norm_epsilon': 1e-6}
+  with caplog.at_level('WARNING'):
+    fitted = checkpoint.fit(tmp_path / 'hf', given, num_classes=3)
+  assert 'gelu_approximate' not in fitted.config and fitted.config.layer_norm_epsilon == 1e-6
+  source = tmp_path / 'hf'
+  assert [r.getMessage() for r in caplog.records] == [
+    f'{source}: the file states gelu_approximate=False; the model config given sets no'
+    ' gelu_approximate, and the model computes with its default: to compute as the file does,'
+    ' set gelu_approximate=False in it (a fine-tune: --config.model.gelu_approximate=False)',
+    f'{source}: the file states layer_norm_epsilon=1e-12; the model config given has'
+    ' layer_norm_epsilon=1e-06, and the model computes with that: to compute as the file does,'
+    ' set layer_norm_epsilon=1e-12 in it (a fine-tune: --config.model.layer_norm_epsilon=1e-12)',
+  ]
+
+
+def test_what_an_image_processor_states_otherwise_is_a_warning_line(hf_dir, tmp_path, caplog):
+  """A directory's preprocessor_config.json that transformers' processors write: ViT's with
+  DeiT's ImageNet statistics and bicubic resize, SigLIP's (bicubic by default)."""
+  imagenet = {'image_mean': [0.485, 0.456, 0.406], 'image_std': [0.229, 0.224, 0.225]}
+  transformers.ViTImageProcessor(resample=3, **imagenet).save_pretrained(hf_dir)
+  with caplog.at_level('WARNING'):
+    found = checkpoint.fit(hf_dir).found
+  differ = "so the model's inputs differ from the file's preprocessing"
+  bicubic = f'preprocessor_config.json resizes bicubic; the project resizes bilinear, {differ}'
+  assert found.unlike == (
+    bicubic,
+    'preprocessor_config.json normalises pixels x as (x / 255 - [0.485, 0.456, 0.406]) /'
+    f' [0.229, 0.224, 0.225]; the project as (x - 127.5) / 127.5, to [-1, 1], {differ}',
+  )
+  assert [r.getMessage() for r in caplog.records] == [f'{hf_dir}: {u}' for u in found.unlike]
+  transformers.SiglipImageProcessor().save_pretrained(tmp_path / 'siglip')
+  assert hf_siglip.unlike(tmp_path / 'siglip') == [bicubic]
 
 
 def test_another_hidden_act_is_refused(tmp_path):
@@ -265,6 +314,25 @@ def _error(path, **kw) -> str:
     checkpoint.load(path, **kw)
   assert '\n' not in str(e.value)
   return str(e.value)
+
+
+def test_fit_errors_give_the_heads_of_config_json_or_say_they_are_inferred(tmp_path, hf_dir):
+  """The file's heads are config.json's, not the model's given (at 21178fb: '2 heads', the
+  model's, for a file of 4); a file without config.json takes the model's, a guess its errors
+  say. Another patch size names the key that resamples it."""
+  testing = {**get_config('testing').to_dict(), **SMALL}
+  two_heads = {**testing, 'transformer': {**SMALL['transformer'], 'num_heads': 2}}
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.fit(hf_dir, two_heads, num_classes=3)
+  assert 'the checkpoint has hidden_size 32, 2 layers, 4 heads,' in str(e.value)
+  assert 'inferred' not in str(e.value)
+  shutil.copy(hf_dir / 'model.safetensors', tmp_path / 'bare.safetensors')  # no config.json
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.fit(tmp_path / 'bare.safetensors', {**testing, 'patches': {'size': (4, 4)}})
+  assert str(e.value).endswith(
+    'patch 8x8, classifier token (its 4 heads inferred: the file states none); or resample it'
+    ' (FlexiViT): resize_patch_embedding=True, in a fine-tune --config.resize_patch_embedding=True'
+  )
 
 
 def test_truncated_safetensors(tmp_path, hf_dir):

@@ -256,6 +256,14 @@ def test_deit_tiny_with_timm_default_exact_gelu_both_ways(tmp_path, random_param
   fitted = checkpoint.fit(tmp_path / 'hub')
   assert fitted.config.distilled and fitted.config.gelu_approximate is False
   assert 'exact GELU' in fitted.found.description
+  differ = "so the model's inputs differ from the file's preprocessing"  # what fit warns of
+  assert fitted.found.unlike == (
+    f"config.json's pretrained_cfg resizes bicubic; the project resizes bilinear, {differ}",
+    "config.json's pretrained_cfg normalises pixels x as (x / 255 - [0.485, 0.456, 0.406]) /"
+    f' [0.229, 0.224, 0.225]; the project as (x - 127.5) / 127.5, to [-1, 1], {differ}',
+    "config.json's pretrained_cfg keeps the central 0.9 of each side before resizing; the"
+    f' project resizes the whole image, {differ}',
+  )
   images = _images(224)
   theirs = _timm_logits(theirs_model, images)
   ours = np.asarray(_apply(fitted.model())(fitted.params, images))

@@ -57,16 +57,26 @@ def _assert_ours_equal_theirs(fitted, hf, images, tokens):
 
 
 def test_a_directory_transformers_writes_gives_its_embeddings_and_logits(tmp_path):
+  """Each tower's layer_norm_eps (SiglipConfig's default is ours, 1e-6) is the model's."""
   config = transformers.SiglipConfig(
     text_config={**TOWER, 'vocab_size': VOCAB, 'max_position_embeddings': LEN},
-    vision_config={**TOWER, 'image_size': SIZE, 'patch_size': PATCH},
+    vision_config={**TOWER, 'image_size': SIZE, 'patch_size': PATCH, 'layer_norm_eps': 1e-12},
   )
   hf = _hf_randomize(transformers.SiglipModel(config), seed=1).float()
   hf.save_pretrained(tmp_path / 'hf')
   assert checkpoint.detect_format(tmp_path / 'hf').name == 'hf_siglip'
   assert checkpoint.holds_image_text(tmp_path / 'hf')
   fitted = checkpoint.fit(tmp_path / 'hf')
-  assert fitted.found.description == 'hf_siglip (model.safetensors, 88 tensors, SiglipModel)'
+  assert fitted.found.description == (
+    'hf_siglip (model.safetensors, 88 tensors, SiglipModel, layer_norm_eps=1e-12,1e-06)'
+  )
+  assert fitted.config.image.layer_norm_epsilon == 1e-12
+  assert 'layer_norm_epsilon' not in fitted.config.text
+  written = hf_siglip.siglip_config(fitted.params, fitted.config.pp, fitted.config)
+  assert (written['vision_config']['layer_norm_eps'], written['text_config']['layer_norm_eps']) == (
+    1e-12,
+    1e-6,
+  )
   assert fitted.config.pp.to_dict() == {
     'tokenizer_name': 'sentencepiece', 'size': SIZE, 'max_len': LEN, 'lower_case': True,
     'round_to_uint8': True,

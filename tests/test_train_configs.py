@@ -258,6 +258,29 @@ def test_with_overrides_sets_dotted_keys_and_rejects_unknown_ones():
     spec.with_overrides(digits.get_config(), {'pp.crpo': 16})
 
 
+def test_vit_configs_take_how_a_file_computes():
+  """A fine-tune takes a Hugging Face file's exact GELU and LayerNorm epsilon by the keys
+  that fit's warnings name."""
+  file = {'model.gelu_approximate': False, 'model.layer_norm_epsilon': 1e-12}
+  for config in (digits.get_config(), digits.get_config('deit'), vit.get_config('b16,cifar10')):
+    run = spec.from_config(spec.with_overrides(config, file))
+    model = setup.build_model(run.model, num_classes=10)
+    assert (model.gelu_approximate, model.layer_norm_epsilon) == (False, 1e-12)
+
+
+def test_resize_patch_embedding_is_a_key_of_fine_tuning(monkeypatch):
+  """`--config.resize_patch_embedding=True` resamples a pretrained file's patch embedding."""
+  from vit_jax import checkpoint, tasks
+
+  config = spec.with_overrides(digits.get_config(), {'resize_patch_embedding': True})
+  run = spec.from_config(config)
+  task = tasks.build(run, setup.build_model(run.model, num_classes=10), 'FILE')
+  options = {}
+  monkeypatch.setattr(checkpoint, 'load_pretrained', lambda *args, **kw: options.update(kw))
+  task.pretrained('FILE', {})
+  assert options['resize_patch_embedding'] is True
+
+
 def test_a_misspelt_model_field_names_the_closest_one():
   fields = {**digits.get_config().model.to_dict(), 'hiden_size': 64}
   bad = spec.from_config({**digits.get_config().to_dict(), 'model': fields})

@@ -2,10 +2,11 @@
 
   names, source = class_names.beside(checkpoint, num_classes)
 
-A training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or the label names
-of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`; the ImageNet-1k
-names (package data, vit_jax/data/imagenet_classes.py) for 1000-class heads; none otherwise
-(the callers show indices).
+A training run's own (`vit_jax.rundir`); an .npz's FILE.json's `class_names`; a
+`config.json`'s `class_names` (or the label names of the tensorflow_datasets `dataset` it
+names), a Hugging Face `id2label` or timm's `label_names`; the ImageNet-1k names (package data,
+vit_jax/data/imagenet_classes.py) for 1000-class heads; none otherwise (the callers show
+indices).
 """
 
 import contextlib
@@ -15,6 +16,7 @@ import os
 from etils import epath
 
 from vit_jax import files, rundir
+from vit_jax.checkpoint import npz
 
 IMAGENET_NUM_CLASSES = 1000
 
@@ -35,9 +37,10 @@ def _names_from_config_json(path: epath.Path, num_classes: int) -> list[str] | N
   if not isinstance(config, dict):
     return None
   candidates = []
-  for holder in (config, config.get('dataset'), config.get('data')):
+  for holder in (config, config.get('dataset'), config.get('data'), config.get('pretrained_cfg')):
     if isinstance(holder, dict):
-      candidates += [holder.get('class_names'), holder.get('classes'), holder.get('labels')]
+      keys = ('class_names', 'classes', 'labels', 'label_names')  # label_names: timm's
+      candidates += [holder.get(key) for key in keys]
   id2label = config.get('id2label')
   if isinstance(id2label, dict):
     with contextlib.suppress(KeyError, ValueError):
@@ -66,11 +69,15 @@ def tfds_class_names(dataset: str, num_classes: int) -> list[str] | None:
   return names
 
 
-def beside(checkpoint: str | os.PathLike, num_classes: int) -> tuple[list[str] | None, str]:
-  """Names for a head of `num_classes`: the run's own, ImageNet-1k's, or none (indices).
+def beside(
+  checkpoint: str | os.PathLike, num_classes: int, imagenet: bool = True
+) -> tuple[list[str] | None, str]:
+  """Names for a head of `num_classes`: the run's own, the file's, ImageNet-1k's (unless
+  `imagenet=False`), or none (indices).
 
   A training run's own names come first (`vit_jax.rundir`: the run directory the checkpoint
-  is in); then a `config.json` next to the checkpoint or up to three directories above it.
+  is in); then an .npz's FILE.json; then a `config.json` next to the checkpoint or up to three
+  directories above it.
   """
   run = rundir.find_run(checkpoint)
   names = rundir.class_names(run) if run is not None else None
@@ -78,12 +85,14 @@ def beside(checkpoint: str | os.PathLike, num_classes: int) -> tuple[list[str] |
     return names, str(run / rundir.CONFIG_FILE)
   path = files.path(files.absolute(checkpoint))
   start = path if path.is_dir() else path.parent
-  for directory in [start, *list(start.parents)[:3]]:
-    config = directory / 'config.json'
+  candidates = [start / 'config.json', *[d / 'config.json' for d in list(start.parents)[:3]]]
+  if str(path).endswith('.npz'):
+    candidates.insert(0, files.path(npz.stem(path) + npz.SIDECAR_SUFFIX))
+  for config in candidates:
     if config.is_file():
       names = _names_from_config_json(config, num_classes)
       if names is not None:
         return names, str(config)
-  if num_classes == IMAGENET_NUM_CLASSES:
+  if imagenet and num_classes == IMAGENET_NUM_CLASSES:
     return imagenet_class_names()
   return None, 'indices'

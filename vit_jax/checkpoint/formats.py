@@ -28,6 +28,11 @@ def _computed_as_stated(path: Path) -> list[str]:
   return []
 
 
+def _shapes_carry_heads(path: Path) -> bool:
+  del path
+  return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Format:
   """A checkpoint format: `detect(path) -> bool`, `read(path, **kw) -> (tree, description)`,
@@ -37,10 +42,13 @@ class Format:
   `read` takes keyword options it may ignore (`num_heads`, which Hugging Face and timm files
   need when they have no config.json) and returns our tree of numpy arrays. `fields` gives
   the model fields the file states that its shapes cannot tell (the GELU its config names:
-  `gelu_approximate=False` for the exact one), only those that differ from the defaults.
+  `gelu_approximate=False` for the exact one; its LayerNorm epsilon: `layer_norm_epsilon`),
+  only those that differ from the defaults.
   `unlike` gives, one line each, every setting the file states that the project computes
-  otherwise (what `fields` cannot carry onto the model). `to_state_dict` refuses, in one
-  line, a model the format cannot hold.
+  otherwise (what `fields` cannot carry onto the model). `states_heads` says whether the
+  file tells the attention heads (its shapes, its config.json); where it does not, `read`
+  takes `num_heads` as given, a guess. `to_state_dict` refuses, in one line, a model the
+  format cannot hold.
   """
 
   name: str
@@ -48,6 +56,7 @@ class Format:
   read: Callable[..., tuple[dict, str]]
   fields: Callable[[Path], dict[str, Any]] = _no_fields
   unlike: Callable[[Path], list[str]] = _computed_as_stated
+  states_heads: Callable[[Path], bool] = _shapes_carry_heads
   to_state_dict: Callable[[Mapping[str, Any], Any], dict[str, np.ndarray]] | None = None
   config: Callable[[pytorch.Export], dict[str, Any]] | None = None
 
@@ -56,13 +65,22 @@ FORMATS: list[Format] = [
   # transformers' SiglipModel (SigLIP, SigLIP 2) and Siglip2Model (NaFlex): an image-text tree;
   # its config.json says so.
   # It writes through `export_hf` (a directory with its processor's files).
-  Format('hf_siglip', hf_siglip.detect, hf_siglip.read, fields=hf_siglip.model_fields),
+  Format(
+    'hf_siglip',
+    hf_siglip.detect,
+    hf_siglip.read,
+    fields=hf_siglip.model_fields,
+    unlike=hf_siglip.unlike,
+    states_heads=hf_siglip.states_heads,
+  ),
   # Before hf: both are .safetensors/.bin files or folders of them with a config.json.
   Format(
     'timm',
     timm.detect,
     timm.read,
     fields=timm.model_fields,
+    unlike=timm.unlike,
+    states_heads=timm.states_heads,
     to_state_dict=timm.to_timm_state_dict,
     config=timm.timm_config,
   ),
@@ -71,11 +89,13 @@ FORMATS: list[Format] = [
     hf.detect,
     hf.read,
     fields=hf.model_fields,
+    unlike=hf.unlike,
+    states_heads=hf.states_heads,
     to_state_dict=hf.to_hf_state_dict,
     config=hf.hf_config,
   ),
   # Google .npz files: one ViT or Mixer, or an image-text model's towers (LiT, big_vision).
-  Format('npz', npz.detect, two_towers.read, fields=two_towers.stated_fields),
+  Format('npz', npz.detect, two_towers.read, fields=npz.stated_fields),
   Format('orbax', orbax.detect, orbax.read, fields=orbax.fields),
 ]
 

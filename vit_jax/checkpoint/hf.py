@@ -12,15 +12,19 @@ still writes with `save_pretrained` and renames in memory on `from_pretrained`:
 The 5.x in-memory names (`layers.{i}.attention.q_proj`, `mlp.fc1`, ...), as written by saving
 a 5.x `state_dict()` directly, are read too. Kernels are transposed (PyTorch stores (out, in))
 and the attention kernels reshaped to our (D, heads, head_dim) layout, so the number of heads
-comes from `config.json` (or the caller). `pooler.dense` is our `pre_logits` (Dense + tanh on
-the class token). `config.json`'s `hidden_act` sets the model's GELU: 'gelu' is the exact one
-(`gelu_approximate=False`), 'gelu_pytorch_tanh' (or 'gelu_new', 'gelu_fast') the tanh
-approximation of our default; without a config.json the default holds. Exports write the 4.x
-names, `model.safetensors` and a `config.json` with the model's GELU (`gelu_pytorch_tanh`
-unless `gelu_approximate=False`: the released weights were trained with it, though the hub
-configs of Google's ViTs say 'gelu') and `layer_norm_eps=1e-6` (the hub configs say 1e-12,
-which shifts logits slightly). This module holds the key maps, the checks and the config
-writer; reading, walking and writing are `pytorch`'s, shared with timm.
+comes from `config.json` (else from the caller: a guess). `pooler.dense` is our `pre_logits`
+(Dense + tanh on the class token). `config.json`'s `hidden_act` and `layer_norm_eps` are the
+model's fields (`model_fields`): 'gelu' is the exact GELU (`gelu_approximate=False`),
+'gelu_pytorch_tanh' (or 'gelu_new', 'gelu_fast') the tanh approximation of our default; an
+epsilon other than our 1e-6 (transformers' default and the hub configs of Google's ViTs say
+1e-12) is `layer_norm_epsilon`; without a config.json our defaults hold. What the project
+computes otherwise than the directory states, its image processor's resize and value range,
+`unlike` names. Exports write the 4.x names, `model.safetensors` and a `config.json` with
+the model's GELU (`gelu_pytorch_tanh` unless `gelu_approximate=False`: the released weights
+were trained with it, though the hub configs of Google's ViTs say 'gelu'), its epsilon
+(1e-6 unless the model has another) and the head's class names (`id2label`). This module holds
+the key maps, the checks and the config writer; reading, walking and writing are
+`pytorch`'s, shared with timm.
 """
 
 import re
@@ -28,7 +32,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from absl import logging
 from etils.epath import Path
 
 from vit_jax import files
@@ -40,6 +43,7 @@ from vit_jax.checkpoint.tree import (
   config_field,
   flatten,
   gelu_fields,
+  layer_norm_fields,
   shape_str,
 )
 
@@ -52,7 +56,7 @@ WEIGHT_FILES = (
 HIDDEN_ACT = 'gelu_pytorch_tanh'  # flax nn.gelu(approximate=True)
 # `hidden_act` -> our `gelu_approximate` (transformers' ViTConfig default is 'gelu').
 HIDDEN_ACTS = {'gelu': False, 'gelu_pytorch_tanh': True, 'gelu_new': True, 'gelu_fast': True}
-LAYER_NORM_EPS = 1e-6  # flax LayerNorm default
+LAYER_NORM_EPS = 1e-12  # transformers' ViTConfig default, where config.json states none
 
 # transformers 5.x in-memory names -> the 4.x names on disk (after the `vit.` prefix).
 _V5_RENAMES = (
@@ -134,9 +138,47 @@ def _gelu_approximate(config: Mapping[str, Any], source: Path) -> bool:
 
 
 def model_fields(path: Path) -> dict[str, Any]:
-  """The model fields `config.json` states beyond the shapes: the GELU of its `hidden_act`."""
+  """The model fields `config.json` states beyond the shapes: the GELU of its `hidden_act`,
+  the epsilon of its `layer_norm_eps`."""
   config = pytorch.read_config(path)
-  return {} if config is None else gelu_fields(_gelu_approximate(config, path))
+  if config is None:
+    return {}
+  epsilon = float(config.get('layer_norm_eps', LAYER_NORM_EPS))
+  return gelu_fields(_gelu_approximate(config, path)) | layer_norm_fields(epsilon)
+
+
+def states_heads(path: Path) -> bool:
+  """Whether `config.json` states the attention heads (else the caller's are a guess)."""
+  return (pytorch.read_config(path) or {}).get('num_attention_heads') is not None
+
+
+def processor_unlike(processor: Mapping[str, Any] | None) -> list[str]:
+  """How an image processor's `preprocessor_config.json` prepares images otherwise than the
+  project (`pytorch.preprocessing_unlike`); [] without one."""
+  if processor is None:
+    return []
+  rescale = (
+    float(processor.get('rescale_factor', 1 / 255)) if processor.get('do_rescale', True) else 1.0
+  )
+  normalize = processor.get('do_normalize', True)
+  mean = np.asarray(processor.get('image_mean', 0.5) if normalize else 0.0, np.float64)
+  std = np.asarray(processor.get('image_std', 0.5) if normalize else 1.0, np.float64)
+  method = pytorch.PIL_RESAMPLE.get(processor.get('resample', 2), str(processor.get('resample')))
+  crop = 1.0
+  if processor.get('do_center_crop') and isinstance(processor.get('crop_size'), Mapping):
+    size, cropped = processor.get('size') or {}, processor['crop_size']
+    if size.get('height') and cropped.get('height'):
+      crop = float(cropped['height']) / float(size['height'])
+  # In units of x / 255: (x * rescale - mean) / std = (x / 255 - mean / (255 rescale)) / ...
+  unit = 255 * rescale
+  where = 'preprocessor_config.json'
+  return pytorch.preprocessing_unlike(where, method, mean / unit, std / unit, crop)
+
+
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than the directory states: its image processor's
+  resize and values (config.json's GELU and epsilon the model takes, `model_fields`)."""
+  return processor_unlike(pytorch.read_config(path, 'preprocessor_config.json'))
 
 
 def _map_key(key: str, value: np.ndarray, num_heads: int | None, source: str) -> dict:
@@ -177,20 +219,14 @@ def _notes(state: Mapping[str, Any], config: Mapping[str, Any] | None, path: Pat
   if config is not None:
     arch = (config.get('architectures') or ['?'])[0]
     exact = not _gelu_approximate(config, path)
-    eps = config.get('layer_norm_eps', 1e-12)
+    eps = config.get('layer_norm_eps', LAYER_NORM_EPS)
     notes.append(f'{arch}, {"exact" if exact else "tanh"} GELU, layer_norm_eps={eps:g}')
-    if eps != LAYER_NORM_EPS:
-      logging.info(
-        '%s: config.json computes with layer_norm_eps=%g; our models use the eps 1e-6 that'
-        ' the released weights were trained with.',
-        path,
-        eps,
-      )
   return notes
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
-  """Reads a Hugging Face ViT directory or weights file; returns (tree, description)."""
+  """Reads a Hugging Face ViT directory or weights file; returns (tree, description). The
+  heads are config.json's, else `num_heads`."""
   del unused
   path = files.path(path)
   config = pytorch.read_config(path)
@@ -200,8 +236,7 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
       f'{path}: config.json says model_type={config.get("model_type")!r}; only plain ViT'
       " ('vit') checkpoints map to our models"
     )
-  if num_heads is None and config is not None:
-    num_heads = config.get('num_attention_heads')
+  num_heads = (config or {}).get('num_attention_heads') or num_heads
   state = read_state_dict(weights)
   tree = from_hf_state_dict(state, num_heads, str(path))
   return tree, pytorch.description('hf', weights, state, _notes(state, config, path))
@@ -264,7 +299,7 @@ def hf_config(model: pytorch.Export) -> dict[str, Any]:
     'hidden_dropout_prob': float(transformer.get('dropout_rate', 0.0)),
     'attention_probs_dropout_prob': float(transformer.get('attention_dropout_rate', 0.0)),
     'initializer_range': 0.02,
-    'layer_norm_eps': LAYER_NORM_EPS,
+    'layer_norm_eps': model.layer_norm_epsilon,
     'image_size': model.image_size if isinstance(model.image_size, int) else [*model.image_size],
     'patch_size': patch,
     'num_channels': int(flat['embedding/kernel'].shape[2]),

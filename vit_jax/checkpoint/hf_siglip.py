@@ -55,12 +55,21 @@ from etils.epath import Path
 from vit_jax import files
 from vit_jax.checkpoint import hf, pytorch
 from vit_jax.checkpoint.pytorch import QKV, KeyMap, read_state_dict
-from vit_jax.checkpoint.tree import POSEMB, CheckpointError, config_field, flatten, shape_str
+from vit_jax.checkpoint.tree import (
+  POSEMB,
+  CheckpointError,
+  config_field,
+  flatten,
+  layer_norm_fields,
+  shape_str,
+)
 from vit_jax.families import naflex, two_towers
 from vit_jax.flat import unflatten
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 from vit_jax.text import GEMMA_IDS
 
 MODEL_TYPE = 'siglip'
+LAYER_NORM_EPS = 1e-6  # transformers' SiglipVisionConfig and SiglipTextConfig default, ours
 SIGLIP2 = 'siglip2'
 _WHAT = 'Hugging Face SiglipModel'  # the default of the maps' errors
 _PATCH = 'vision_model.embeddings.patch_embedding'
@@ -320,11 +329,22 @@ def _check_config(config: Mapping[str, Any] | None, source: Path) -> None:
     raise CheckpointError(f'{source}: vision_use_head=false: SiglipModel pools with its MAP head')
 
 
+def _tower_fields(vision: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, Any]:
+  """Each tower's LayerNorm epsilon where its config states one other than our 1e-6."""
+  fields = {}
+  for name, sub in (('image', vision), ('text', text)):
+    stated = layer_norm_fields(float(sub.get('layer_norm_eps', LAYER_NORM_EPS)))
+    if stated:
+      fields[name] = stated
+  return fields
+
+
 def model_fields(path: Path) -> dict[str, Any]:
   """What the files state beyond the shapes: `pp.size` (the vision tower's `image_size`:
   So400m/14 at 384 px has 27 x 27 patches, which the shapes read as 378), `pp.max_len`
-  (`max_position_embeddings`) and a NaFlex model's `pp.max_patches` (its image processor's
-  `max_num_patches` in preprocessor_config.json)."""
+  (`max_position_embeddings`), a NaFlex model's `pp.max_patches` (its image processor's
+  `max_num_patches` in preprocessor_config.json) and each tower's `layer_norm_epsilon`
+  (`layer_norm_eps`) where it is not our 1e-6."""
   vision, text = _towers(pytorch.read_config(path))
   processor = pytorch.read_config(path, 'preprocessor_config.json') or {}
   pp = {}
@@ -335,7 +355,18 @@ def model_fields(path: Path) -> dict[str, Any]:
     pp['max_len'] = int(text['max_position_embeddings'])
   if 'max_num_patches' in processor:
     pp['max_patches'] = int(processor['max_num_patches'])
-  return {'pp': pp} if pp else {}
+  return ({'pp': pp} if pp else {}) | _tower_fields(vision, text)
+
+
+def states_heads(path: Path) -> bool:
+  """Whether a config.json states the towers' heads (else the caller's are a guess)."""
+  return pytorch.read_config(path) is not None
+
+
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than the directory states: its image processor's
+  resize (the hub's SigLIP processors: bicubic) and values."""
+  return hf.processor_unlike(pytorch.read_config(path, 'preprocessor_config.json'))
 
 
 def _heads(config: Mapping[str, Any] | None, num_heads: int | None) -> Callable[[str], int]:
@@ -390,9 +421,9 @@ def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tu
   vocab = tree['txt']['Embed_0']['embedding'].shape[0]
   notes = [VARIANTS[model_type].architecture]
   notes.append('SigLIP 2 (Gemma vocabulary)' if vocab == two_towers.GEMMA_VOCAB else '')
-  eps = {sub.get('layer_norm_eps', hf.LAYER_NORM_EPS) for sub in _towers(config)}
-  if eps != {hf.LAYER_NORM_EPS}:
-    notes.append(f'layer_norm_eps={",".join(f"{e:g}" for e in eps)} (ours: 1e-6)')
+  eps = {sub.get('layer_norm_eps', LAYER_NORM_EPS) for sub in _towers(config)}
+  if eps != {LAYER_NORM_EPS}:
+    notes.append(f'layer_norm_eps={",".join(f"{e:g}" for e in sorted(eps))}')
   return tree, pytorch.description('hf_siglip', weights, state, [n for n in notes if n])
 
 
@@ -477,15 +508,22 @@ def _vision_config(params: Mapping[str, Any], image: Any, pp: Mapping[str, Any])
   }
 
 
-def siglip_config(params: Mapping[str, Any], pp: Mapping[str, Any]) -> dict[str, Any]:
+def siglip_config(
+  params: Mapping[str, Any], pp: Mapping[str, Any], model_config: Any = None
+) -> dict[str, Any]:
   """The exported `config.json` (plain JSON: writing it does not need transformers) of
   SiglipModel, or of Siglip2Model for a NaFlex image tower; `pp` the model's (its `size`,
-  the image size written)."""
+  the image size written); `model_config` gives each tower's LayerNorm epsilon (1e-6)."""
   arch = two_towers.infer_config(params)
   image, text = arch.image, arch.text
   variant = variant_of_tree(flatten(params))
-  towers = {'hidden_act': hf.HIDDEN_ACT, 'layer_norm_eps': hf.LAYER_NORM_EPS}
-  towers['attention_dropout'] = 0.0
+  towers = {'hidden_act': hf.HIDDEN_ACT, 'attention_dropout': 0.0}
+  eps = {
+    name: float(
+      dict(config_field(model_config, name) or {}).get('layer_norm_epsilon', LAYER_NORM_EPSILON)
+    )
+    for name in ('image', 'text')
+  }
   vision_config = {
     'model_type': f'{variant.model_type}_vision_model',
     'hidden_size': image.hidden_size,
@@ -494,6 +532,7 @@ def siglip_config(params: Mapping[str, Any], pp: Mapping[str, Any]) -> dict[str,
     'num_attention_heads': image.transformer.num_heads,
     **_vision_config(params, image, pp),
     'vision_use_head': True,
+    'layer_norm_eps': eps['image'],
     **towers,
   }
   text_config = {
@@ -506,6 +545,7 @@ def siglip_config(params: Mapping[str, Any], pp: Mapping[str, Any]) -> dict[str,
     'max_position_embeddings': arch.pp.max_len,
     'projection_size': arch.out_dim[1],
     **_special_ids(arch.pp.tokenizer_name),
+    'layer_norm_eps': eps['text'],
     **towers,
   }
   return {
@@ -638,4 +678,5 @@ def export(
   extra = {'preprocessor_config.json': _json(processor)}
   if vocab is not None:
     extra |= tokenizer_files(pp, vocab, variant.processor, call_defaults)
-  return pytorch.write_model_dir(out_dir, state, siglip_config(params, pp), extra)
+  config = siglip_config(params, pp, model_config)
+  return pytorch.write_model_dir(out_dir, state, config, extra)

@@ -9,7 +9,8 @@ The checkpoint is read in any format `formats.read` knows; the model is a regist
 model config (the constructor fields), or by default the architecture read off the shapes;
 the parameters are fitted to it by `surgery.merge_pretrained` (head, pre_logits, position
 embeddings on another grid), every mismatch a one-line error. What the file states beyond its
-shapes (the GELU of a Hugging Face or timm config.json, `Format.fields`) is set on the model.
+shapes (the GELU and LayerNorm epsilon of a Hugging Face or timm config.json, `Format.fields`)
+is set on the model.
 """
 
 import dataclasses
@@ -22,8 +23,8 @@ import ml_collections
 from absl import logging
 
 from vit_jax import families, files, rundir
-from vit_jax.checkpoint import formats, tree, two_towers
-from vit_jax.checkpoint.surgery import LoadReport, merge_pretrained
+from vit_jax.checkpoint import class_names, formats, tree, two_towers
+from vit_jax.checkpoint.surgery import LoadReport, heads_note, merge_pretrained
 from vit_jax.checkpoint.tree import CheckpointError
 from vit_jax.families import two_towers as two_towers_family
 from vit_jax.models import get_config, model_from_config
@@ -36,13 +37,16 @@ class Found:
   Attributes:
     config: the architecture (`tree.infer_config`: model fields, `num_classes` and
       `representation_size` included), and the fields the file states beyond its shapes
-      (`gelu_approximate=False` where its config names the exact GELU).
+      (`gelu_approximate=False` where its config names the exact GELU, `layer_norm_epsilon`
+      where it states another than 1e-6).
     name: the registered model of this architecture, or None.
     resolution: the square image size its position embeddings are laid out for, or None.
     arrays, parameters: how many arrays and scalars it holds.
     description: its format, in one line.
     unlike: every setting the file states that the project computes otherwise, a line each
       (`Format.unlike`); `fit` logs each as a warning.
+    heads_inferred: the file states no attention heads (a PyTorch file without config.json):
+      those of `config` are the model's given to `fit`, a guess its errors say.
   """
 
   config: ml_collections.ConfigDict
@@ -52,6 +56,7 @@ class Found:
   parameters: int
   description: str
   unlike: tuple[str, ...] = ()
+  heads_inferred: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +83,15 @@ class Fitted:
   def model(self, **overrides: Any) -> nn.Module:
     """The module, e.g. `model(num_classes=None)` for the pre-logits features."""
     return model_from_config(self.config, **overrides)
+
+  def class_names(self) -> list[str] | None:
+    """The names of the head's classes found beside the checkpoint (an .npz's FILE.json, a
+    config.json's, a run's), where the head is the checkpoint's; None otherwise (a fresh
+    head's classes are new ones)."""
+    classes = self.config.get('num_classes')
+    if not classes or 'head/kernel' in self.report.fresh:
+      return None
+    return class_names.beside(self.report.source, classes, imagenet=False)[0]
 
   @property
   def patch_pixels(self) -> int:
@@ -132,7 +146,11 @@ def _read(
 
 
 def _found(
-  restored: dict, description: str, fields: dict[str, Any], unlike: tuple[str, ...] = ()
+  restored: dict,
+  description: str,
+  fields: dict[str, Any],
+  unlike: tuple[str, ...] = (),
+  heads_inferred: bool = False,
 ) -> Found:
   """What a tree holds, read off its shapes by its family, and the file's stated `fields`
   (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
@@ -148,6 +166,7 @@ def _found(
     parameters=tree.count_params(flat),
     description=description,
     unlike=unlike,
+    heads_inferred=heads_inferred,
   )
 
 
@@ -160,21 +179,38 @@ def _check_fits(name: str, config: Any, found: Found, any_patch: bool) -> None:
     holds = found.name or 'an unregistered architecture'
     raise CheckpointError(
       f'--model {name} does not fit the checkpoint, which holds {holds}'
-      f' ({tree.describe(found.config)}); leave --model out to use that.'
+      f' ({tree.describe(found.config)}{heads_note(found.config, found.heads_inferred)});'
+      ' leave --model out to use that.'
     )
 
 
-def _warn_unlike(config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str) -> None:
-  """A model config given as is keeps its fields; a file that states others is logged."""
+def _warn_unlike(config: Any, fields: Mapping[str, Any], source: str, prefix: str = '') -> None:
+  """A model config given as is keeps its fields; each one the file states otherwise is a
+  warning line that names the config key to follow the file (a tower's: `prefix`)."""
   for key, value in fields.items():
-    if config.get(key) != value:
+    name, given = f'{prefix}{key}', config.get(key)
+    if isinstance(value, Mapping):  # an image-text model's tower
+      _warn_unlike(given or {}, value, source, f'{name}.')
+    elif given != value:
+      has = f'sets no {name}, and the model computes with its default'
+      if given is not None:
+        has = f'has {name}={given}, and the model computes with that'
       logging.warning(
-        '%s: the file states %s=%s, the model config given %s; the config holds',
-        source,
-        key,
-        value,
-        config.get(key),
+        '%s: the file states %s=%s; the model config given %s: to compute as the file does,'
+        ' set %s=%s in it (a fine-tune: --config.model.%s=%s)',
+        *(source, name, value, has, name, value, name, value),
       )
+
+
+def _take_stated(
+  model: Any, config: ml_collections.ConfigDict, fields: Mapping[str, Any], source: str
+) -> None:
+  """The fields the file states beyond its shapes: a registered model takes them (its
+  architecture, computed as the file says); a model config given as is keeps its own."""
+  if isinstance(model, str):
+    config.update(fields)
+  else:
+    _warn_unlike(config, fields, source)
 
 
 def _resolution(
@@ -219,11 +255,10 @@ def _fitted_config(
   architecture read off the shapes."""
   if config is None:
     config, name = ml_collections.ConfigDict(found.config.to_dict()), found.name
-  elif isinstance(model, str):
-    _check_fits(name, config, found, resize_patch_embedding)
-    config.update(fields)  # the registry's architecture, computed as the file says
   else:
-    _warn_unlike(config, fields, source)
+    if isinstance(model, str):
+      _check_fits(name, config, found, resize_patch_embedding)
+    _take_stated(model, config, fields, source)
   given_config = isinstance(model, Mapping | ml_collections.ConfigDict)
   if not given_config and families.of_config(config).pre_logits:
     config.representation_size = found.config.representation_size
@@ -281,19 +316,20 @@ def fit(
   restored, description, fields, unlike = _read(path, tower, heads, params_entry)
   for line in unlike:
     logging.warning('%s: %s', source, line)
+  guessed = heads is not None and not formats.detect_format(path).states_heads(files.path(path))
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
   holds = families.of_tree(restored)
   if holds is not None and holds.image_text:
     if (config is None or image_text) and tower is None:
       found = _found(restored, description, fields, unlike)
-      return _fit_two_towers(restored, found, config, name, request)
+      return _fit_two_towers(restored, found, fields, config, name, request)
     restored, description = two_towers.image_tower(restored, description)
     fields = dict(fields.get('image') or {})  # the image tower's own
   elif image_text:
     raise CheckpointError(
       f'{source} holds no image-text model, which the model {name or "given"} needs'
     )
-  found = _found(restored, description, fields, unlike)
+  found = _found(restored, description, fields, unlike, guessed)
   return _fit_vit(restored, found, fields, config, name, request)
 
 
@@ -336,13 +372,25 @@ def _fit_vit(
   if keep_head is None:
     keep_head = bool(found.config.num_classes) and config.num_classes == found.config.num_classes
   params, report = merge_pretrained(
-    restored, init_params, config, keep_head, image_size=image_size, source=source, **surgery
+    restored,
+    init_params,
+    config,
+    keep_head,
+    image_size=image_size,
+    source=source,
+    heads_inferred=found.heads_inferred,
+    **surgery,
   )
   return Fitted(params, config, name, resolution, found, report)
 
 
 def _fit_two_towers(
-  restored: dict, found: Found, config: Any, name: str | None, request: _Request
+  restored: dict,
+  found: Found,
+  fields: dict[str, Any],
+  config: Any,
+  name: str | None,
+  request: _Request,
 ) -> Fitted:
   """An image-text tree fitted to its model (`fit`): both towers, heads and scalars kept."""
   source, found_config = request.source, found.config
@@ -361,6 +409,8 @@ def _fit_two_towers(
     )
   else:
     two_towers_family.adopt_file_preprocessing(config, found_config)
+    towers = {k: v for k, v in fields.items() if k in ('image', 'text')}
+    _take_stated(request.model, config, towers, source)
   init, resolution = request.init_params, request.resolution
   if init is not None and not families.takes_patch_sequences(
     config

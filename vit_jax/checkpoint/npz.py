@@ -33,8 +33,15 @@ Models without a class token (`pool_type='gap'`) take the embedding unchanged.
 Writing (`save_npz`) produces the released layout: pre-Linen names inside each block, GroupNorm
 parameters as (1, 1, 1, C), flat `/`-joined keys, float32, so the original vit_jax loader and
 timm's npz loader read the file.
+
+What the shapes cannot say goes in FILE.json beside FILE.npz, as the LiT files' conversions have
+it (`write_sidecar`, `read_sidecar`): `model`, the model fields the file states (a ViT's exact
+GELU and LayerNorm epsilon, an image-text model's BERT heads and `pp`: `stated_fields`, which
+`fit` sets on the model); `class_names`, its head's (`class_names.beside` reads them);
+`zeroshot`, the settings an image-text model was evaluated with.
 """
 
+import json
 import math
 import re
 import zipfile
@@ -73,6 +80,50 @@ PRE_LINEN_BLOCK = {
 _MODULE_NUM_RE = re.compile(r'(.*)_\d+$')
 _GROUPNORM_RE = re.compile(r'gn(\d+|_root|_proj)$')
 _BLOCK_RE = re.compile(r'encoderblock_\d+$')
+
+
+SIDECAR_SUFFIX = '.json'
+
+
+def stem(path: Any) -> str:
+  """FILE of FILE.npz: the name its sidecar and vocabulary take a suffix to."""
+  return str(path).removesuffix('.npz')
+
+
+def read_sidecar(path: Any) -> dict[str, Any]:
+  """FILE.json beside FILE.npz, or {} (another path, no such file)."""
+  side = files.path(stem(path) + SIDECAR_SUFFIX)
+  if not str(path).endswith('.npz') or not side.is_file():
+    return {}
+  try:
+    data = json.loads(side.read_text())
+  except ValueError as e:
+    raise CheckpointError(f'{side}: not JSON ({e})') from None
+  return data if isinstance(data, dict) else {}
+
+
+def stated_fields(path: Any) -> dict[str, Any]:
+  """The model fields an .npz's FILE.json states; {} without one."""
+  return dict(read_sidecar(path).get('model') or {})
+
+
+def write_sidecar(
+  path: Any,
+  model_fields: Mapping[str, Any],
+  class_names: list[str] | None = None,
+  zeroshot: Mapping[str, Any] | None = None,
+) -> list[str]:
+  """Writes FILE.json beside the .npz at `path` with what it is given (atomically); the
+  path written, or none where there is nothing to keep."""
+  side = {'model': dict(model_fields)}
+  if class_names is not None:
+    side['class_names'] = list(class_names)
+  if zeroshot is not None:
+    side['zeroshot'] = dict(zeroshot)
+  if side == {'model': {}}:
+    return []
+  files.atomic_write_text(stem(path) + SIDECAR_SUFFIX, json.dumps(side, indent=1) + '\n')
+  return [stem(path) + SIDECAR_SUFFIX]
 
 
 def detect(path: Path) -> bool:

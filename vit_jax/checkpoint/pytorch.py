@@ -43,6 +43,7 @@ from vit_jax.checkpoint.tree import (
   square_side,
   unflatten,
 )
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 
 TORCH_SUFFIXES = ('.bin', '.pth', '.pt')
 BLOCK = 'Transformer/encoderblock_{i}'
@@ -190,6 +191,41 @@ def read_config(path: Path, name: str = 'config.json') -> dict[str, Any] | None:
   if not isinstance(config, dict):
     raise CheckpointError(f'{path}: expected a JSON object')
   return config
+
+
+# PIL's resample codes (transformers' image processors) by name.
+PIL_RESAMPLE = {0: 'nearest', 1: 'lanczos', 2: 'bilinear', 3: 'bicubic', 4: 'box', 5: 'hamming'}
+
+
+def _numbers(values: Any) -> str:
+  return '[' + ', '.join(f'{v:g}' for v in np.ravel(values)) + ']'
+
+
+def preprocessing_unlike(
+  where: str,
+  method: str,
+  mean: Any = 0.5,
+  std: Any = 0.5,
+  crop: float = 1.0,
+) -> list[str]:
+  """A line for each way a file's stated preprocessing (`where` says it: resize `method`,
+  values (x / 255 - mean) / std, the central `crop` of each side) is not the project's, which
+  resizes the whole image bilinearly to values (x - 127.5) / 127.5 in [-1, 1]."""
+  differ = "so the model's inputs differ from the file's preprocessing"
+  lines = []
+  if method != 'bilinear':
+    lines.append(f'{where} resizes {method}; the project resizes bilinear, {differ}')
+  if not (np.allclose(mean, 0.5) and np.allclose(std, 0.5)):
+    lines.append(
+      f'{where} normalises pixels x as (x / 255 - {_numbers(mean)}) / {_numbers(std)}; the'
+      f' project as (x - 127.5) / 127.5, to [-1, 1], {differ}'
+    )
+  if crop < 1:
+    lines.append(
+      f'{where} keeps the central {crop:g} of each side before resizing; the project resizes'
+      f' the whole image, {differ}'
+    )
+  return lines
 
 
 def weights_in(directory: Path, names: Iterable[str]) -> Path | None:
@@ -426,6 +462,11 @@ class Export:
   def gelu_approximate(self) -> bool:
     """The model's GELU: the tanh approximation (our default), or the exact one."""
     return bool(config_field(self.model_config, 'gelu_approximate', True))
+
+  @property
+  def layer_norm_epsilon(self) -> float:
+    """The model's LayerNorm epsilon (our default 1e-6, or the one a file stated)."""
+    return float(config_field(self.model_config, 'layer_norm_epsilon', LAYER_NORM_EPSILON))
 
 
 def _grid_image_size(flat: Mapping[str, np.ndarray]) -> ImageSize:

@@ -144,11 +144,19 @@ def _is_abstract(x: Any) -> bool:
   return isinstance(x, jax.ShapeDtypeStruct)
 
 
+def heads_note(config: Any, inferred: bool) -> str:
+  """What a description of a checkpoint's architecture adds where its heads are a guess."""
+  if not inferred or config.get('transformer') is None:
+    return ''
+  return f' (its {config["transformer"]["num_heads"]} heads inferred: the file states none)'
+
+
 class _Hints:
   """Lazily names what the checkpoint is, for error messages."""
 
-  def __init__(self, restored: Mapping[str, Any], init: Mapping[str, Any]):
+  def __init__(self, restored: Mapping[str, Any], init: Mapping[str, Any], heads_inferred: bool):
     self._restored, self._init = restored, init
+    self._heads_inferred = heads_inferred
     self._text: str | None = None
 
   def __str__(self) -> str:
@@ -166,22 +174,23 @@ class _Hints:
       model = match_registry(infer_config(self._init))
     except CheckpointError:
       model = None
+    guess = heads_note(config, self._heads_inferred)
     if name and name != model:
-      return f'; the checkpoint is a {name}: choose that model (--model)'
-    return f'; the checkpoint has {describe(config)}'
+      return f'; the checkpoint is a {name}{guess}: choose that model (--model)'
+    return f'; the checkpoint has {describe(config)}{guess}'
 
 
 class _Merge:
   """The state of one `merge_pretrained`: checkpoint keys still to place, and the output."""
 
-  def __init__(self, restored, init_params, model_config, dont_load, source):
+  def __init__(self, restored, init_params, model_config, dont_load, source, heads_inferred):
     self.ckpt = dict(flatten(restored))
     self.init = flatten(init_params)
     self.config = model_config
     self.source = source
     self.keep = [re.compile(p) for p in dont_load]
     self.report = LoadReport(source=source)
-    self.hints = _Hints(self.ckpt, self.init)
+    self.hints = _Hints(self.ckpt, self.init, heads_inferred)
     self.out: dict[str, Any] = {}
 
   def kept(self, key: str) -> bool:
@@ -308,8 +317,9 @@ class _Merge:
     if not resize:
       raise CheckpointError(
         f'{self.source}: {PATCH_KERNEL} has shape {shape_str(old.shape)} in the checkpoint but'
-        f' {shape_str(new.shape)} in the model: another patch size{self.hints}; or pass'
-        ' resize_patch_embedding=True to resample it (FlexiViT)'
+        f' {shape_str(new.shape)} in the model: another patch size{self.hints}; or resample it'
+        ' (FlexiViT): resize_patch_embedding=True, in a fine-tune'
+        ' --config.resize_patch_embedding=True'
       )
     self.ckpt[PATCH_KERNEL] = resample_patch_embedding(old, tuple(new.shape[:2]))
     self.report.resized.append((PATCH_KERNEL, tuple(old.shape), tuple(new.shape)))
@@ -362,6 +372,7 @@ def merge_pretrained(
   pretrained_grid: tuple[int, int] | None = None,
   resize_patch_embedding: bool = False,
   source: str = 'checkpoint',
+  heads_inferred: bool = False,
 ) -> tuple[dict, LoadReport]:
   """Fits `restored` (our names) into the structure of `init_params`; returns (params, report).
 
@@ -382,12 +393,14 @@ def merge_pretrained(
     resize_patch_embedding: resample a patch kernel of another size (FlexiViT) instead of
       failing on its shape.
     source: the checkpoint's name for messages.
+    heads_inferred: the checkpoint's attention heads are a guess (a file that states none
+      read with the model's), which its messages say.
 
   Returns:
     (params, report): `params` is a nested dict with the keys of `init_params`; loaded leaves
     are numpy arrays in the dtype of the initial leaf, leaves kept at init are the init's.
   """
-  merge = _Merge(restored, init_params, model_config, dont_load, source)
+  merge = _Merge(restored, init_params, model_config, dont_load, source, heads_inferred)
   merge.check_shapes()
   merge.place_head(keep_head)
   merge.resize_posemb(image_size, pretrained_grid)

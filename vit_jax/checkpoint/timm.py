@@ -42,6 +42,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from absl import logging
 from etils.epath import Path
 
 from vit_jax import files
@@ -57,6 +58,7 @@ from vit_jax.checkpoint.tree import (
   shape_str,
   square_side,
 )
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 
 WEIGHT_FILES = ('model.safetensors', 'pytorch_model.bin')
 # timm's `act_layer` -> our `gelu_approximate`; timm's ViT and DeiT default to 'gelu'.
@@ -165,6 +167,26 @@ def _heads_from_config(config: Mapping[str, Any] | None) -> int | None:
     return None
   heads = (config.get('model_args') or {}).get('num_heads')
   return heads if heads is not None else heads_of_architecture(str(config.get('architecture')))
+
+
+def states_heads(path: Path) -> bool:
+  """Whether timm's `config.json` states the heads (`model_args`, or the architecture's)."""
+  return _heads_from_config(_read_config(path)) is not None
+
+
+def unlike(path: Path) -> list[str]:
+  """What the project computes otherwise than timm's `config.json` states: its
+  `pretrained_cfg`'s resize, values and central crop (the GELU the model takes)."""
+  cfg = (_read_config(path) or {}).get('pretrained_cfg') or {}
+  if not cfg:
+    return []
+  return pytorch.preprocessing_unlike(
+    "config.json's pretrained_cfg",
+    str(cfg.get('interpolation', 'bilinear')),
+    cfg.get('mean', 0.5),
+    cfg.get('std', 0.5),
+    float(cfg.get('crop_pct', 1.0)),
+  )
 
 
 def _image_size_from_config(config: Mapping[str, Any] | None) -> tuple[int, int] | None:
@@ -326,13 +348,13 @@ def _zero_qkv_biases(flat: dict[str, np.ndarray]) -> None:
 
 
 def read(path: str | Path, *, num_heads: int | None = None, **unused: Any) -> tuple[dict, str]:
-  """Reads a timm folder or weights file; returns (tree, description)."""
+  """Reads a timm folder or weights file; returns (tree, description). The heads are
+  config.json's (`model_args.num_heads`, or its architecture's), else `num_heads`."""
   del unused
   path = files.path(path)
   config = _read_config(path)
   weights = pytorch.weights_of(path, WEIGHT_FILES)
-  if num_heads is None:
-    num_heads = _heads_from_config(config)
+  num_heads = _heads_from_config(config) or num_heads
   state = pytorch.read_state_dict(weights)
   grid = None
   if (size := _image_size_from_config(config)) and 'patch_embed.proj.weight' in state:
@@ -437,6 +459,12 @@ def timm_config(model: pytorch.Export) -> dict[str, Any]:
     raise CheckpointError(f'mlp_dim {t.mlp_dim} is not int(hidden * mlp_ratio) for any float ratio')
   num_classes, distilled = arch.num_classes or 0, 'dist_token' in flat
   size = model.image_size
+  if model.layer_norm_epsilon != LAYER_NORM_EPSILON:
+    logging.warning(
+      "timm's config.json has no place for the model's LayerNorm epsilon %g: timm computes"
+      " the export with 1e-6, so its logits differ slightly from the model's",
+      model.layer_norm_epsilon,
+    )
   model_args = {
     'img_size': [size, size] if isinstance(size, int) else list(size),
     'patch_size': list(arch.patches.size),

@@ -25,6 +25,7 @@ from vit_jax.flat import (
   square_side,
   unflatten,
 )
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 
 __all__ = [
   'MIXER_STEM',
@@ -75,6 +76,11 @@ def check_complete(
 def gelu_fields(approximate: bool) -> dict[str, Any]:
   """The model fields of a GELU a file names: none for the tanh approximation (the default)."""
   return {} if approximate else {'gelu_approximate': False}
+
+
+def layer_norm_fields(epsilon: float) -> dict[str, Any]:
+  """The model fields of a LayerNorm epsilon a file states: none for our default 1e-6."""
+  return {} if epsilon == LAYER_NORM_EPSILON else {'layer_norm_epsilon': float(epsilon)}
 
 
 def infer_config(params: Mapping[str, Any]) -> ml_collections.ConfigDict:

@@ -26,7 +26,6 @@ a LiT file read and written back has its own keys, shapes and values.
 """
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -47,9 +46,9 @@ from vit_jax.models.two_towers import out_dims
 SCALARS = ('t', 'b')  # the log temperature; SigLIP's learned logit bias
 PREFIXES = ('', 'params/')
 # Beside FILE.npz, as the released LiT files have them: the vocabulary (FILE.txt for BERT,
-# FILE.model for sentencepiece), and FILE.json, what `convert` of a run adds (`Uses`).
+# FILE.model for sentencepiece), and FILE.json (`npz.write_sidecar`), what `convert` of a run
+# adds (`Uses`).
 VOCAB_SUFFIX = {'bert': '.txt', 'sentencepiece': '.model', 'gemma': '.model'}
-SIDECAR_SUFFIX = '.json'
 # Image-text files can be read for one tower alone: `PATH:img` is the image ViT.
 _TOWER_SUFFIX = re.compile(r'^(?P<path>.+):(?P<tower>img)$')
 # The text tower fields its parameter shapes show.
@@ -61,27 +60,6 @@ def split_tower(path: Any) -> tuple[Any, str | None]:
   if match is None:
     return path, None
   return match.group('path'), match.group('tower')
-
-
-def _stem(path: Any) -> str:
-  return str(path).removesuffix('.npz')
-
-
-def _sidecar(path: Any) -> dict[str, Any]:
-  """FILE.json beside FILE.npz, or {}: what its shapes cannot say, and how it was evaluated."""
-  side = files.path(_stem(path) + SIDECAR_SUFFIX)
-  if not str(path).endswith('.npz') or not side.is_file():
-    return {}
-  try:
-    data = json.loads(side.read_text())
-  except ValueError as e:
-    raise CheckpointError(f'{side}: not JSON ({e})') from None
-  return data if isinstance(data, dict) else {}
-
-
-def stated_fields(path: Any) -> dict[str, Any]:
-  """The model fields an .npz's FILE.json states (BERT's heads, `pp`); {} without one."""
-  return dict(_sidecar(path).get('model') or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +93,7 @@ def uses(path: Any, tokenizer_name: str, vocab: str | None = None) -> Uses:
     found = found or pp.get('vocab') or None
   else:
     found = None if vocab else _vocab_beside(path, tokenizer_name)
-    evaluated = _sidecar(path).get('zeroshot') or {}
+    evaluated = npz.read_sidecar(path).get('zeroshot') or {}
   templates = tuple(evaluated['templates']) if evaluated.get('templates') else None
   return Uses(vocab or found, templates, bool(evaluated.get('canonicalize', True)))
 
@@ -136,7 +114,7 @@ def vocab_places(path: Any, tokenizer_name: str) -> list[str]:
   if files.path(path).is_dir():
     return [str(files.path(path) / name) for name in hf_name or hf_siglip.VOCAB_FILES]
   folder = files.path(path).parent
-  return [_stem(path) + VOCAB_SUFFIX[tokenizer_name], *(str(folder / name) for name in hf_name)]
+  return [npz.stem(path) + VOCAB_SUFFIX[tokenizer_name], *(str(folder / name) for name in hf_name)]
 
 
 def missing_vocab(path: Any, tokenizer_name: str, flag: str | None = '--vocab') -> str:
@@ -173,14 +151,13 @@ def write_beside(path: Any, model_fields: Mapping[str, Any], used: Uses) -> list
   written = []
   name = dict(model_fields.get('pp') or {}).get('tokenizer_name', 'bert')
   if used.vocab is not None:
-    vocab = _stem(path) + VOCAB_SUFFIX[name]
+    vocab = npz.stem(path) + VOCAB_SUFFIX[name]
     files.atomic_write(vocab, lambda f: f.write(files.path(used.vocab).read_bytes()))
     written.append(vocab)
-  side = {'model': dict(model_fields)}
+  zeroshot = None
   if used.templates is not None:
-    side['zeroshot'] = {'templates': list(used.templates), 'canonicalize': used.canonicalize}
-  files.atomic_write_text(_stem(path) + SIDECAR_SUFFIX, json.dumps(side, indent=1) + '\n')
-  return [*written, _stem(path) + SIDECAR_SUFFIX]
+    zeroshot = {'templates': list(used.templates), 'canonicalize': used.canonicalize}
+  return [*written, *npz.write_sidecar(path, model_fields, zeroshot=zeroshot)]
 
 
 def holds_towers(path: Any) -> bool:

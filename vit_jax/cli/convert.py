@@ -40,11 +40,12 @@ def _uses(fitted: checkpoint.Fitted, src: str) -> two_towers.Uses:
 def _write_npz(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
   checkpoint.save_npz(fitted.params, dst)
   family = families.of_config(fitted.config)
-  if not family.image_text:
-    return f'npz ({family.npz_layout})', []
-  scalars = ', '.join(k for k in two_towers.SCALARS if k in fitted.params)
-  # What its shapes cannot say, and its vocabulary, beside it.
+  # What its shapes cannot say (and an image-text model's vocabulary) beside it.
   stated = family.stated_fields(fitted.config)
+  if not family.image_text:
+    beside = checkpoint.npz.write_sidecar(dst, stated, fitted.class_names())
+    return f'npz ({family.npz_layout})', beside
+  scalars = ', '.join(k for k in two_towers.SCALARS if k in fitted.params)
   beside = two_towers.write_beside(dst, stated, _uses(fitted, src))
   return f'npz (LiT layout: img/, txt/, {scalars})', beside
 
@@ -52,7 +53,9 @@ def _write_npz(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list
 def _write_hf(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
   if families.of_config(fitted.config).image_text:
     return _write_hf_siglip(fitted, src, dst), []
-  path = checkpoint.export_hf(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  path = checkpoint.export_hf(
+    fitted.params, fitted.config, dst, image_size=fitted.resolution, labels=fitted.class_names()
+  )
   config = json.loads((path / 'config.json').read_text())
   return (
     f'hf ({config["architectures"][0]}, model.safetensors + config.json,'
@@ -77,7 +80,9 @@ def _write_hf_siglip(fitted: checkpoint.Fitted, src: str, dst: str) -> str:
 
 def _write_timm(fitted: checkpoint.Fitted, src: str, dst: str) -> tuple[str, list[str]]:
   del src
-  path = checkpoint.export_timm(fitted.params, fitted.config, dst, image_size=fitted.resolution)
+  path = checkpoint.export_timm(
+    fitted.params, fitted.config, dst, image_size=fitted.resolution, labels=fitted.class_names()
+  )
   args = json.loads((path / 'config.json').read_text())['model_args']
   return (
     'timm (model.safetensors + config.json with the create_model arguments,'

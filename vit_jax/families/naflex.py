@@ -94,6 +94,9 @@ def describe(config: Config) -> str:
   )
 
 
+stated_fields = vit.stated_fields  # the same encoder and MAP head: GELU, LayerNorm epsilon
+
+
 def label(config: Config) -> str:
   """An unregistered model's name in the commands' output."""
   return describe(config)

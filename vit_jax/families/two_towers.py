@@ -262,12 +262,19 @@ def describe(config: Config) -> str:
 
 def stated_fields(config: Config) -> dict[str, Any]:
   """What a run's model config states that the shapes cannot: BERT's head count, its exact
-  GELU where it has one (a text tower started from bert-base-uncased's file), and the
-  preprocessing and tokenizer settings (`pp`)."""
+  GELU where it has one (a text tower started from bert-base-uncased's file), a LayerNorm
+  epsilon either tower sets, the image tower's exact GELU, and the preprocessing and
+  tokenizer settings (`pp`)."""
   text = config['text']
   stated: dict[str, Any] = {'text': {'num_heads': text['num_heads']}}
   if text.get('gelu_approximate') is False:
     stated['text']['gelu_approximate'] = False
+  text_default = TEXT_MODELS[config['text_model']].layer_norm_epsilon
+  if text.get('layer_norm_epsilon', text_default) != text_default:
+    stated['text']['layer_norm_epsilon'] = text['layer_norm_epsilon']
+  image = image_family(config).stated_fields(config.get('image') or {})
+  if image:
+    stated['image'] = image
   if config.get('pp'):
     pp = config['pp']
     # A run evaluates its images without the uint8 cast of the released files.

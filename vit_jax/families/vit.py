@@ -30,10 +30,14 @@ from vit_jax.flat import (
 )
 from vit_jax.models import model_from_config, stats
 from vit_jax.models.configs import MODEL_CONFIGS
+from vit_jax.models.precision import LAYER_NORM_EPSILON
 from vit_jax.models.vit import VisionTransformer
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 PATCH_KERNEL = 'embedding/kernel'
+# How the model computes that its parameter shapes cannot tell, at the defaults the released
+# weights were trained with: a file may state others (a Hugging Face ViT's exact GELU, 1e-12).
+COMPUTED_AS = {'gelu_approximate': True, 'layer_norm_epsilon': LAYER_NORM_EPSILON}
 _BLOCK_RE = re.compile(r'encoderblock_(\d+)$')
 _UNIT_RE = re.compile(r'unit(\d+)$')
 _STAGE_RE = re.compile(r'block(\d+)$')
@@ -170,7 +174,16 @@ def describe(config: Config) -> str:
     parts.append(f'posemb {config["posemb"]}')
   if not config.get('gelu_approximate', True):
     parts.append('exact GELU')
+  epsilon = config.get('layer_norm_epsilon', LAYER_NORM_EPSILON)
+  if epsilon != LAYER_NORM_EPSILON:
+    parts.append(f'LayerNorm epsilon {epsilon:g}')
   return ', '.join(parts)
+
+
+def stated_fields(config: Config) -> dict[str, Any]:
+  """What a model config states that the shapes cannot: the fields of `COMPUTED_AS` it sets
+  to other than their defaults (the exact GELU, another LayerNorm epsilon)."""
+  return {k: config[k] for k, default in COMPUTED_AS.items() if config.get(k, default) != default}
 
 
 def feature_stride(config: Config) -> int:

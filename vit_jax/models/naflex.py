@@ -98,6 +98,7 @@ class NaFlexViT(precision.Precision):
   remat_policy: str = 'none'
   scan_layers: bool = False
   gelu_approximate: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(
@@ -129,6 +130,7 @@ class NaFlexViT(precision.Precision):
       scan_layers=self.scan_layers,
       learned_posemb=False,
       gelu_approximate=self.gelu_approximate,
+      layer_norm_epsilon=self.layer_norm_epsilon,
       **self.precision_fields(),
       name='Transformer',
     )(x, train=train, mask=mask)

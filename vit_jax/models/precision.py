@@ -220,11 +220,21 @@ def dense(cls: type[nn.Module], dtype: Dtype, param_dtype: Dtype, policy: str, *
   return make
 
 
-def layer_norm(name: str, dtype: Dtype, param_dtype: Dtype, policy: str = 'matmul') -> nn.LayerNorm:
-  """LayerNorm with eps 1e-6 (flax's default, as the released models were trained); its
-  statistics are reduced in float32 whatever its dtype (flax's force_float32_reductions)."""
+# flax's default, as the released models were trained (Hugging Face's ViT configs say 1e-12).
+LAYER_NORM_EPSILON = 1e-6
+
+
+def layer_norm(
+  name: str,
+  dtype: Dtype,
+  param_dtype: Dtype,
+  policy: str = 'matmul',
+  epsilon: float = LAYER_NORM_EPSILON,
+) -> nn.LayerNorm:
+  """LayerNorm with `epsilon` (1e-6 by default); its statistics are reduced in float32
+  whatever its dtype (flax's force_float32_reductions)."""
   return nn.LayerNorm(
-    epsilon=1e-6, dtype=elementwise_dtype(dtype, policy), param_dtype=param_dtype, name=name
+    epsilon=epsilon, dtype=elementwise_dtype(dtype, policy), param_dtype=param_dtype, name=name
   )
 
 
@@ -253,9 +263,9 @@ class Precision(nn.Module):
     """`dense` with this module's fields."""
     return dense(cls, self.dtype, self.param_dtype, self.precision_policy, **fixed)
 
-  def norm(self, name: str) -> nn.LayerNorm:
+  def norm(self, name: str, epsilon: float = LAYER_NORM_EPSILON) -> nn.LayerNorm:
     """`layer_norm` with this module's fields."""
-    return layer_norm(name, self.dtype, self.param_dtype, self.precision_policy)
+    return layer_norm(name, self.dtype, self.param_dtype, self.precision_policy, epsilon)
 
 
 # Primitives that move a leaf's elements without changing them: a cast commutes with them.

@@ -287,6 +287,8 @@ class TextTransformer(precision.Precision):
     dtype, param_dtype, precision_policy, attention_impl, remat_policy, scan_layers: the ViT
       encoder's options (`vit_jax.models.vit.Encoder`); `scan_layers=True` stacks the
       blocks as `Encoder_0/encoderblock/...`, big_vision's scanned layout.
+    layer_norm_epsilon: its LayerNorms' (1e-6, big_vision's; a Hugging Face SigLIP file's
+      `text_config.layer_norm_eps`).
   """
 
   num_classes: int | None = None
@@ -300,6 +302,7 @@ class TextTransformer(precision.Precision):
   attention_impl: str = 'xla'
   remat_policy: str = 'none'
   scan_layers: bool = False
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(self, tokens: jnp.ndarray, *, train: bool = False) -> tuple[jnp.ndarray, dict]:
@@ -319,6 +322,7 @@ class TextTransformer(precision.Precision):
       remat_policy=self.remat_policy,
       scan_layers=self.scan_layers,
       learned_posemb=False,
+      layer_norm_epsilon=self.layer_norm_epsilon,
       **self.precision_fields(),
       name='Encoder_0',
     )(x, train=train)

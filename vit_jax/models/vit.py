@@ -104,6 +104,7 @@ class Encoder1DBlock(precision.Precision):
   drop_path_rate: float = 0.0
   attention_impl: str = 'xla'
   gelu_approximate: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(
@@ -118,7 +119,7 @@ class Encoder1DBlock(precision.Precision):
     # `mask` (batch, tokens): False for padding tokens, which no token attends to.
     # `queries`: only the first this many tokens come out, attending over all of them.
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
-    y = self.norm('LayerNorm_0')(x)
+    y = self.norm('LayerNorm_0', self.layer_norm_epsilon)(x)
     kv = None if queries is None else y
     x, y = (x, y) if queries is None else (x[:, :queries], y[:, :queries])
     y = MultiHeadDotProductAttention(
@@ -130,7 +131,7 @@ class Encoder1DBlock(precision.Precision):
     )(y, deterministic, kv=kv, mask=mask)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + _drop_path(y, rate, deterministic)
-    y = self.norm('LayerNorm_1')(x)
+    y = self.norm('LayerNorm_1', self.layer_norm_epsilon)(x)
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
       dropout_rate=self.dropout_rate,
@@ -189,6 +190,7 @@ class Encoder(precision.Precision):
   learned_posemb: bool = True  # False: the caller added a fixed one (sincos2d)
   posemb_grid: tuple[int, int] | None = None
   gelu_approximate: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(
@@ -216,7 +218,7 @@ class Encoder(precision.Precision):
     x, captured = self._blocks(x, train, capture, mask, queries)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
-    return self.norm('encoder_norm')(x), captured
+    return self.norm('encoder_norm', self.layer_norm_epsilon)(x), captured
 
   def _blocks(
     self,
@@ -235,6 +237,7 @@ class Encoder(precision.Precision):
       'attention_dropout_rate': self.attention_dropout_rate,
       'attention_impl': self.attention_impl,
       'gelu_approximate': self.gelu_approximate,
+      'layer_norm_epsilon': self.layer_norm_epsilon,
       **self.precision_fields(),
     }
     policy = REMAT_POLICIES[self.remat_policy]
@@ -277,6 +280,7 @@ class MAPHead(precision.Precision):
   mlp_dim: int
   attention_impl: str = 'xla'
   gelu_approximate: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
@@ -290,7 +294,7 @@ class MAPHead(precision.Precision):
       **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
     )(probe, True, kv=x, mask=mask)
-    z = self.norm('LayerNorm_0')(y)
+    z = self.norm('LayerNorm_0', self.layer_norm_epsilon)(y)
     mlp = MlpBlock(
       self.mlp_dim,
       gelu_approximate=self.gelu_approximate,
@@ -302,12 +306,14 @@ class MAPHead(precision.Precision):
 
 def map_head(tower: Any) -> MAPHead:
   """`MAPHead_0` of an image tower (a ViT, a NaFlex ViT): its encoder's heads and MLP width,
-  attention, GELU and precision; built inside the tower's compact method, as its child."""
+  attention, GELU, LayerNorm epsilon and precision; built inside the tower's compact method,
+  as its child."""
   return MAPHead(
     num_heads=tower.transformer['num_heads'],
     mlp_dim=tower.transformer['mlp_dim'],
     attention_impl=tower.attention_impl,
     gelu_approximate=tower.gelu_approximate,
+    layer_norm_epsilon=tower.layer_norm_epsilon,
     **tower.precision_fields(),
     name='MAPHead_0',
   )
@@ -362,6 +368,9 @@ class VisionTransformer(precision.Precision):
     gelu_approximate: True (default): the tanh approximation of the GELU, as the released
       weights were trained (flax's `nn.gelu` default); False: the exact GELU, the default of
       PyTorch, timm and Hugging Face (`hidden_act='gelu'`), for weights trained with it.
+    layer_norm_epsilon: the epsilon of every LayerNorm: 1e-6 (default), flax's, as the
+      released weights were trained; a Hugging Face file's `layer_norm_eps` (1e-12 in the
+      hub's google/vit-* configs) computes as transformers does.
 
   Called with `intermediate_blocks=(i, j, ...)` (block indices, negative from the end), the
   model returns a dict of features instead of its output, from one forward pass that stops
@@ -391,6 +400,7 @@ class VisionTransformer(precision.Precision):
   distilled: bool = False
   posemb_grid: tuple[int, int] | None = None
   gelu_approximate: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   def _check_options(self, both_heads: bool, intermediate_blocks: Any) -> None:
     if self.classifier not in CLASSIFIERS:
@@ -525,6 +535,7 @@ class VisionTransformer(precision.Precision):
       learned_posemb=self.posemb == 'learn',
       posemb_grid=self.posemb_grid,
       gelu_approximate=self.gelu_approximate,
+      layer_norm_epsilon=self.layer_norm_epsilon,
       **self.precision_fields(),
       name='Transformer',
     )(

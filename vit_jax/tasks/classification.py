@@ -63,7 +63,11 @@ class Task(common.Task):
   def pretrained(self, path: str, host_params: Any) -> Any:
     from vit_jax.checkpoint import load_pretrained
 
-    return load_pretrained(path, host_params, self.spec.model.fields, keep_head=False)
+    resize = self.spec.init.resize_patch_embedding
+    fields = self.spec.model.fields
+    return load_pretrained(
+      path, host_params, fields, keep_head=False, resize_patch_embedding=resize
+    )
 
   def heads(self) -> dict[str, bool]:
     """The model's call arguments in training beside the images: none."""

@@ -220,7 +220,10 @@ class Task(common.Task):
       fitted = checkpoint.fit(path, self.spec.model.fields, init_params=host_params)
       return _like(fitted.params, host_params)
     config = self.family.image_config(self.spec.model.fields)
-    img = checkpoint.load_pretrained(path, host_params['img'], config, keep_head=False)
+    resize = self.spec.init.resize_patch_embedding
+    img = checkpoint.load_pretrained(
+      path, host_params['img'], config, keep_head=False, resize_patch_embedding=resize
+    )
     return {**host_params, 'img': _like(img, host_params['img'])}
 
   def optimizer(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -77,6 +77,9 @@ class Init:
   # vit_jax.checkpoint reads). Both empty: train from scratch.
   pretrained_dir: str = '.'
   pretrained_path: str = ''
+  # A pretrained file of another patch size: resample its patch embedding to the model's
+  # (FlexiViT's resize, `checkpoint.merge_pretrained`) instead of stopping at its shape.
+  resize_patch_embedding: bool = False
   # An image-text model's BERT text tower from a BERT file (task='contrastive'): a Hugging
   # Face BERT directory or .safetensors file (bert-base-uncased), or an original BERT TF
   # checkpoint (vit_jax/checkpoint/bert.py); its encoder is read, the text head starts
