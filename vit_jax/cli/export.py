@@ -1,4 +1,4 @@
-"""Exports a checkpoint as a model that runs outside JAX and this project.
+r"""Exports a checkpoint as a model that runs outside JAX and this project.
 
   python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=bfloat16] \
       [--model=NAME] [--resolution=R] [--vocab=FILE]

@@ -1,4 +1,4 @@
-"""Top-k predictions with class names, and pre-logits embeddings, for image files.
+r"""Top-k predictions with class names, and pre-logits embeddings, for image files.
 
   python -m vit_jax.predict --checkpoint PATH [--model NAME] [--resolution R] [--top_k 5] \
       [--json] [--features OUT.npy [--features_block K]] [--batch_size 32] IMAGE...

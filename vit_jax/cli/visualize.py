@@ -1,4 +1,4 @@
-"""Looks inside a checkpoint: the paper's Figure 7 (left, center, right) and Figure 6.
+r"""Looks inside a checkpoint: the paper's Figure 7 (left, center, right) and Figure 6.
 
   python -m vit_jax.visualize --checkpoint PATH [--model NAME] [--resolution R] \
       [--image IMG ...] --out DIR

@@ -1,4 +1,4 @@
-"""Zero-shot classification with an image-text model (LiT, SigLIP): classes named in words.
+r"""Zero-shot classification with an image-text model (LiT, SigLIP): classes named in words.
 
   python -m vit_jax.zeroshot --checkpoint=LiT-B16B_2.npz --classes=cat,dog,boat [--top_k 3] \
       [--templates=clip_best] [--json] IMAGE...
