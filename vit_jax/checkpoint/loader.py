@@ -123,14 +123,25 @@ def _model_config(model: Any) -> tuple[ml_collections.ConfigDict | None, str | N
   return config, families.of_config(config).match_registry(config)
 
 
+@dataclasses.dataclass(frozen=True)
+class _File:
+  """What `_read` takes from a checkpoint file, before its shapes are read (`_found`)."""
+
+  restored: dict  # the tree
+  description: str  # its format, in one line
+  fields: dict[str, Any]  # the model fields the file states beyond its shapes
+  unlike: tuple[str, ...]  # what the project computes otherwise (`Format.unlike`)
+  heads_inferred: bool  # read with the model's heads: the file states none
+
+
 def _read(
   path: str | os.PathLike, tower: str | None, heads: int | None, params_entry: str = 'params'
-) -> tuple[dict, str, dict[str, Any], tuple[str, ...]]:
-  """(the tree, its description, the model fields the file states beyond its shapes, what
-  the project computes otherwise than the file states: `Format.unlike`);
-  `tower='img'`: an image-text file's image tower (a run's whole tree: `fit` takes the
-  tower); `params_entry='polyak'`: a training run's Polyak average instead of its
+) -> _File:
+  """The file at `path`, read once in its format, each line of `Format.unlike` logged as a
+  warning; `tower='img'`: an image-text file's image tower (a run's whole tree: `fit` takes
+  the tower); `params_entry='polyak'`: a training run's Polyak average instead of its
   parameters."""
+  source = os.fspath(path)
   fmt = formats.detect_format(path)
   if params_entry != 'params' and fmt.name != 'orbax':
     raise CheckpointError(f'{path}: only a training run (orbax) holds {params_entry!r} parameters')
@@ -142,21 +153,20 @@ def _read(
   fields = fmt.fields(path)
   if tower is not None:  # the image tower's own, not the image-text model's (text, pp)
     fields = dict(fields.get('image') or {})
-  return restored, description, fields, tuple(fmt.unlike(path))
+  unlike = tuple(fmt.unlike(path))
+  for line in unlike:
+    logging.warning('%s%s: %s', source, f':{tower}' if tower else '', line)
+  heads_inferred = heads is not None and not fmt.states_heads(path)
+  return _File(restored, description, fields, unlike, heads_inferred)
 
 
-def _found(
-  restored: dict,
-  description: str,
-  fields: dict[str, Any],
-  unlike: tuple[str, ...] = (),
-  heads_inferred: bool = False,
-) -> Found:
-  """What a tree holds, read off its shapes by its family, and the file's stated `fields`
-  (a training run's: an image-text model's text heads, preprocessing and tokenizer)."""
-  flat = tree.flatten(restored)
-  config = families.infer_config(restored)
-  config.update(fields)
+def _found(file: _File) -> Found:
+  """What a file's tree holds, read off its shapes by its family, and the file's stated
+  `fields` (a training run's: an image-text model's text heads, preprocessing and
+  tokenizer)."""
+  flat = tree.flatten(file.restored)
+  config = families.infer_config(file.restored)
+  config.update(file.fields)
   family = families.of_config(config)
   return Found(
     config=config,
@@ -164,9 +174,9 @@ def _found(
     resolution=family.native_resolution(flat, config),
     arrays=len(flat),
     parameters=tree.count_params(flat),
-    description=description,
-    unlike=unlike,
-    heads_inferred=heads_inferred,
+    description=file.description,
+    unlike=file.unlike,
+    heads_inferred=file.heads_inferred,
   )
 
 
@@ -313,24 +323,20 @@ def fit(
     )
   transformer = None if config is None or image_text else config.get('transformer')
   heads = transformer.num_heads if transformer else None
-  restored, description, fields, unlike = _read(path, tower, heads, params_entry)
-  for line in unlike:
-    logging.warning('%s: %s', source, line)
-  guessed = heads is not None and not formats.detect_format(path).states_heads(files.path(path))
+  file = _read(path, tower, heads, params_entry)
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
-  holds = families.of_tree(restored)
+  holds = families.of_tree(file.restored)
   if holds is not None and holds.image_text:
     if (config is None or image_text) and tower is None:
-      found = _found(restored, description, fields, unlike)
-      return _fit_two_towers(restored, found, fields, config, name, request)
-    restored, description = two_towers.image_tower(restored, description)
-    fields = dict(fields.get('image') or {})  # the image tower's own
+      return _fit_two_towers(file, _found(file), config, name, request)
+    restored, description = two_towers.image_tower(file.restored, file.description)
+    fields = dict(file.fields.get('image') or {})  # the image tower's own
+    file = dataclasses.replace(file, restored=restored, description=description, fields=fields)
   elif image_text:
     raise CheckpointError(
       f'{source} holds no image-text model, which the model {name or "given"} needs'
     )
-  found = _found(restored, description, fields, unlike, guessed)
-  return _fit_vit(restored, found, fields, config, name, request)
+  return _fit_vit(file, _found(file), config, name, request)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,9 +353,8 @@ class _Request:
 
 
 def _fit_vit(
-  restored: dict,
+  file: _File,
   found: Found,
-  fields: dict[str, Any],
   config: ml_collections.ConfigDict | None,
   name: str | None,
   request: _Request,
@@ -357,7 +362,7 @@ def _fit_vit(
   """A ViT or Mixer tree fitted to the model asked for (`fit`)."""
   source, surgery = request.source, request.surgery
   resize = surgery.get('resize_patch_embedding', False)
-  config, name = _fitted_config(request.model, config, name, found, fields, resize, source)
+  config, name = _fitted_config(request.model, config, name, found, file.fields, resize, source)
   resolution = image_size = request.resolution
   init_params, num_classes = request.init_params, request.num_classes
   if init_params is None:
@@ -372,7 +377,7 @@ def _fit_vit(
   if keep_head is None:
     keep_head = bool(found.config.num_classes) and config.num_classes == found.config.num_classes
   params, report = merge_pretrained(
-    restored,
+    file.restored,
     init_params,
     config,
     keep_head,
@@ -385,9 +390,8 @@ def _fit_vit(
 
 
 def _fit_two_towers(
-  restored: dict,
+  file: _File,
   found: Found,
-  fields: dict[str, Any],
   config: Any,
   name: str | None,
   request: _Request,
@@ -409,7 +413,7 @@ def _fit_two_towers(
     )
   else:
     two_towers_family.adopt_file_preprocessing(config, found_config)
-    towers = {k: v for k, v in fields.items() if k in ('image', 'text')}
+    towers = {k: v for k, v in file.fields.items() if k in ('image', 'text')}
     _take_stated(request.model, config, towers, source)
   init, resolution = request.init_params, request.resolution
   if init is not None and not families.takes_patch_sequences(
@@ -417,7 +421,7 @@ def _fit_two_towers(
   ):  # the tree is the model: its grid
     resolution = resolution or tree.native_resolution(init['img'], config.image)
   resolution = _resolution(resolution, config.image, found.resolution, source)
-  params, report = two_towers.fit_params(restored, config, resolution, source, init)
+  params, report = two_towers.fit_params(file.restored, config, resolution, source, init)
   return Fitted(params, config, name, resolution, found, report)
 
 
