@@ -87,7 +87,7 @@ def beside(
   start = path if path.is_dir() else path.parent
   candidates = [start / 'config.json', *[d / 'config.json' for d in list(start.parents)[:3]]]
   if str(path).endswith('.npz'):
-    candidates.insert(0, files.path(npz.stem(path) + npz.SIDECAR_SUFFIX))
+    candidates.insert(0, files.path(npz.sidecar_path(path)))
   for config in candidates:
     if config.is_file():
       names = _names_from_config_json(config, num_classes)

@@ -82,17 +82,19 @@ _GROUPNORM_RE = re.compile(r'gn(\d+|_root|_proj)$')
 _BLOCK_RE = re.compile(r'encoderblock_\d+$')
 
 
-SIDECAR_SUFFIX = '.json'
-
-
 def stem(path: Any) -> str:
   """FILE of FILE.npz: the name its sidecar and vocabulary take a suffix to."""
   return str(path).removesuffix('.npz')
 
 
+def sidecar_path(path: Any) -> str:
+  """FILE.json of FILE.npz."""
+  return stem(path) + '.json'
+
+
 def read_sidecar(path: Any) -> dict[str, Any]:
   """FILE.json beside FILE.npz, or {} (another path, no such file)."""
-  side = files.path(stem(path) + SIDECAR_SUFFIX)
+  side = files.path(sidecar_path(path))
   if not str(path).endswith('.npz') or not side.is_file():
     return {}
   try:
@@ -122,8 +124,9 @@ def write_sidecar(
     side['zeroshot'] = dict(zeroshot)
   if side == {'model': {}}:
     return []
-  files.atomic_write_text(stem(path) + SIDECAR_SUFFIX, json.dumps(side, indent=1) + '\n')
-  return [stem(path) + SIDECAR_SUFFIX]
+  written = sidecar_path(path)
+  files.atomic_write_text(written, json.dumps(side, indent=1) + '\n')
+  return [written]
 
 
 def detect(path: Path) -> bool:
