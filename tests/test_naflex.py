@@ -134,6 +134,17 @@ def _ours(model, params, x):
   return np.asarray(apply({'params': params}, x['patches'], x['ptype'], x['yidx'], x['xidx']))
 
 
+def _theirs(x):
+  """The batch `x` (of `GRIDS`) as transformers' Siglip2 models take it."""
+  import torch
+
+  return {
+    'pixel_values': torch.tensor(x['patches']).double(),
+    'pixel_attention_mask': torch.tensor(x['ptype']),
+    'spatial_shapes': torch.tensor(GRIDS),
+  }
+
+
 def test_naflex_tower_equals_transformers_siglip2_on_three_aspect_ratios(siglip2_vision):
   """Three images (2 x 6, 4 x 3 and 3 x 3 patches) batched in 12 slots: the pooled features
   equal transformers' Siglip2VisionModel (its own position-embedding resize) to 1e-5, and
@@ -144,11 +155,7 @@ def test_naflex_tower_equals_transformers_siglip2_on_three_aspect_ratios(siglip2
   x = _inputs(GRIDS, SLOTS)
   ours = _ours(model, params, x)
   with torch.no_grad():
-    want = hf(
-      pixel_values=torch.tensor(x['patches']).double(),
-      pixel_attention_mask=torch.tensor(x['ptype']),
-      spatial_shapes=torch.tensor(GRIDS),
-    ).pooler_output.numpy()
+    want = hf(**_theirs(x)).pooler_output.numpy()
   np.testing.assert_allclose(ours, want, atol=1e-5, rtol=0)
   alone = {k: v[:1, :12] for k, v in x.items()}  # 2 x 6: no padding
   np.testing.assert_allclose(_ours(model, params, alone)[0], ours[0], atol=1e-5, rtol=0)
@@ -265,9 +272,7 @@ def test_naflex_siglip2_file_equals_transformers_siglip2_model(tmp_path):
   with torch.no_grad():
     want = hf(
       input_ids=torch.tensor(tokens).long(),
-      pixel_values=torch.tensor(x['patches']).double(),
-      pixel_attention_mask=torch.tensor(x['ptype']),
-      spatial_shapes=torch.tensor(GRIDS),
+      **_theirs(x),
     )
   np.testing.assert_allclose(zimg, want.image_embeds.numpy(), atol=1e-5, rtol=0)
   np.testing.assert_allclose(ztxt, want.text_embeds.numpy(), atol=1e-5, rtol=0)
@@ -417,11 +422,7 @@ def test_a_bare_naflex_tower_file_fits_as_a_naflex_classifier(siglip2_vision, tm
   model = fitted.model()
   features = jax.jit(family.image_features(model))(fitted.params, _packed(x))
   with torch.no_grad():
-    want = hf(
-      pixel_values=torch.tensor(x['patches']).double(),
-      pixel_attention_mask=torch.tensor(x['ptype']),
-      spatial_shapes=torch.tensor(GRIDS),
-    ).pooler_output.numpy()
+    want = hf(**_theirs(x)).pooler_output.numpy()
   np.testing.assert_allclose(features, want, atol=1e-5, rtol=0)
   logits = jax.jit(model.apply)({'params': fitted.params}, _packed(x))
   np.testing.assert_allclose(logits, want @ head['kernel'] + head['bias'], atol=1e-5, rtol=0)
