@@ -80,6 +80,18 @@ def _deit() -> ml_collections.ConfigDict:
   )
 
 
+def encoder() -> dict:
+  """The default job's encoder: 4 blocks of width 64 (MLP 128, 4 heads), no dropout."""
+  return {
+    'num_layers': 4,
+    'mlp_dim': 128,
+    'num_heads': 4,
+    'dropout_rate': 0.0,
+    'attention_dropout_rate': 0.0,
+    'drop_path_rate': 0.0,
+  }
+
+
 def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
   """The digits config; `model` is 'vit' (the default job), 'mixer', 'regularised' or 'deit'."""
   if model not in ('vit', 'mixer', 'regularised', 'deit'):
@@ -92,14 +104,7 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
       {
         'patches': {'size': (2, 2)},
         'hidden_size': 64,
-        'transformer': {
-          'num_layers': 4,
-          'mlp_dim': 128,
-          'num_heads': 4,
-          'dropout_rate': 0.0,
-          'attention_dropout_rate': 0.0,
-          'drop_path_rate': 0.0,
-        },
+        'transformer': encoder(),
         'classifier': 'gap',
         'representation_size': None,
         'resnet': None,

@@ -31,14 +31,7 @@ def naflex_model() -> ml_collections.ConfigDict:
     {
       'patch_size': 2,
       'hidden_size': 64,
-      'transformer': {
-        'num_layers': 4,
-        'mlp_dim': 128,
-        'num_heads': 4,
-        'dropout_rate': 0.0,
-        'attention_dropout_rate': 0.0,
-        'drop_path_rate': 0.0,
-      },
+      'transformer': digits.encoder(),  # the default job's
       'classifier': 'map',
       'posemb_grid': 4,
       'posemb_canvas': 16,  # at most 16 patches a side: any aspect ratio of 16 patches
