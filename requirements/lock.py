@@ -1,0 +1,89 @@
+"""Writes one end's lock files: every package pinned exactly, as pip resolves them together.
+
+  python3 requirements/lock.py oldest       # Python 3.11: today's pins (oldest.in)
+  python3.13 requirements/lock.py newest    # Python 3.12 and 3.13: the newest that install together
+
+Inputs: pyproject.toml's dependencies with all their extras (the ranges users get), narrowed by
+END.in (the end's own pins); test.in (the test oracles and tools); onnx.in (ONNX export's
+environment). Outputs, beside this file:
+  END.txt        the runtime (make run)
+  END-test.txt   what the tests add (make test), on top of END.txt
+  END-onnx.txt   ONNX export's environment (make onnx-env), a set of its own
+Each is pip's own resolution (`pip install --dry-run --report`) in a throwaway venv of the
+interpreter that runs this script, so a lock holds for that Python's minor version.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import tomllib
+import venv
+
+HERE = pathlib.Path(__file__).resolve().parent
+ENDS = {'oldest': ((3, 11),), 'newest': ((3, 12), (3, 13))}
+# jax2onnx declares an orbax-checkpoint older than the runtime's: its environment takes the
+# end's pins but not that one.
+ONNX_UNPINNED = ('orbax-checkpoint',)
+
+
+def project_requirements() -> list[str]:
+  project = tomllib.loads((HERE.parent / 'pyproject.toml').read_text())['project']
+  extras = project.get('optional-dependencies', {}).values()
+  own = project['name']  # `all` names the other extras through the project itself
+  return [*project['dependencies'], *(r for e in extras for r in e if not r.startswith(own))]
+
+
+def resolve(python: pathlib.Path, args: list[str]) -> dict[str, str]:
+  """{name: version} of everything pip would install into an empty environment."""
+  with tempfile.TemporaryDirectory() as tmp:
+    report = pathlib.Path(tmp) / 'report.json'
+    subprocess.run(
+      [python, '-m', 'pip', 'install', '--quiet', '--dry-run', '--ignore-installed',
+       '--report', report, *args],
+      check=True,
+    )  # fmt: skip
+    installs = json.loads(report.read_text())['install']
+  return {i['metadata']['name'].lower(): i['metadata']['version'] for i in installs}
+
+
+def pins(packages: dict[str, str]) -> str:
+  return ''.join(f'{name}=={version}\n' for name, version in sorted(packages.items()))
+
+
+def write(path: pathlib.Path, header: str, body: str):
+  path.write_text(f'# {header}\n# Written by requirements/lock.py: edit the .in files, then rerun it.\n{body}')
+  print('wrote', path.relative_to(HERE.parent))
+
+
+def main(end: str):
+  python_minor = sys.version_info[:2]
+  if python_minor not in ENDS[end]:
+    sys.exit(f'the {end} end is for Python {ENDS[end]}, not {python_minor}: run it with that Python')
+  with tempfile.TemporaryDirectory() as tmp:
+    venv.create(tmp, with_pip=True)
+    python = pathlib.Path(tmp) / 'bin' / 'python'
+    runtime = resolve(python, [*project_requirements(), '-c', HERE / f'{end}.in'])
+    constraints = pathlib.Path(tmp) / 'runtime.txt'
+    constraints.write_text(pins(runtime))
+    test = resolve(python, ['-r', HERE / 'test.in', '-c', constraints])
+    onnx_constraints = pathlib.Path(tmp) / 'onnx-constraints.txt'
+    onnx_constraints.write_text(pins({k: v for k, v in runtime.items() if k not in ONNX_UNPINNED}))
+    onnx = resolve(python, ['-r', HERE / 'onnx.in', '-c', onnx_constraints])
+  python_names = ', '.join('.'.join(map(str, v)) for v in ENDS[end])
+  write(HERE / f'{end}.txt', f'The {end} end, Python {python_names}: the runtime.', pins(runtime))
+  added = {k: v for k, v in test.items() if runtime.get(k) != v}
+  write(
+    HERE / f'{end}-test.txt',
+    f'The {end} end, Python {python_names}: what the tests add.',
+    f'-r {end}.txt\n' + pins(added),
+  )
+  write(HERE / f'{end}-onnx.txt', f'The {end} end, Python {python_names}: ONNX export.', pins(onnx))
+
+
+if __name__ == '__main__':
+  if len(sys.argv) != 2 or sys.argv[1] not in ENDS:
+    print(f'usage: python requirements/lock.py {{{",".join(ENDS)}}}', file=sys.stderr)
+    sys.exit(2)
+  main(sys.argv[1])
