@@ -22,11 +22,14 @@
 # Environment: PYTHON (default python3), PEAK_TFLOPS (default 989, the H200's bf16 dense peak;
 # H100 SXM: 989, A100: 312), BATCH (ViT-B/16 training batch, default 512), ROUNDS, STEPS,
 # PHASE_TIMEOUT (seconds per phase, default 100; 0: no limit), TOTAL_BUDGET (default 420),
-# WHEELS (a directory of wheels to `pip install --no-deps` first, for a machine without
-# network or without some packages: e.g. `pip download --no-deps ml-collections absl-py -d
-# wheels`, then WHEELS=wheels; *.whl files are git-ignored).
-# Needs jax with CUDA (pip install "jax[cuda13]"), flax, optax, ml-collections and absl-py; no
-# TensorFlow (no input-pipeline run here).
+# WHEELS (a directory of wheels for what the image lacks: ml-collections, and vit_jax's own
+# wheel if the image cannot build it; *.whl files are git-ignored).
+# The project is installed first as a wheel into a venv that sees the image's packages:
+# pip resolves its ranges against the image's own jax, jaxlib and
+# flax, which it must not change (the script stops if it would), and adds only the missing
+# packages, from WHEELS alone (no index). The phases then run the installed copy. Needs jax
+# with CUDA (pip install "jax[cuda13]") in the image; no TensorFlow (the core install, no
+# input pipeline run here).
 set -uo pipefail
 
 OUT="${1:-gpu_benchmark}"
@@ -41,16 +44,38 @@ export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 mkdir -p "$OUT"
 
-if [[ -n "${WHEELS:-}" ]]; then
-  shopt -s nullglob
-  wheels=("$WHEELS"/*.whl)
-  shopt -u nullglob
-  if ((${#wheels[@]})); then
-    "$PY" -m pip install --quiet --no-deps "${wheels[@]}" 2>&1 | tee "$OUT/wheels.txt"
-  else
-    echo "WHEELS=$WHEELS holds no *.whl file" | tee "$OUT/wheels.txt"
+OUT="$(realpath -m "$OUT")"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+install_project() {  # the core wheel into $work/venv, on the image's own jax and flax
+  local pip=("$work/venv/bin/python" -m pip) wheel before after
+  # A venv of its own that sees the image's packages after its own (a .pth file: the image's
+  # python3 is itself a venv, which --system-site-packages would skip).
+  "$PY" -m venv "$work/venv" || return 1
+  "$PY" -c 'import site; print("\n".join(site.getsitepackages()))' \
+    > "$("${pip[0]}" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/image.pth"
+  wheel="$(find "${WHEELS:-/nonexistent}" -maxdepth 1 -name 'vit_jax-*.whl' 2>/dev/null | head -n 1)"
+  if [[ -z "$wheel" ]]; then  # built here with the image's setuptools (no index to fetch one)
+    "${pip[@]}" wheel -q --no-deps --no-build-isolation -w "$work/dist" . || return 1
+    wheel="$(find "$work/dist" -name 'vit_jax-*.whl')"
   fi
+  before="$("${pip[@]}" freeze --all | grep -iE '^(jax|jaxlib|flax)==')"
+  "${pip[@]}" install -q --no-index ${WHEELS:+--find-links "$WHEELS"} "$wheel" || return 1
+  after="$("${pip[@]}" freeze --all | grep -iE '^(jax|jaxlib|flax)==')"
+  if [[ "$before" != "$after" ]]; then
+    echo "installing vit_jax changed the image's jax or flax: $before -> $after" >&2
+    return 1
+  fi
+  echo "installed $(basename "$wheel") on the image's ${before//$'\n'/, }"
+}
+if ! install_project 2>&1 | tee "$OUT/install.txt"; then
+  echo "vit_jax does not install on this image (above, $OUT/install.txt): carry the missing" \
+    "wheels in WHEELS=dir (pip download --no-deps NAME==VERSION -d dir)"
+  exit 1
 fi
+PY="$work/venv/bin/python"
+cd "$work" || exit 1  # the phases import the installed copy, not the checkout
 
 "$PY" - <<'PYEOF' 2>&1 | tee "$OUT/env.txt" || exit 1
 import importlib.metadata
