@@ -335,11 +335,12 @@ def test_model_flops_count_attention_explicitly_or_analytically(monkeypatch):
 
 
 def test_the_benchmark_imports_no_tensorflow():
-  """It runs on accelerator machines that have JAX but no TensorFlow, tfds or clu."""
+  """It runs on accelerator machines that have JAX but no TensorFlow, tfds or clu: on the core
+  install, without the extras' packages (pyproject.toml)."""
   code = (
     'import sys, vit_jax.benchmark; '
     "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'clu', "
-    "'tensorflow_datasets', 'orbax'}))"
+    "'tensorflow_datasets', 'orbax', 'sentencepiece', 'sklearn', 'matplotlib', 'gcsfs'}))"
   )
   root = Path(__file__).resolve().parents[1]
   done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=root)

@@ -41,7 +41,6 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-import sentencepiece
 
 from vit_jax import files
 
@@ -49,6 +48,18 @@ if TYPE_CHECKING:
   import tensorflow as tf
 
 TOKENIZERS = ('bert', 'sentencepiece', 'gemma')
+
+
+def sentencepiece_module():
+  """sentencepiece, imported on first use: the core install leaves it to the extra [text]."""
+  try:
+    import sentencepiece
+  except ImportError:
+    raise ImportError(
+      "sentencepiece is missing: the image-text tokenizers need it: pip install 'vit_jax[text]'"
+    ) from None
+  return sentencepiece
+
 # Gemma's special ids (its tokenizer.model): pad, eos, bos, unk.
 GEMMA_IDS = {'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}
 EOS = ('sticky', 'yes', 'none')  # big_vision's `tokenize(eos=...)`
@@ -286,7 +297,7 @@ class SentencepieceTokenizer(Tokenizer):
       raise ValueError(f'eos={eos!r}: choose one of {", ".join(EOS)}')
     model = _read(vocab_path)
     try:  # (sentencepiece takes empty bytes for no model at all)
-      processor = sentencepiece.SentencePieceProcessor(model_proto=model) if model else None
+      processor = sentencepiece_module().SentencePieceProcessor(model_proto=model) if model else None
     except RuntimeError:
       processor = None
     if processor is None:
