@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by launch/tpu_pod.sh and launch/slurm_gpu.sh, which source it from the repository
-# root: the help text, the pinned jax version, and dry-runnable commands.
+# root (tpu_pod.sh's workers too): the help text, the lock that fits an interpreter and its jax
+# version, and dry-runnable commands.
 
 usage() {  # the calling script's header comment, without its #SBATCH lines
   awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "$0"
@@ -21,11 +22,24 @@ dry_run_flag() {  # -h/--help: prints the usage, exits; --dry-run: sets DRY_RUN=
   return 1
 }
 
-pinned_jax_version() {  # the jax==X.Y.Z pin of requirements.txt
+lock_end() {  # the end whose lock fits interpreter $1: oldest (3.11), newest (3.12, 3.13)
+  local version  # $2: the variable that names the interpreter, for the error
+  version="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || version=''
+  case "$version" in
+    3.11) printf oldest ;;
+    3.12 | 3.13) printf newest ;;
+    *)
+      echo "error: $1 is ${version:+Python }${version:-not found}: the project runs on 3.11, 3.12 or 3.13; name one with $2=" >&2
+      exit 2
+      ;;
+  esac
+}
+
+pinned_jax_version() {  # the jax==X.Y.Z pin of requirements/$1.txt, end $1's lock
   local version
-  version="$(sed -n 's/^jax==//p' requirements.txt)"
+  version="$(sed -n 's/^jax==//p' "requirements/$1.txt" 2>/dev/null)"
   if [[ -z "$version" ]]; then
-    echo "error: requirements.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
+    echo "error: requirements/$1.txt pins no jax version (expected a line jax==X.Y.Z)" >&2
     exit 2
   fi
   printf '%s' "$version"

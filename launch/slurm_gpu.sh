@@ -9,9 +9,10 @@
 #   DRY_RUN=1 bash launch/slurm_gpu.sh --config=configs/digits.py --workdir=runs/d   # print only
 # The workdir must be on a file system every node sees (each process writes its share of
 # every checkpoint there). The venv (VENV, default .venv) is created on first use with the
-# pinned requirements and the CUDA jax extra; the repository must be on a shared file system.
+# lock of PYTHON's end (requirements/oldest.txt for Python 3.11, newest.txt for 3.12 and 3.13)
+# and the CUDA jax extra at its jax; the repository must be on a shared file system.
 # Environment:
-#   PYTHON      interpreter that creates the venv (default python3)
+#   PYTHON      interpreter that creates the venv: 3.11, 3.12 or 3.13 (default python3)
 #   VENV        the venv folder (default .venv)
 #   CUDA_EXTRA  jax extra for the GPUs' CUDA (default cuda13; cuda12 for older drivers)
 #   DRY_RUN=1   print the commands instead of running them (same as --dry-run)
@@ -29,8 +30,8 @@ set -euo pipefail
 if [[ -n "${SLURM_SUBMIT_DIR:-}" ]]; then
   cd "$SLURM_SUBMIT_DIR"
 fi
-if [[ ! -f launch/lib.sh || ! -f requirements.txt ]]; then
-  echo "error: submit from the repository root (launch/lib.sh and requirements.txt not found)" >&2
+if [[ ! -f launch/lib.sh || ! -d requirements ]]; then
+  echo "error: submit from the repository root (launch/lib.sh and requirements/ not found)" >&2
   exit 2
 fi
 # shellcheck source=launch/lib.sh
@@ -48,12 +49,13 @@ fi
 PY="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 CUDA_EXTRA="${CUDA_EXTRA:-cuda13}"
-JAX_VERSION="$(pinned_jax_version)"
+END="$(lock_end "$PY" PYTHON)"
+JAX_VERSION="$(pinned_jax_version "$END")"
 
-# 1. The venv with the pinned requirements and CUDA jax, once, on the shared file system.
+# 1. The venv with the end's lock and CUDA jax, once, on the shared file system.
 if [[ ! -x "$VENV/bin/python" || "$DRY_RUN" == 1 ]]; then
   run "$PY" -m venv "$VENV"
-  run "$VENV/bin/pip" install -q -r requirements.txt "jax[$CUDA_EXTRA]==$JAX_VERSION"
+  run "$VENV/bin/pip" install -q -r "requirements/$END.txt" "jax[$CUDA_EXTRA]==$JAX_VERSION"
 fi
 
 # 2. One process per GPU on every node. No --gpus-per-task: every task sees the node's GPUs

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Trains on a Cloud TPU VM (one host or a pod slice) with gcloud: creates the TPU VM or
 # reuses it, puts this code on every worker (a copy of the working tree, or a git clone),
-# installs the pinned requirements with the TPU jax extra on every worker, then runs
+# installs on every worker the lock of its Python's end (requirements/oldest.txt for Python
+# 3.11, newest.txt for 3.12 and 3.13) with the TPU jax extra at its jax, then runs
 # `python -m vit_jax.main` on all workers at once (--worker=all). jax.distributed starts by
 # itself on a TPU VM: no coordinator flags are needed.
 #
@@ -20,12 +21,14 @@
 #   REPO_URL             clone this git URL on the workers (REPO_REF: branch or tag, default main)
 #                        instead of copying the local working tree
 #   CODE_DIR             folder on the workers (default vit_jax)
+#   WORKER_PYTHON        the workers' interpreter that creates the venv: 3.11, 3.12 or 3.13
+#                        (default python3)
 #   SKIP_SETUP=1         skip copying and installing (rerun a job on prepared workers)
 #   DRY_RUN=1            print the gcloud commands instead of running them (same as --dry-run)
 set -euo pipefail
 
-if [[ ! -f launch/lib.sh || ! -f requirements.txt ]]; then
-  echo "error: run from the repository root (launch/lib.sh and requirements.txt not found)" >&2
+if [[ ! -f launch/lib.sh || ! -d requirements ]]; then
+  echo "error: run from the repository root (launch/lib.sh and requirements/ not found)" >&2
   exit 2
 fi
 # shellcheck source=launch/lib.sh
@@ -43,7 +46,6 @@ fi
 ACCELERATOR_TYPE="${ACCELERATOR_TYPE:-v4-8}"
 RUNTIME_VERSION="${RUNTIME_VERSION:-tpu-ubuntu2204-base}"
 CODE_DIR="${CODE_DIR:-vit_jax}"
-JAX_VERSION="$(pinned_jax_version)"
 
 tpu=(gcloud compute tpus tpu-vm)
 location=("--zone=$ZONE")
@@ -86,12 +88,14 @@ if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
       trap 'rm -rf "$tmp"' EXIT
     fi
     archive="$tmp/vit_jax_code.tar.gz"
-    run tar --exclude=.venv --exclude=.git --exclude=runs --exclude=__pycache__ -czf "$archive" .
+    run tar '--exclude=.venv*' --exclude=.git --exclude=runs --exclude=__pycache__ -czf "$archive" .
     run "${tpu[@]}" scp "$archive" "$TPU_NAME:vit_jax_code.tar.gz" "${location[@]}" --worker=all
     on_all_workers "mkdir -p $q_dir && tar -xzf vit_jax_code.tar.gz -C $q_dir && rm vit_jax_code.tar.gz"
   fi
-  # 3. The pinned requirements with the TPU jax extra (libtpu), in a venv on every worker.
-  on_all_workers "cd $q_dir && python3 -m venv .venv && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -r requirements.txt 'jax[tpu]==$JAX_VERSION'"
+  # 3. A venv on every worker: the lock of the end of the workers' Python, known only there (so
+  # launch/lib.sh picks it there), with the TPU jax extra (libtpu) at the lock's jax.
+  q_py="$(quoted "${WORKER_PYTHON:-python3}")"
+  on_all_workers "cd $q_dir && . launch/lib.sh && end=\"\$(lock_end $q_py WORKER_PYTHON)\" && $q_py -m venv .venv && .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -r \"requirements/\$end.txt\" \"jax[tpu]==\$(pinned_jax_version \"\$end\")\""
 fi
 
 # 4. The job, on all workers at once; jax.distributed finds the pod through the metadata server.

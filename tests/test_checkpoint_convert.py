@@ -53,7 +53,7 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
   assert wrote.startswith(f'wrote {tmp_path / "hf"}: hf (ViTForImageClassification')
   assert 'gelu_pytorch_tanh' in wrote
 
-  import torch  # the oracle is a test requirement (requirements-test.txt)
+  import torch  # the oracle is a test requirement (requirements/test.in)
   import transformers
 
   hf = transformers.ViTForImageClassification.from_pretrained(tmp_path / 'hf').eval()
@@ -75,7 +75,7 @@ def test_npz_to_hf_to_npz(tmp_path, capsys, testing_npz):
 def test_hf_to_npz_to_hf_keeps_the_gelu_the_epsilon_and_the_class_names(tmp_path, capsys, caplog):
   """What the .npz's shapes cannot hold goes in FILE.json beside it, which fit and the way
   back read (at 21178fb: gelu_pytorch_tanh, 1e-6 and LABEL_0.. came back)."""
-  import transformers  # the oracle is a test requirement (requirements-test.txt)
+  import transformers  # the oracle is a test requirement (requirements/test.in)
 
   names = [f'digit{i}' for i in range(3)]
   config = transformers.ViTConfig(

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 import safetensors.torch as safetensors_torch
-import torch  # the oracles are test requirements (requirements-test.txt): missing, they fail
+import torch  # the oracles are test requirements (requirements/test.in): missing, they fail
 import transformers
 from conftest import SMALL
 from safetensors.numpy import load_file

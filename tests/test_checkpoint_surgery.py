@@ -38,7 +38,7 @@ def test_posemb_resize_is_scipy_zoom_from_224_to_384_and_back():
 
 def test_posemb_resize_is_bilinear_with_aligned_corners():
   """An independent implementation: torch's bilinear interpolation with align_corners=True."""
-  import torch  # a test requirement (requirements-test.txt)
+  import torch  # a test requirement (requirements/test.in)
 
   posemb = np.random.default_rng(1).standard_normal((1, 197, 8)).astype(np.float32)
   grid = torch.from_numpy(posemb[0, 1:].reshape(14, 14, 8).transpose(2, 0, 1)[None].copy())

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 import safetensors.torch as safetensors_torch
-import timm  # an oracle pinned in requirements-test.txt: missing, these tests fail
+import timm  # an oracle pinned in requirements/test.in: missing, these tests fail
 import torch
 from conftest import SMALL
 

@@ -17,7 +17,7 @@
 - A code block after `<!-- shows: error -->` shows a command failing on purpose: its config must
   fail to load or to resolve.
 - Every `python -m vit_jax.X` names an entry point and flags that it defines, and every
-  `jax[EXTRA]==VERSION` the jax that requirements.txt pins.
+  `jax[EXTRA]==VERSION` the jax that one end's lock pins (requirements/oldest.txt or newest.txt).
 - docs/layout.md names every module of the package: each `*.py` file under vit_jax/, every
   `__init__.py` and `python -m` shim included (no file is exempt), is written there in a code
   span as its path under vit_jax/ (`checkpoint/npz.py`, `__init__.py`); and every module path it
@@ -422,16 +422,25 @@ def first_screen_problems(root: Path) -> list[str]:
 # --- Versions ---------------------------------------------------------------------------------
 
 
+def pinned_jax(root: Path) -> dict[str, str]:
+  """{lock: its jax} of each end's runtime lock (requirements/END.txt)."""
+  locks = sorted(p for p in (root / 'requirements').glob('*.txt') if '-' not in p.stem)
+  return {
+    p.relative_to(root).as_posix(): re.search(r'(?m)^jax==(\S+)$', p.read_text())[1] for p in locks
+  }
+
+
 def pin_problems(root: Path) -> list[str]:
-  """Every `jax[EXTRA]==VERSION` of a command is the jax that requirements.txt pins."""
-  pins = dict(re.findall(r'(?m)^([\w-]+)==(\S+)', (root / 'requirements.txt').read_text()))
+  """Every `jax[EXTRA]==VERSION` of a command is the jax that one end's lock pins."""
+  pinned = pinned_jax(root)
+  said = ', '.join(f'{lock} {version}' for lock, version in pinned.items())
   problems = []
   for page in pages(root):
     for block in page.blocks:
       for n, line in enumerate(block.lines, block.line + 1):
         for version in re.findall(r'jax\[\w+\]==([\w.]+)', line):
-          if version != pins['jax']:
-            problems.append(f'{page.path}:{n}: jax {version}; requirements.txt pins {pins["jax"]}')
+          if version not in pinned.values():
+            problems.append(f'{page.path}:{n}: jax {version}; the locks pin: {said}')
   return problems
 
 
@@ -478,7 +487,9 @@ def flag_problems(root: Path, entry_flags: Mapping[str, set[str]]) -> list[str]:
 # A file of the repository or a dotted name of the package, written in a page, exists: a module
 # that moves or a function renamed fails here instead of misleading a reader.
 
-_FILE = re.compile(r'(?<![\w/.-])((?:vit_jax|configs|tests|launch|notebooks|docs)/[\w/.-]*\w)')
+# The repository's folders a page names files of (`launch/tpu_pod.sh`, `requirements/lock.py`).
+ROOT_DIRS = ('vit_jax', 'configs', 'tests', 'launch', 'notebooks', 'docs', 'requirements')
+_FILE = re.compile(rf'(?<![\w/.-])((?:{"|".join(ROOT_DIRS)})/[\w/.-]*\w)')
 _DOTTED = re.compile(r'(?<![\w.])(vit_jax(?:\.\w+)+)')
 _FROM_IMPORT = re.compile(r'^\s*from (vit_jax[\w.]*) import ([\w, ]+)$', re.M)
 
@@ -531,7 +542,6 @@ def name_problems(root: Path) -> list[str]:
 # --- The layout page: every module, every console script ------------------------------------
 
 LAYOUT = 'docs/layout.md'
-ROOT_DIRS = ('vit_jax', 'configs', 'tests', 'launch', 'notebooks', 'docs')  # read from the root
 _MODULE_PATH = re.compile(r'((?:[\w-]+/)*[\w-]+\.py)(?::[\w.]+)?')
 
 
@@ -678,7 +688,7 @@ def copy(tmp_path: Path) -> Path:
     'notebooks',
     'tests',
     'Makefile',
-    'requirements.txt',
+    'requirements',
     'pyproject.toml',
   ):
     (tmp_path / name).symlink_to(ROOT / name)
@@ -764,10 +774,18 @@ def test_an_unmarked_download_or_a_marked_first_screen_is_reported(copy):
 
 
 def test_a_stale_jax_version_is_reported(copy):
-  n = _append(copy / 'docs' / 'training.md', '```bash\npip install "jax[cuda13]==0.4.1"\n```')
-  pinned = dict(re.findall(r'(?m)^([\w-]+)==(\S+)', (ROOT / 'requirements.txt').read_text()))
+  oldest, newest = (
+    re.search(r'(?m)^jax==(\S+)$', (ROOT / 'requirements' / f'{end}.txt').read_text())[1]
+    for end in ('oldest', 'newest')
+  )
+  n = _append(
+    copy / 'docs' / 'training.md',
+    f'```bash\npip install "jax[cuda13]==0.4.1"\npip install "jax[tpu]=={oldest}"\n'
+    f'pip install "jax[cuda12]=={newest}"\n```',
+  )
   assert pin_problems(copy) == [
-    f'docs/training.md:{n + 1}: jax 0.4.1; requirements.txt pins {pinned["jax"]}'
+    f'docs/training.md:{n + 1}: jax 0.4.1; the locks pin: requirements/newest.txt {newest},'
+    f' requirements/oldest.txt {oldest}'
   ]
 
 

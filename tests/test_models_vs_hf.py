@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch  # the oracle is a test requirement (requirements-test.txt): missing, it fails
+import torch  # the oracle is a test requirement (requirements/test.in): missing, it fails
 import transformers
 
 from vit_jax.models import get_model

@@ -7,10 +7,12 @@ killed with SIGKILL ends the other within the bound; the launch scripts are clea
 their dry runs print the commands.
 """
 
+import importlib.util
 import json
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -342,7 +344,7 @@ def test_cluster_scripts_refuse_to_run_outside_the_repository_root(script, tmp_p
     text=True,
   )
   assert run.returncode == 2
-  assert run.stderr.strip().endswith('(launch/lib.sh and requirements.txt not found)')
+  assert run.stderr.strip().endswith('(launch/lib.sh and requirements/ not found)')
 
 
 def _dry_run(script: str, *args: str, **env: str) -> list[str]:
@@ -358,9 +360,40 @@ def _dry_run(script: str, *args: str, **env: str) -> list[str]:
   return run.stdout.splitlines()
 
 
-def _pinned_jax() -> str:
-  with open(os.path.join(REPO, 'requirements.txt')) as f:
+def _pinned_jax(end: str) -> str:
+  with open(os.path.join(REPO, 'requirements', f'{end}.txt')) as f:
     return re.search(r'^jax==(\S+)$', f.read(), re.M)[1]
+
+
+def _ends() -> list[tuple[str, str]]:
+  """(Python version, end): the versions requirements/lock.py writes each end's locks for."""
+  path = os.path.join(REPO, 'requirements', 'lock.py')
+  module_spec = importlib.util.spec_from_file_location('lock', path)
+  lock = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(lock)
+  return [(f'{v[0]}.{v[1]}', end) for end, versions in lock.ENDS.items() for v in versions]
+
+
+ENDS = _ends()
+
+
+def _fake_python(tmp_path, version: str) -> str:
+  """An interpreter that says it is Python `version`; its `-m venv DIR` makes DIR/bin/pip, which
+  appends its arguments to tmp_path/pip.log."""
+  log = tmp_path / 'pip.log'
+  pip = f'#!/bin/sh\necho "$*" >> {shlex.quote(str(log))}\n'
+  path = tmp_path / f'python{version}'
+  path.write_text(
+    '#!/bin/sh\n'
+    f'if [ "$1" = -c ]; then echo {version}; exit 0; fi\n'
+    'if [ "$1 $2" = "-m venv" ]; then\n'
+    f'  mkdir -p "$3/bin" && printf %s {shlex.quote(pip)} > "$3/bin/pip" && chmod +x "$3/bin/pip"\n'
+    '  exit 0\n'
+    'fi\n'
+    'exit 1\n'
+  )
+  path.chmod(0o755)
+  return str(path)
 
 
 def test_local_dry_run_prints_one_command_per_process():
@@ -387,7 +420,8 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert f'+ {base} scp ' in text
   ssh = [line for line in lines if line.startswith(f'+ {base} ssh vit-pod')]
   assert len(ssh) == 3 and all('--worker=all' in line for line in ssh)
-  assert f'jax[tpu]=={_pinned_jax()}' in ssh[1] and '-r requirements.txt' in ssh[1]
+  assert '--command=cd vit_jax && . launch/lib.sh && ' in ssh[1]
+  assert 'python3 -m venv .venv' in ssh[1]  # the workers' python3 unless WORKER_PYTHON says
   assert ssh[2].endswith(
     "-m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=/mnt/runs/b16'"
   )
@@ -395,9 +429,40 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert any('git clone -q --branch main https://example.org/v.git vit_jax' in x for x in cloned)
 
 
-def test_slurm_dry_run_prints_srun_one_process_per_gpu():
-  lines = _dry_run('slurm_gpu.sh', '--config=configs/digits.py', '--workdir=runs/x')
-  assert f"+ .venv/bin/pip install -q -r requirements.txt 'jax[cuda13]=={_pinned_jax()}'" in lines
+def _worker_installs(tmp_path, python: str) -> subprocess.CompletedProcess:
+  """tpu_pod.sh's install command with WORKER_PYTHON=python, run as a worker runs it: in its
+  home, the code in vit_jax/."""
+  lines = _dry_run('tpu_pod.sh', TPU_NAME='p', ZONE='z', WORKER_PYTHON=python)
+  install = next(line for line in lines if ' -m venv ' in line)
+  command = next(w for w in shlex.split(install[2:]) if w.startswith('--command='))
+  code = tmp_path / 'vit_jax'
+  code.mkdir(exist_ok=True)
+  for name in ('launch', 'requirements'):
+    if not (code / name).exists():
+      (code / name).symlink_to(os.path.join(REPO, name))
+  return subprocess.run(
+    ['bash', '-c', command.removeprefix('--command=')], cwd=tmp_path, capture_output=True, text=True
+  )
+
+
+@pytest.mark.parametrize('version,end', ENDS)
+def test_tpu_pod_workers_install_the_lock_of_their_python(version, end, tmp_path):
+  worker = _worker_installs(tmp_path, _fake_python(tmp_path, version))
+  assert worker.returncode == 0, worker.stderr
+  assert (tmp_path / 'pip.log').read_text().splitlines() == [
+    'install -q --upgrade pip',
+    f'install -q -r requirements/{end}.txt jax[tpu]=={_pinned_jax(end)}',
+  ]
+
+
+@pytest.mark.parametrize('version,end', ENDS)
+def test_slurm_dry_run_prints_srun_one_process_per_gpu(version, end, tmp_path):
+  python = _fake_python(tmp_path, version)
+  lines = _dry_run('slurm_gpu.sh', '--config=configs/digits.py', '--workdir=runs/x', PYTHON=python)
+  assert lines[:2] == [
+    f'+ {python} -m venv .venv',
+    f"+ .venv/bin/pip install -q -r requirements/{end}.txt 'jax[cuda13]=={_pinned_jax(end)}'",
+  ]
   assert lines[-1] == (
     '+ srun --kill-on-bad-exit=1 --cpu-bind=none .venv/bin/python -m vit_jax.main '
     '--distributed=on --config=configs/digits.py --workdir=runs/x'
@@ -413,6 +478,27 @@ def test_slurm_dry_run_prints_srun_one_process_per_gpu():
     text=True,
   )
   assert missing.returncode == 2 and 'not inside a SLURM job' in missing.stderr
+
+
+def test_a_python_outside_the_ends_stops_the_scripts_with_one_line(tmp_path):
+  python310 = _fake_python(tmp_path, '3.10')
+  for python, said in ((python310, 'Python 3.10'), ('python3.99-missing', 'not found')):
+    run = subprocess.run(
+      ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh'), '--dry-run'],
+      cwd=REPO,
+      env={**_env(4), 'PYTHON': python},
+      capture_output=True,
+      text=True,
+    )
+    assert run.returncode == 2 and run.stdout == '', run.stdout
+    expected = f'error: {python} is {said}: the project runs on 3.11, 3.12 or 3.13; name one with'
+    assert run.stderr == f'{expected} PYTHON=\n'
+  worker = _worker_installs(tmp_path, python310)
+  assert worker.returncode == 2 and not (tmp_path / 'pip.log').exists()
+  assert worker.stderr == (
+    f'error: {python310} is Python 3.10: the project runs on 3.11, 3.12 or 3.13;'
+    ' name one with WORKER_PYTHON=\n'
+  )
 
 
 def test_h14_fsdp_state_fits_16_gb_devices():

@@ -1,7 +1,8 @@
 """ONNX export (vit_jax/export/onnx.py). The tests marked `onnx` run in ONNX's own environment
-(requirements-onnx.txt; `make test-onnx`, which `make test` runs): tiny models of every family
-written by `vit-export`, then run under onnxruntime in a fresh interpreter where jax, flax and
-this project cannot be imported, against the model in this process. The others run in the main
+(requirements/oldest-onnx.txt or newest-onnx.txt; `make test-onnx`, which `make test` runs):
+tiny models of every family written by `vit-export`, then run under onnxruntime in a fresh
+interpreter where jax, flax and this project cannot be imported, against the model in this
+process. The others run in the main
 environment: what it says where jax2onnx is missing, and the two environments' pins."""
 
 import json
@@ -128,15 +129,19 @@ def test_without_jax2onnx_onnx_is_one_line_naming_the_make_target(tmp_path, caps
   assert export_lib.default_formats() == ['stablehlo', 'saved_model', 'onnx']
 
 
-def _pins(name: str) -> dict[str, str]:
-  lines = (ROOT / name).read_text().splitlines()
-  return dict(m.groups() for line in lines if (m := re.match(r'([\w.-]+)==(\S+)$', line)))
+def _pins(lock: str) -> dict[str, str]:
+  """{name: version} of requirements/LOCK.txt, names normalised as pip compares them."""
+  lines = (ROOT / 'requirements' / f'{lock}.txt').read_text().splitlines()
+  pins = (m.groups() for line in lines if (m := re.match(r'([\w.-]+)==(\S+)$', line)))
+  return {re.sub(r'[-_.]+', '-', name).lower(): version for name, version in pins}
 
 
-def test_the_onnx_environment_pins_the_main_versions_but_orbax():
-  onnx, main = _pins('requirements-onnx.txt'), _pins('requirements.txt')
-  main.update(_pins('requirements-test.txt'))
-  assert sorted(onnx.keys() - main.keys()) == ['jax2onnx', 'onnx', 'onnx-ir', 'onnxruntime']
+@pytest.mark.parametrize('end', ['oldest', 'newest'])
+def test_the_onnx_environment_pins_the_main_versions_but_orbax(end):
+  onnx, main = _pins(f'{end}-onnx'), _pins(end)
+  main.update(_pins(f'{end}-test'))
+  assert {'jax2onnx', 'onnx', 'onnx-ir', 'onnxruntime'} <= onnx.keys() - main.keys()
+  assert {'jax', 'jaxlib', 'flax', 'orbax-checkpoint'} <= onnx.keys() & main.keys()
   differ = [k for k in sorted(onnx.keys() & main.keys()) if onnx[k] != main[k]]
   assert differ == ['orbax-checkpoint']
-  assert 'tensorflow-cpu' not in onnx
+  assert 'tensorflow-cpu' in main and 'tensorflow-cpu' not in onnx

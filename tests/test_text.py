@@ -278,7 +278,7 @@ def test_sentencepiece_equals_tensorflow_text(model, entry):
   inside tensorflow_text does (0.2.2 and later do not)."""
   max_len = entry['max_len']
   tokenizer = text.get_tokenizer('sentencepiece', DATA / model, max_len, **entry['options'])
-  version = f'sentencepiece {sentencepiece.__version__} (requirements.txt: 0.2.1)'
+  version = f'sentencepiece {sentencepiece.__version__} (the locks, requirements/: 0.2.1)'
   _assert_rows_equal(tokenizer(INPUTS), _padded(entry['ids'], max_len, entry['pad']), version)
 
 

@@ -3,8 +3,9 @@ its batch dimension symbolic ('b'; a patch sequence's length 'n' too), inputs an
 named as export.json says. Tensors over 1 MB go to NAME.onnx.data beside it, which the .onnx
 names.
 
-jax2onnx declares orbax-checkpoint<0.11.37 while requirements.txt pins 0.12.8 (it imports no
-orbax), so it lives in an environment of its own: requirements-onnx.txt, `make onnx-env`
+jax2onnx declares orbax-checkpoint<0.11.37 while the main environment's locks pin 0.12.8 (it
+imports no orbax), so it lives in an environment of its own: `make onnx-env` builds it beside the
+main venv, VENV-onnx, from the end's requirements/oldest-onnx.txt or newest-onnx.txt
 (docs/export.md). It is imported here alone.
 """
 
@@ -17,7 +18,8 @@ from typing import Any
 # What this environment lacks, and how to get it, in one line.
 UNAVAILABLE = (
   'onnx: not written; it needs jax2onnx, which has an environment of its own: `make onnx-env`,'
-  ' then .venv-onnx/bin/python -m vit_jax.export (docs/export.md)'
+  ' then .venv-onnx/bin/python -m vit_jax.export (.venv-3.13-onnx after'
+  ' `make PYTHON=python3.13 onnx-env`; docs/export.md)'
 )
 # jax2onnx writes the model's matmuls as ONNX Einsum, which has no bfloat16 type: onnxruntime
 # refuses such a file.

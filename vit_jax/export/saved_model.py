@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 SERVING = 'serving_default'
-# ONNX's environment (requirements-onnx.txt) leaves TensorFlow out.
+# ONNX's environment (requirements/oldest-onnx.txt, newest-onnx.txt) leaves TensorFlow out.
 UNAVAILABLE = (
-  'saved_model: not written; it needs TensorFlow, which the main environment has'
-  ' (requirements.txt), not this one'
+  'saved_model: not written; it needs TensorFlow, which this environment lacks: the extra'
+  ' `vit_jax[train]` has it, as the main environment does (requirements/oldest.txt, newest.txt)'
 )
 
 
