@@ -53,14 +53,20 @@ def pins(packages: dict[str, str]) -> str:
 
 
 def write(path: pathlib.Path, header: str, body: str):
-  path.write_text(f'# {header}\n# Written by requirements/lock.py: edit the .in files, then rerun it.\n{body}')
+  path.write_text(
+    f'# {header}\n# Written by requirements/lock.py: edit the .in files, then rerun it.\n{body}'
+  )
   print('wrote', path.relative_to(HERE.parent))
 
 
+def python_names(end: str) -> str:
+  return ' and '.join('.'.join(map(str, v)) for v in ENDS[end])
+
+
 def main(end: str):
-  python_minor = sys.version_info[:2]
-  if python_minor not in ENDS[end]:
-    sys.exit(f'the {end} end is for Python {ENDS[end]}, not {python_minor}: run it with that Python')
+  if sys.version_info[:2] not in ENDS[end]:
+    print(f'the {end} end is for Python {python_names(end)}: run this with one', file=sys.stderr)
+    sys.exit(2)
   with tempfile.TemporaryDirectory() as tmp:
     venv.create(tmp, with_pip=True)
     python = pathlib.Path(tmp) / 'bin' / 'python'
@@ -71,15 +77,15 @@ def main(end: str):
     onnx_constraints = pathlib.Path(tmp) / 'onnx-constraints.txt'
     onnx_constraints.write_text(pins({k: v for k, v in runtime.items() if k not in ONNX_UNPINNED}))
     onnx = resolve(python, ['-r', HERE / 'onnx.in', '-c', onnx_constraints])
-  python_names = ', '.join('.'.join(map(str, v)) for v in ENDS[end])
-  write(HERE / f'{end}.txt', f'The {end} end, Python {python_names}: the runtime.', pins(runtime))
+  names = python_names(end)
+  write(HERE / f'{end}.txt', f'The {end} end, Python {names}: the runtime.', pins(runtime))
   added = {k: v for k, v in test.items() if runtime.get(k) != v}
   write(
     HERE / f'{end}-test.txt',
-    f'The {end} end, Python {python_names}: what the tests add.',
+    f'The {end} end, Python {names}: what the tests add.',
     f'-r {end}.txt\n' + pins(added),
   )
-  write(HERE / f'{end}-onnx.txt', f'The {end} end, Python {python_names}: ONNX export.', pins(onnx))
+  write(HERE / f'{end}-onnx.txt', f'The {end} end, Python {names}: ONNX export.', pins(onnx))
 
 
 if __name__ == '__main__':

@@ -38,15 +38,25 @@ def _pins(path: Path) -> dict[str, str]:
   return pins
 
 
-def test_declared_ranges_hold_the_pinned_versions():
-  declared = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']['dependencies']
-  pins = _pins(REPO / 'requirements.txt')
-  requirements = [Requirement(d) for d in declared]
-  # jaxlib comes with jax (the CPU build, or the accelerator one with jax[cuda13], jax[tpu]).
-  assert {canonicalize_name(r.name) for r in requirements} == set(pins) - {'jaxlib'}
-  for r in requirements:
-    assert pins[canonicalize_name(r.name)] in r.specifier, (r, pins[canonicalize_name(r.name)])
+def _declared() -> list[Requirement]:
+  """The core's requirements and every extra's; `all` names exactly the other extras."""
+  project = tomllib.loads((REPO / 'pyproject.toml').read_text())['project']
+  extras = project['optional-dependencies']
+  assert [Requirement(r).extras for r in extras.pop('all')] == [set(extras)]
+  optional = [r for extra in extras.values() for r in extra]
+  return [Requirement(d) for d in (*project['dependencies'], *optional)]
+
+
+@pytest.mark.parametrize('end', ['oldest', 'newest'])
+def test_declared_ranges_hold_both_ends_locks(end):
+  pins = _pins(REPO / 'requirements' / f'{end}.txt')
+  for r in _declared():
+    assert canonicalize_name(r.name) in pins, (end, r)
+    assert pins[canonicalize_name(r.name)] in r.specifier, (end, r, pins[canonicalize_name(r.name)])
     assert '999' not in r.specifier, r  # bounded above: a next major (or 0.x minor) may break
+  # Each end's jax is jaxlib's (the CPU build; jax[cuda13] or jax[tpu] on accelerators).
+  assert pins['jax'] == pins['jaxlib']
+  assert {'oldest': '0.10.2', 'newest': '0.12.0.1'}[end] == pins['jax']
 
 
 def _scripts() -> dict[str, str]:
@@ -168,7 +178,7 @@ def test_the_makefile_setup_installs_the_package_editable_for_any_directory(tmp_
   subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=60)
   own = sysconfig.get_path('purelib', 'venv', vars={'base': str(venv), 'platbase': str(venv)})
   (Path(own) / 'dependencies.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
-  (venv / '.runtime').touch()  # newer than requirements.txt: the dependencies are there
+  (venv / '.runtime').touch()  # newer than the lock: the dependencies are there
   make = ['make', '-s', '-C', REPO, f'VENV={venv}', f'{venv}/.package']
   subprocess.run(make, check=True, capture_output=True, timeout=300)
   env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}  # the venv's own lookup

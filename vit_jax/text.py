@@ -295,9 +295,9 @@ class SentencepieceTokenizer(Tokenizer):
   ):
     if eos not in EOS:
       raise ValueError(f'eos={eos!r}: choose one of {", ".join(EOS)}')
-    model = _read(vocab_path)
+    model, sentencepiece = _read(vocab_path), sentencepiece_module()
     try:  # (sentencepiece takes empty bytes for no model at all)
-      processor = sentencepiece_module().SentencePieceProcessor(model_proto=model) if model else None
+      processor = sentencepiece.SentencePieceProcessor(model_proto=model) if model else None
     except RuntimeError:
       processor = None
     if processor is None:
