@@ -251,6 +251,7 @@ def test_export_json_says_how_to_feed_each_model(exported):
     'float32',
     ['stablehlo', 'saved_model'],
   )
+  assert vit['jax'] == jax.__version__  # the writer's: another jax may not read its StableHLO
   assert vit['functions']['model']['input'] == {
     'name': 'images',
     'shape': ['b', SIZE, SIZE, 3],
