@@ -5,6 +5,7 @@ batch sizes."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -251,6 +252,7 @@ def test_export_json_says_how_to_feed_each_model(exported):
     'float32',
     ['stablehlo', 'saved_model'],
   )
+  assert vit['jax'] == jax.__version__  # the writer's: another jax may not read its StableHLO
   assert vit['functions']['model']['input'] == {
     'name': 'images',
     'shape': ['b', SIZE, SIZE, 3],
@@ -377,3 +379,102 @@ def test_vit_b16_exported_by_the_command_runs_alone_and_equals_the_model(tmp_pat
   finally:
     for proc in (export, *checks):
       proc.kill()
+
+
+# The other end of the supported range (docs/export.md, Across jax versions): its interpreter,
+# named by this variable, else found where the Makefile makes the environments.
+OTHER_END = 'VIT_JAX_OTHER_END_PYTHON'
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Run by the other end: the tiny ViT exported there with the model's outputs there, and the
+# artifact this end wrote read there.
+ACROSS = textwrap.dedent("""
+  import sys
+  import numpy as np
+  from tests.test_export import exported_with_outputs, read_across
+  src, theirs, ours, result = sys.argv[1:]
+  x = np.load(result + '.x.npy')
+  np.savez(result, written=exported_with_outputs(src, theirs, x), **read_across(ours, x))
+""")
+
+
+def _other_end_python() -> str | None:
+  """$VIT_JAX_OTHER_END_PYTHON, else the repository's .venv (the oldest end, Python 3.11)
+  from a newer Python, its .venv-3.13 or .venv-3.12 from 3.11; None where there is none."""
+  if os.environ.get(OTHER_END):
+    return os.environ[OTHER_END]
+  names = ('.venv',) if sys.version_info >= (3, 12) else ('.venv-3.13', '.venv-3.12')
+  found = [os.path.join(REPO, name, 'bin', 'python') for name in names]
+  return next((p for p in found if os.path.exists(p)), None)
+
+
+def exported_with_outputs(src: str, out: str, x: np.ndarray) -> np.ndarray:
+  """`src` exported to `out` (StableHLO) by this jax, and the model's outputs on `x` here."""
+  export_model(src, out, formats=('stablehlo',))
+  (function,) = functions(checkpoint.fit(src))
+  return np.asarray(jax.jit(function.fn)(x))
+
+
+def read_across(out: str, x: np.ndarray) -> dict[str, np.ndarray]:
+  """What this jax makes of the artifact in `out` on `x`: `jax` (its version), `alone` (jax
+  alone's outputs, absent where jax cannot run it), `loaded` (`vit_jax.load`'s logits) or
+  `error` (its message)."""
+  got = {'jax': np.array(jax.__version__)}
+  try:
+    blob = pathlib.Path(out, 'model.stablehlo').read_bytes()
+    exported = jax.export.deserialize(bytearray(blob))
+    got['alone'] = np.asarray(exported.call(x))
+  except jax.errors.JaxRuntimeError:
+    pass
+  try:
+    got['loaded'] = vit_jax.load(out).logits(x)
+  except ValueError as e:
+    got['error'] = np.array(str(e))
+  return got
+
+
+def _version(v) -> tuple[int, ...]:
+  return tuple(int(part) for part in str(v).split('.'))
+
+
+def _check_direction(writer: str, written: np.ndarray, read: dict[str, np.ndarray]) -> None:
+  """`read` (read_across's, by the reader's jax) of what jax `writer` wrote with outputs
+  `written`: the same outputs, or, where jax alone cannot run it, `vit_jax.load`'s one line
+  naming both versions. Another XLA compiles it: 1e-6, not bit for bit."""
+  reader = str(read['jax'])
+  if 'alone' in read:
+    np.testing.assert_allclose(read['alone'], written, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(read['loaded'], written, rtol=0, atol=1e-6)
+    return
+  assert 'loaded' not in read, f'jax {reader} alone cannot run it, vit_jax.load did'
+  error = str(read['error'])
+  assert '\n' not in error
+  assert f'written by jax {writer}, whose StableHLO jax {reader} cannot read' in error
+  assert f'export it again with jax {reader}, or load it with jax {writer} or newer' in error
+
+
+@pytest.mark.slow
+def test_stablehlo_across_jax_versions(tmp_path):
+  """The tiny ViT exported by this end's jax and by the other end's, each read by the other:
+  the writer's outputs, or (where jax alone cannot run it) `vit_jax.load`'s one line. The
+  newer jax reads the older's artifact: jax's 6-month backward compatibility."""
+  other = _other_end_python()
+  if other is None:
+    pytest.skip(f'no other end: set {OTHER_END} to its Python (the other of .venv, .venv-3.13)')
+  src, ours, theirs, result = (str(tmp_path / n) for n in ('vit.npz', 'ours', 'theirs', 'r'))
+  _save(MODELS['vit'], src)
+  x = np.random.default_rng(0).uniform(-1, 1, (3, SIZE, SIZE, 3)).astype(np.float32)
+  np.save(result + '.x.npy', x)
+  written_here = exported_with_outputs(src, ours, x)
+  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'XLA_FLAGS')}
+  env.update(JAX_PLATFORMS='cpu', CUDA_VISIBLE_DEVICES='')
+  command = [other, '-c', ACROSS, src, theirs, ours, result]
+  proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  there = dict(np.load(result + '.npz'))
+  if str(there['jax']) == jax.__version__:
+    pytest.skip(f'{other} has this jax, {jax.__version__}: not the other end')
+  here = read_across(theirs, x)
+  _check_direction(jax.__version__, written_here, there)
+  _check_direction(str(there['jax']), there['written'], here)
+  newer_reads = there if _version(there['jax']) > _version(jax.__version__) else here
+  assert 'alone' in newer_reads, 'the newer jax cannot read the older jax artifact'

@@ -214,6 +214,8 @@ def metadata(
   return {
     'family': family.name,
     'kind': family.kind(fitted.config),
+    # Which jax wrote the StableHLO: an older jax may not read it (artifact.function says so).
+    'jax': jax.__version__,
     'model': fitted.name or family.label(fitted.config),
     'source': source,
     'dtype': dtype,

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.interpreters import mlir
 
 from vit_jax import families, files
 
@@ -37,13 +38,39 @@ def read_metadata(directory: str) -> dict[str, Any]:
   return meta
 
 
+def _check_readable(exported: jax.export.Exported, path: str, writer: str | None) -> None:
+  """A one-line ValueError where this jax's StableHLO cannot read the module of `exported`,
+  written by jax `writer` (None: export.json predates recording it). jax reads what an older
+  jax wrote (6 months back), what a newer one wrote only where it uses no op newer than
+  this jax's StableHLO: jax 0.12 writes a shape check that jax 0.10 cannot read."""
+  try:
+    with mlir.make_ir_context():
+      exported.mlir_module(serialized=False)
+  except jax.errors.JaxRuntimeError:
+    here = jax.__version__
+    written, newer = (
+      (f'jax {writer}', f'jax {writer} or newer')
+      if writer
+      else ('another jax (export.json names none)', 'the jax that wrote it')
+    )
+    raise ValueError(
+      f'{path}: written by {written}, whose StableHLO jax {here} cannot read: export it'
+      f' again with jax {here}, or load it with {newer} (docs/export.md, Across jax versions)'
+    ) from None
+
+
 def function(directory: str, meta: dict[str, Any], name: str) -> Callable[[np.ndarray], Any]:
-  """The StableHLO artifact of function `name` ('model', 'image', 'text'): batch -> outputs."""
+  """The StableHLO artifact of function `name` ('model', 'image', 'text'): batch -> outputs.
+  Written by another jax (export.json's `jax`), its module is read once here first, so that
+  one this jax cannot read is a one-line ValueError now, not a runtime error at the first
+  call."""
   entry = meta['functions'].get(name)
   if entry is None or not entry.get('stablehlo'):
     raise ValueError(f'{directory}: no StableHLO artifact of {name!r} (export.json)')
-  blob = files.path(files.join(directory, entry['stablehlo'])).read_bytes()
-  exported = jax.export.deserialize(bytearray(blob))
+  path = files.join(directory, entry['stablehlo'])
+  exported = jax.export.deserialize(bytearray(files.path(path).read_bytes()))
+  if meta.get('jax') != jax.__version__:
+    _check_readable(exported, path, meta.get('jax'))
   return lambda x: np.asarray(exported.call(x))
 
 
