@@ -23,8 +23,10 @@ import venv
 
 HERE = pathlib.Path(__file__).resolve().parent
 ENDS = {'oldest': ((3, 11),), 'newest': ((3, 12), (3, 13))}
-# jax2onnx declares an orbax-checkpoint older than the runtime's: its environment takes the
-# end's pins but not that one.
+# ONNX's environment keeps the oldest end's versions on every Python: jax2onnx 0.17.1 fails on
+# jax 0.12 (NaFlex and the hybrid: jax 0.12 removed jax._src.core.ClosedJaxpr, which it uses),
+# all but orbax-checkpoint, which jax2onnx declares older than the runtime's.
+ONNX_VERSIONS = 'oldest'
 ONNX_UNPINNED = ('orbax-checkpoint',)
 
 
@@ -46,6 +48,11 @@ def resolve(python: pathlib.Path, args: list[str]) -> dict[str, str]:
     )  # fmt: skip
     installs = json.loads(report.read_text())['install']
   return {i['metadata']['name'].lower(): i['metadata']['version'] for i in installs}
+
+
+def read_pins(lock: pathlib.Path) -> dict[str, str]:
+  lines = (line.split('#')[0].strip() for line in lock.read_text().splitlines())
+  return dict(line.lower().split('==') for line in lines if line and not line.startswith('-'))
 
 
 def pins(packages: dict[str, str]) -> str:
@@ -75,7 +82,10 @@ def main(end: str):
     constraints.write_text(pins(runtime))
     test = resolve(python, ['-r', HERE / 'test.in', '-c', constraints])
     onnx_constraints = pathlib.Path(tmp) / 'onnx-constraints.txt'
-    onnx_constraints.write_text(pins({k: v for k, v in runtime.items() if k not in ONNX_UNPINNED}))
+    onnx_versions = read_pins(HERE / f'{ONNX_VERSIONS}.txt')
+    onnx_constraints.write_text(
+      pins({k: v for k, v in onnx_versions.items() if k not in ONNX_UNPINNED})
+    )
     onnx = resolve(python, ['-r', HERE / 'onnx.in', '-c', onnx_constraints])
   names = python_names(end)
   write(HERE / f'{end}.txt', f'The {end} end, Python {names}: the runtime.', pins(runtime))
