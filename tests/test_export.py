@@ -398,11 +398,13 @@ ACROSS = textwrap.dedent("""
 
 
 def _other_end_python() -> str | None:
-  """$VIT_JAX_OTHER_END_PYTHON, else the repository's .venv (the oldest end, Python 3.11)
-  from a newer Python, its .venv-3.13 or .venv-3.12 from 3.11; None where there is none."""
+  """$VIT_JAX_OTHER_END_PYTHON, else the repository's venv of the other end (the Makefile's
+  names): .venv-3.11 or .venv from Python 3.12 and 3.13, .venv-3.13 or .venv-3.12 from 3.11;
+  None where there is none."""
   if os.environ.get(OTHER_END):
     return os.environ[OTHER_END]
-  names = ('.venv',) if sys.version_info >= (3, 12) else ('.venv-3.13', '.venv-3.12')
+  newer = sys.version_info >= (3, 12)
+  names = ('.venv-3.11', '.venv') if newer else ('.venv-3.13', '.venv-3.12')
   found = [os.path.join(REPO, name, 'bin', 'python') for name in names]
   return next((p for p in found if os.path.exists(p)), None)
 
