@@ -15,7 +15,8 @@ or timm model, a LiT or SigLIP file, a SigLIP 2 of patch sequences). OUT, a new 
 
 Unless --formats says otherwise, it writes what this environment can: StableHLO and the
 SavedModel in the main one, StableHLO and ONNX in ONNX's (no TensorFlow there: the SavedModel
-is one line).
+is one line). With jax 0.12 or newer (Python 3.13) the SavedModel is one line too: TensorFlow
+cannot run the StableHLO it writes.
 
 A classifier takes NHWC float32 images in [-1, 1] at its resolution and gives logits (its
 pre-logits features where it has no head). An image-text model (LiT, SigLIP) is two
@@ -50,7 +51,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     'formats',
     None,
     f'What to write, of {", ".join(export_lib.FORMATS)}; default: what this environment'
-    ' writes (stablehlo and saved_model; onnx where jax2onnx is installed: docs/export.md).',
+    ' writes (stablehlo; saved_model where TensorFlow runs this jax; onnx where jax2onnx is'
+    ' installed: docs/export.md).',
     flag_values=fv,
   )
   flags.DEFINE_enum(

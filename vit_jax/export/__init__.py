@@ -228,14 +228,15 @@ def metadata(
 
 def default_formats() -> list[str]:
   """What is written unless told: StableHLO and the SavedModel, and ONNX where jax2onnx is
-  installed (its own environment, without TensorFlow: there the SavedModel is one line)."""
+  installed (its own environment, without TensorFlow: there the SavedModel is one line, as it
+  is where TensorFlow cannot run this jax's StableHLO: jax 0.12 or newer)."""
   return [f for f in FORMATS if f != 'onnx' or onnx.available()]
 
 
 def _unavailable(fmt: str, dtype: str) -> str | None:
   """Why `fmt` in `dtype` cannot be written here, in one line; None where it can."""
-  if fmt == 'saved_model' and not saved_model.available():
-    return saved_model.UNAVAILABLE
+  if fmt == 'saved_model':
+    return saved_model.unavailable()
   if fmt == 'onnx' and not onnx.available():
     return onnx.UNAVAILABLE
   if fmt == 'onnx' and dtype == 'bfloat16':
