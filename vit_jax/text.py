@@ -60,6 +60,7 @@ def sentencepiece_module():
     ) from None
   return sentencepiece
 
+
 # Gemma's special ids (its tokenizer.model): pad, eos, bos, unk.
 GEMMA_IDS = {'pad': 0, 'eos': 1, 'bos': 2, 'unk': 3}
 EOS = ('sticky', 'yes', 'none')  # big_vision's `tokenize(eos=...)`
