@@ -26,10 +26,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.extend
+import jax.extend  # a primitive, jaxprs' variables: no public API has them (jax 0.10-0.12)
 import jax.numpy as jnp
 from jax import lax
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching, mlir  # a primitive's rules: no public API either
 
 Dtype = Any
 POLICIES = ('matmul', 'activations')
