@@ -319,6 +319,36 @@ def test_settings_come_from_flags_then_environment():
   assert jax.process_count() == 1
 
 
+# One process of jax.distributed, then each call vit_jax makes on its coordination client.
+_CLIENT_CALLS = """
+import sys
+import jax
+from vit_jax import distributed
+jax.distributed.initialize(sys.argv[1], num_processes=1, process_id=0)
+client = distributed._client()
+distributed.CheckpointBarrier()(key='save', timeout_ms=5000)  # increment, set, get, delete
+client.key_value_set('k/0', 'a')
+client.key_value_set('k/0', 'b', allow_overwrite=True)
+client.wait_at_barrier('vote', 5000)
+print(client.key_value_dir_get('k/'), client.key_value_dir_get('vit_jax/aborted/'))
+"""
+
+
+def test_the_private_coordination_client_takes_every_call_we_make():
+  """distributed._client() reads jax._src.distributed (no public API reaches the key-value
+  store): a jax release that moves it or changes a method fails here, by name."""
+  run = subprocess.run(
+    [sys.executable, '-c', _CLIENT_CALLS, f'127.0.0.1:{_free_port()}'],
+    cwd=REPO,
+    env=_env(1),
+    capture_output=True,
+    text=True,
+    timeout=RUN_TIMEOUT_S,
+  )
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.splitlines()[-1] == "[('k/0', 'b')] []"
+
+
 @pytest.mark.parametrize('script', sorted(f for f in os.listdir(LAUNCH) if f.endswith('.sh')))
 def test_launch_script_passes_bash_n_and_shellcheck(script):
   path = os.path.join(LAUNCH, script)

@@ -1,9 +1,11 @@
 """The precision policies (models/precision.py): what is 16-bit under each, gradients against
 float32, and the padded attention that lets cuDNN's fused kernels train at 197 tokens."""
 
+import inspect
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -190,3 +192,27 @@ def test_kernels_cast_once_give_the_same_outputs_bit_for_bit(kind):
   dense = {p for p in paths if p.endswith('kernel') and not p.startswith(stems)}
   assert dense and {p for p, dtype in paths.items() if dtype == jnp.bfloat16} == dense
   np.testing.assert_array_equal(apply(cast, IMAGES), apply(params, IMAGES))
+
+
+def test_the_primitive_api_of_mixed_einsum_is_where_precision_reads_it():
+  """precision.py defines `mixed_einsum`'s primitive and reads jaxprs through jax.extend.core and
+  jax.interpreters (no public API defines a primitive or its rules; jax 0.10-0.12): a jax
+  release that moves or reshapes one of them fails here by name, not as a wrong gradient."""
+  from jax.interpreters import ad, batching, mlir
+
+  def params(fn):
+    return list(inspect.signature(fn).parameters)
+
+  assert params(ad.defbilinear) == ['prim', 'lhs_rule', 'rhs_rule']
+  assert params(mlir.register_lowering)[:2] == ['prim', 'rule']
+  assert params(mlir.lower_fun)[:2] == ['fun', 'multiple_results']
+  assert params(jax.extend.core.jaxprs_in_params) == ['params']
+  primitive = precision._mixed_einsum_p
+  assert isinstance(primitive, jax.extend.core.Primitive)
+  assert primitive in ad.primitive_jvps and primitive in ad.primitive_transposes
+  assert primitive in batching.fancy_primitive_batchers  # where primitive_batchers[...] stores
+  x, y = jnp.ones((2, 3)), jnp.ones((3, 4))
+  lowered = jax.jit(lambda x, y: primitive.bind(x, y, spec='ij,jk->ik', dtype=jnp.bfloat16))
+  assert 'dot_general' in lowered.lower(x, y).as_text()
+  closed = jax.make_jaxpr(lambda x: jnp.sin(x) * 2)(1.0)
+  assert all(isinstance(v, jax.extend.core.Var) for v in (*closed.invars, *closed.outvars))

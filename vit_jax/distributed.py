@@ -497,6 +497,7 @@ def _first_line(e: BaseException) -> str:
 
 def _client():
   """The jax.distributed client (None in a single process); orbax reads it the same way."""
+  # Private: no public API reaches the coordination service's key-value store (jax 0.10-0.12).
   from jax._src import distributed as jax_distributed
 
   return jax_distributed.global_state.client

@@ -26,10 +26,10 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import jax.extend
+import jax.extend  # a primitive, jaxprs' variables: no public API has them (jax 0.10-0.12)
 import jax.numpy as jnp
 from jax import lax
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching, mlir  # a primitive's rules: no public API either
 
 Dtype = Any
 POLICIES = ('matmul', 'activations')
@@ -302,9 +302,10 @@ def cast_matmul_params(fn: Any, params: Any, *args: Any) -> Any:
   inference on an Intel Xeon). `args` may be arrays or `jax.ShapeDtypeStruct`s. For inference:
   training keeps float32 parameters."""
   leaves, treedef = jax.tree.flatten(params)
-  closed = jax.make_jaxpr(lambda flat, a: fn(jax.tree.unflatten(treedef, flat), *a))(leaves, args)
+  # make_jaxpr's result, read as a jaxpr (jax 0.12's Jaxpr; 0.10's ClosedJaxpr delegates).
+  jaxpr = jax.make_jaxpr(lambda flat, a: fn(jax.tree.unflatten(treedef, flat), *a))(leaves, args)
   found: dict[int, Any] = {}
-  tracked = {var: i for i, var in enumerate(closed.jaxpr.invars[: len(leaves)])}
-  _casts(closed.jaxpr, tracked, found)
+  tracked = {var: i for i, var in enumerate(jaxpr.invars[: len(leaves)])}
+  _casts(jaxpr, tracked, found)
   cast = [x.astype(found[i]) if found.get(i) is not None else x for i, x in enumerate(leaves)]
   return jax.tree.unflatten(treedef, cast)

@@ -40,7 +40,7 @@ class StdConv(nn.Module):
     shape = (*self.kernel_size, x.shape[-1], self.features)
     kernel = self.param('kernel', nn.initializers.lecun_normal(), shape, self.param_dtype)
     kernel = weight_standardize(kernel, axis=[0, 1, 2], eps=1e-5)
-    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    x, kernel = jnp.asarray(x, self.dtype), jnp.asarray(kernel, self.dtype)
     return jax.lax.conv_general_dilated(
       x, kernel, self.strides, 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC')
     )
