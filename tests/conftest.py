@@ -7,6 +7,7 @@ import io
 import os
 import re
 import subprocess
+from pathlib import Path
 
 # Before jax is imported anywhere: 8 CPU devices so sharding tests can build real meshes.
 os.environ['XLA_FLAGS'] = (
@@ -238,23 +239,77 @@ def digest(folder) -> str:
   return h.hexdigest()
 
 
-# One persistent XLA cache for the whole session, under pytest's temporary directory (so each
-# run starts empty): tests that compile the same programs (the tiny runs, their resumes) compile
-# once, and subprocesses (`python -m vit_jax.main ...`) inherit it through the environment.
-# Eviction stays off: jax's size-bounded cache rescans the folder on every write.
+# One persistent XLA cache kept between runs, outside the checkout: tests that compile the same
+# programs (the tiny runs, their resumes, and every program of the previous run) compile once, and
+# subprocesses (`python -m vit_jax.main ...`, the notebook's kernel) inherit it through the
+# environment. jax's key holds the program, jaxlib's version, the platform, the XLA flags, the
+# compile options and the devices, so environments of other versions share the folder unharmed.
+# VIT_JAX_TEST_CACHE=PATH moves it; =off gives each run an empty one under pytest's temporary
+# directory. jax's eviction stays off (its size-bounded cache rescans the folder on every write):
+# the folder is cut to CACHE_CAP_BYTES once, at the start of a session (docs/testing.md).
+CACHE_ENV = 'VIT_JAX_TEST_CACHE'
+CACHE_CAP_BYTES = 2**30
 _CACHE_SETTINGS = {
   'jax_persistent_cache_min_compile_time_secs': 0,
   'jax_persistent_cache_min_entry_size_bytes': 0,
 }
 
 
+def kept_cache_dir() -> Path | None:
+  """The folder the XLA cache keeps between runs: $VIT_JAX_TEST_CACHE, else vit_jax/xla under
+  $XDG_CACHE_HOME or ~/.cache; None under VIT_JAX_TEST_CACHE=off."""
+  setting = os.environ.get(CACHE_ENV, '')
+  if setting == 'off':
+    return None
+  if setting:
+    return Path(setting)
+  return Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'vit_jax' / 'xla'
+
+
+def prune_cache(directory: Path, cap: int) -> None:
+  """Deletes the files of `directory` read longest ago (by access time, or modification time
+  where later) until it holds at most `cap` bytes."""
+  files = []
+  for entry in os.scandir(directory):
+    with contextlib.suppress(FileNotFoundError):  # another session's prune took it
+      if entry.is_file():
+        stat = entry.stat()
+        files.append((max(stat.st_atime, stat.st_mtime), stat.st_size, entry.path))
+  size = sum(bytes_ for _, bytes_, _ in files)
+  for _, bytes_, path in sorted(files):
+    if size <= cap:
+      break
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(path)
+    size -= bytes_
+
+
+def pytest_configure(config):
+  # In every process before its tests; the prune once a session, in the process that starts
+  # xdist's workers (theirs have `workerinput`), before they read the folder.
+  directory = kept_cache_dir()
+  if directory is None:
+    return
+  try:
+    directory.mkdir(parents=True, exist_ok=True)
+  except OSError as error:
+    raise pytest.UsageError(
+      f'cannot make the XLA cache folder {directory} ({error.strerror}): '
+      f'set {CACHE_ENV} to a writable folder, or to off'
+    ) from None
+  if not hasattr(config, 'workerinput'):
+    prune_cache(directory, CACHE_CAP_BYTES)
+
+
 @pytest.fixture(scope='session', autouse=True)
 def session_compilation_cache(tmp_path_factory):
-  base = tmp_path_factory.getbasetemp()
-  if os.environ.get('PYTEST_XDIST_WORKER'):
-    base = base.parent  # every worker's basetemp is <session>/popen-gwN: share the session's
-  directory = base / 'xla_cache'
-  directory.mkdir(exist_ok=True)
+  directory = kept_cache_dir()
+  if directory is None:
+    directory = tmp_path_factory.getbasetemp()
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+      directory = directory.parent  # every worker's basetemp is <session>/popen-gwN: share it
+    directory = directory / 'xla_cache'
+    directory.mkdir(exist_ok=True)
   settings = {'jax_compilation_cache_dir': str(directory), **_CACHE_SETTINGS}
   for name, value in settings.items():
     os.environ[name.upper()] = str(value)
