@@ -275,6 +275,19 @@ def _fitted_config(
   return config, name
 
 
+def _requested_model(model, source: str, tower: str | None):
+  """`fit`'s `model` as (config, name, whether it is image-text, its ViT's attention heads or
+  None); an image-text model asked of one tower (`PATH:img`) is a one-line CheckpointError."""
+  config, name = _model_config(model)
+  image_text = config is not None and families.of_config(config).image_text
+  if image_text and tower is not None:
+    raise CheckpointError(
+      f'{source}: the image-text model {name or "given"} takes the whole file; drop ":img"'
+    )
+  transformer = None if config is None or image_text else config.get('transformer')
+  return config, name, image_text, transformer.num_heads if transformer else None
+
+
 def fit(
   path: str | os.PathLike,
   model: str | Mapping[str, Any] | ml_collections.ConfigDict | None = None,
@@ -315,14 +328,7 @@ def fit(
   """
   source = str(path)
   path, tower = two_towers.split_tower(path)
-  config, name = _model_config(model)
-  image_text = config is not None and families.of_config(config).image_text
-  if image_text and tower is not None:
-    raise CheckpointError(
-      f'{source}: the image-text model {name or "given"} takes the whole file; drop ":img"'
-    )
-  transformer = None if config is None or image_text else config.get('transformer')
-  heads = transformer.num_heads if transformer else None
+  config, name, image_text, heads = _requested_model(model, source, tower)
   file = _read(path, tower, heads, params_entry)
   request = _Request(model, num_classes, resolution, keep_head, init_params, surgery, source)
   holds = families.of_tree(file.restored)
