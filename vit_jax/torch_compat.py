@@ -1,12 +1,14 @@
-"""PyPI's torchvision beside the CPU build of torch: `allow_torchvision_import`.
+"""PyPI's torchvision and torch builds beside ours: `allow_torchvision_import`.
 
 PyPI ships torchvision for Linux only as CUDA builds (the CPU ones are on PyTorch's own index),
 so an environment pinned to the CPU torch from PyPI gets a torchvision whose C++ part does not
-load. Nothing here imports torch until it is called.
+load; and the CUDA torch (what Python 3.12 and 3.13 get) brings triton, whose library crashes
+the process when loaded after TensorFlow. Nothing here imports torch until it is called.
 """
 
 import importlib
 import importlib.util
+import sys
 
 
 def allow_torchvision_import() -> None:
@@ -20,7 +22,17 @@ def allow_torchvision_import() -> None:
   import; only a call of a torchvision C++ op (detection boxes, used by no ViT) would fail.
   The benchmark's `--compare` (the one place of the package that imports transformers), the
   tests' Hugging Face and timm oracles (tests/conftest.py) and the walkthrough notebook call it.
+
+  Where TensorFlow is already loaded, it also keeps torch from importing triton: torchvision's
+  import reaches `torch._dynamo`, which imports triton when installed, and loading triton's
+  library after TensorFlow's kills the process (a segmentation fault; torch 2.13.0+cu130,
+  triton 3.7.1, tensorflow-cpu 2.21 on Python 3.13). torch uses triton only to compile GPU
+  kernels (`torch.compile`), which none of these callers does; loaded before TensorFlow (as
+  tests/conftest.py does), triton works and is left alone.
   """
+  triton_after_tensorflow = 'tensorflow' in sys.modules and 'triton' not in sys.modules
+  if triton_after_tensorflow and importlib.util.find_spec('triton') is not None:
+    sys.modules['triton'] = None  # `import triton` raises ImportError: torch goes without
   if importlib.util.find_spec('torchvision') is None:
     return
   import torch
