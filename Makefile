@@ -10,7 +10,7 @@
 # ONNX export has an environment of its own (docs/export.md):
 #   make onnx-env    $(VENV)-onnx, from requirements/END-onnx.txt
 #   make test-onnx   its tests (tests/test_onnx.py, marked `onnx`); `make test` runs them too
-# CI (.ci/run): `make test` on the oldest end, `make test-compat` on the newest.
+# CI (.ci/run): `make test` on the newest end, `make test-compat` on the oldest.
 PYTHON ?= python3
 PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 ifeq ($(filter 3.11 3.12 3.13,$(PYTHON_VERSION)),)
@@ -84,7 +84,7 @@ test-fast: $(VENV)/.test $(VENV)/.package
 	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m 'not slow and not serial and not onnx' --durations=10
 	$(PY) -m pytest -q -m 'serial and not slow'
 
-# The newest end's share of CI (.ci/run), at most 8 minutes of wall here: the models against
+# The oldest end's share of CI (.ci/run), at most 8 minutes of wall here: the models against
 # their oracles, every checkpoint format, a training run killed (SIGKILL) and resumed, export,
 # and the ONNX environment.
 COMPAT_TESTS := tests/test_models.py tests/test_models_vs_hf.py tests/test_big_vision_vit.py \
