@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import pytest
 
+from vit_jax import compilation_cache
 from vit_jax.torch_compat import allow_torchvision_import
 
 # The oracles transformers and timm import torchvision, whose PyPI build needs this beside the
@@ -239,16 +240,13 @@ def digest(folder) -> str:
   return h.hexdigest()
 
 
-# One persistent XLA cache kept between runs, outside the checkout: tests that compile the same
-# programs (the tiny runs, their resumes, and every program of the previous run) compile once, and
-# subprocesses (`python -m vit_jax.main ...`, the notebook's kernel) inherit it through the
-# environment. jax's key holds the program, jaxlib's version, the platform, the XLA flags, the
-# compile options and the devices, so environments of other versions share the folder unharmed.
+# One persistent XLA cache kept between runs, outside the checkout: the commands' own folder
+# (vit_jax.compilation_cache: keying, pruning), so tests that compile the same programs (the tiny
+# runs, their resumes, and every program of the previous run) compile once, and subprocesses
+# (`python -m vit_jax.main ...`, the notebook's kernel) inherit it through the environment.
 # VIT_JAX_TEST_CACHE=PATH moves it; =off gives each run an empty one under pytest's temporary
-# directory. jax's eviction stays off (its size-bounded cache rescans the folder on every write):
-# the folder is cut to CACHE_CAP_BYTES once, at the start of a session (docs/testing.md).
+# directory. The folder is cut to its cap once, at the start of a session (docs/testing.md).
 CACHE_ENV = 'VIT_JAX_TEST_CACHE'
-CACHE_CAP_BYTES = 2**30
 _CACHE_SETTINGS = {
   'jax_persistent_cache_min_compile_time_secs': 0,
   'jax_persistent_cache_min_entry_size_bytes': 0,
@@ -258,30 +256,7 @@ _CACHE_SETTINGS = {
 def kept_cache_dir() -> Path | None:
   """The folder the XLA cache keeps between runs: $VIT_JAX_TEST_CACHE, else vit_jax/xla under
   $XDG_CACHE_HOME or ~/.cache; None under VIT_JAX_TEST_CACHE=off."""
-  setting = os.environ.get(CACHE_ENV, '')
-  if setting == 'off':
-    return None
-  if setting:
-    return Path(setting)
-  return Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'vit_jax' / 'xla'
-
-
-def prune_cache(directory: Path, cap: int) -> None:
-  """Deletes the files of `directory` read longest ago (by access time, or modification time
-  where later) until it holds at most `cap` bytes."""
-  files = []
-  for entry in os.scandir(directory):
-    with contextlib.suppress(FileNotFoundError):  # another session's prune took it
-      if entry.is_file():
-        stat = entry.stat()
-        files.append((max(stat.st_atime, stat.st_mtime), stat.st_size, entry.path))
-  size = sum(bytes_ for _, bytes_, _ in files)
-  for _, bytes_, path in sorted(files):
-    if size <= cap:
-      break
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(path)
-    size -= bytes_
+  return compilation_cache.folder(os.environ.get(CACHE_ENV))
 
 
 def pytest_configure(config):
@@ -298,7 +273,7 @@ def pytest_configure(config):
       f'set {CACHE_ENV} to a writable folder, or to off'
     ) from None
   if not hasattr(config, 'workerinput'):
-    prune_cache(directory, CACHE_CAP_BYTES)
+    compilation_cache.prune(directory)
 
 
 @pytest.fixture(scope='session', autouse=True)

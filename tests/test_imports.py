@@ -49,6 +49,7 @@ FLOORS = {
       'optim',
       'hugepages',
       'torch_compat',
+      'compilation_cache',
       'profiling',
     ],
     1,

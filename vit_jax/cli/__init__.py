@@ -37,6 +37,8 @@ from typing import NoReturn
 
 from absl import app, flags
 
+from vit_jax import compilation_cache
+
 
 @dataclasses.dataclass(frozen=True)
 class EntryPoint:
@@ -183,11 +185,13 @@ def start(
   define_flags: Callable[[flags.FlagValues], None],
   main: Callable[[list[str]], int | None],
   flags_parser: Callable[[list[str], flags.FlagValues], list[str]] | None = None,
+  keep_compilations: bool = True,
 ) -> None:
   """Runs a command as the program, whichever script or `python -m` shim started it: its flags
   on FLAGS, parsed by `parse`, then `app.run(main)` with `with_usage_hint`. So every command
   exits 0 when done (and after `--help`), 1 on a runtime error (one line), 2 on a usage error
-  (one line and the hint)."""
+  (one line and the hint). With `keep_compilations`, `main` runs with the persistent
+  compilation cache (`vit_jax.compilation_cache`) on."""
   entry = next(e for e in ENTRY_POINTS if e.cli == define_flags.__module__)
   program = program_name(entry)
   flag_values = flags.FLAGS
@@ -199,7 +203,13 @@ def start(
     flag_values=flag_values,
     flags_parser=flags_parser,
   )
-  app.run(with_usage_hint(main, program), flags_parser=parser)
+
+  def main_with_cache(argv: list[str]) -> int | None:
+    if keep_compilations:
+      compilation_cache.for_command()  # once the flags parse, before anything compiles
+    return main(argv)
+
+  app.run(with_usage_hint(main_with_cache, program), flags_parser=parser)
 
 
 def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:

@@ -378,4 +378,5 @@ def run_cli() -> None:
   the input pipeline's benchmark (`benchmark_pipeline`, which imports TensorFlow)."""
   hugepages.reexec_with_huge_pages()
   mode = importlib.import_module(cli.entry_point('vit-benchmark', sys.argv[1:]).cli)
-  cli.start(mode.define_flags, mode.main)
+  # Its compile seconds are XLA's, not a cache read's: no persistent compilation cache.
+  cli.start(mode.define_flags, mode.main, keep_compilations=False)
