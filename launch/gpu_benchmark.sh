@@ -22,7 +22,7 @@
 # Environment: PYTHON (default python3), PEAK_TFLOPS (default 989, the H200's bf16 dense peak;
 # H100 SXM: 989, A100: 312), BATCH (ViT-B/16 training batch, default 512), ROUNDS, STEPS,
 # PHASE_TIMEOUT (seconds per phase, default 100; 0: no limit), TOTAL_BUDGET (default 420),
-# WHEELS (a directory of wheels for what the image lacks: ml-collections, and vit_jax's own
+# WHEELS (a directory of wheels for what the image lacks: ml-collections, simplejpeg, vit_jax's own
 # wheel if the image cannot build it; *.whl files are git-ignored).
 # The project is installed first as a wheel into a venv that sees the image's packages:
 # pip resolves its ranges against the image's own jax, jaxlib and

@@ -13,7 +13,7 @@ from conftest import UNREADABLE, unreadable_files, write_image_folder
 from PIL import Image
 
 from vit_jax import data
-from vit_jax.data import preprocess
+from vit_jax.data import images, preprocess
 
 PP = data.Pp(crop=8, area_min=0.5)
 DATA = data.Data(pp=PP)
@@ -143,7 +143,7 @@ def bad_folder(tmp_path_factory):
   root = tmp_path_factory.mktemp('bad')
   write_image_folder(root, {'train': 13, 'test': 5}, unreadable_files())
   for name in UNREADABLE:  # TensorFlow cannot decode them
-    assert preprocess.decode_bytes((root / 'train' / 'a' / name).read_bytes()) is None
+    assert images.decode_tensorflow((root / 'train' / 'a' / name).read_bytes()) is None
   return data.get_source(str(root))
 
 

@@ -15,7 +15,7 @@ import vit_jax
 from vit_jax import checkpoint, data
 from vit_jax.checkpoint import class_names
 from vit_jax.cli import predict
-from vit_jax.data import preprocess
+from vit_jax.data import images, preprocess
 from vit_jax.inference import model as model_lib
 from vit_jax.inference import predict as predict_lib
 from vit_jax.models import get_model
@@ -49,9 +49,7 @@ def _images(directory, n, seed=0):
 
 def _eval_inputs(paths, resolution):
   """The input pipeline's evaluation tensors of image files (`preprocess.eval_image`)."""
-  return np.stack(
-    [preprocess.eval_image(preprocess.read_image(p), resolution).numpy() for p in paths]
-  )
+  return np.stack([preprocess.eval_image(images.read_image(p), resolution).numpy() for p in paths])
 
 
 def _reference_probs(params, paths, resolution=RESOLUTION):
@@ -102,8 +100,8 @@ def test_a_text_file_named_like_an_image_is_one_line_and_no_log(tmp_path):
   TensorFlow's failed decode logged two lines of its own, written as the process ends)."""
   path = tmp_path / 'notes.jpg'
   path.write_text('these are notes, not pixels\n')
-  code = f'from vit_jax.data import preprocess\ntry:\n  preprocess.read_image({str(path)!r})\n'
-  code += 'except preprocess.ImageError as e:\n  print(e)'
+  code = f'from vit_jax.data import images\ntry:\n  images.read_image({str(path)!r})\n'
+  code += 'except images.ImageError as e:\n  print(e)'
   env = {k: v for k, v in os.environ.items() if k != 'TF_CPP_MIN_LOG_LEVEL'}  # as a user's
   proc = subprocess.run(
     [sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=300, env=env
@@ -115,8 +113,8 @@ def test_a_text_file_named_like_an_image_is_one_line_and_no_log(tmp_path):
 def test_read_image_converts_grey_and_rgba_to_rgb(tmp_path):
   Image.fromarray(np.full((5, 7), 200, np.uint8)).save(tmp_path / 'grey.png')
   Image.fromarray(np.full((5, 7, 4), 100, np.uint8)).save(tmp_path / 'rgba.png')
-  grey = preprocess.read_image(tmp_path / 'grey.png')
-  rgba = preprocess.read_image(tmp_path / 'rgba.png')
+  grey = images.read_image(tmp_path / 'grey.png')
+  rgba = images.read_image(tmp_path / 'rgba.png')
   assert grey.shape == rgba.shape == (5, 7, 3)
   assert (grey == 200).all() and (rgba == 100).all()
 

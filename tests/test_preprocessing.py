@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from vit_jax import data, families
-from vit_jax.data import preprocess
+from vit_jax.data import images
 from vit_jax.families import preprocessing
 from vit_jax.models import get_config
 
@@ -42,7 +42,7 @@ def test_the_host_and_the_pipeline_compute_the_same_input(folder, name):
     source, 'test', data=data.Data(), local_batch=3, preprocessing=spec
   ).as_numpy_iterator()
   paths = sorted(folder.glob('test/*/a.png'))
-  host = np.stack([preprocess.host_input(spec, preprocess.read_image(p)) for p in paths])
+  host = np.stack([images.host_input(spec, images.read_image(p)) for p in paths])
   assert host.shape == (3, *spec.input_shape())
   np.testing.assert_array_equal(host, batch['image'])
 
@@ -53,13 +53,13 @@ def test_the_value_range_and_the_uint8_rounding_are_those_stated():
   wide = preprocessing.square((1, 1))
   # A 2-to-1 bilinear resize with half-pixel centres samples x = 0.5: the mean of both pixels.
   mean = image.astype(np.float64).mean(axis=1, keepdims=True)
-  np.testing.assert_allclose(preprocess.host_input(wide, image), (mean - 127.5) / 127.5, atol=1e-7)
+  np.testing.assert_allclose(images.host_input(wide, image), (mean - 127.5) / 127.5, atol=1e-7)
   lit = preprocessing.square((1, 1), round_to_uint8=True)
   np.testing.assert_allclose(
-    preprocess.host_input(lit, image), (np.floor(mean) - 127.5) / 127.5, atol=1e-7
+    images.host_input(lit, image), (np.floor(mean) - 127.5) / 127.5, atol=1e-7
   )
   unit = preprocessing.square((1, 1), offset=0.0, scale=255.0)
-  np.testing.assert_allclose(preprocess.host_input(unit, image), mean / 255, atol=1e-7)
+  np.testing.assert_allclose(images.host_input(unit, image), mean / 255, atol=1e-7)
 
 
 def test_the_spec_reads_back_from_its_json_and_says_itself_in_words():

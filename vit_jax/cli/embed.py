@@ -160,9 +160,6 @@ def main(argv: Sequence[str]) -> None:
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   signal.signal(signal.SIGTERM, _stop)
-  from vit_jax import data
-
-  data.hide_accelerators_from_tensorflow()
   keys = ('folder', 'dataset', 'split', 'tfds_data_dir', 'texts', 'captions', 'vocab')
   keys += ('max_patches', 'shard_size', 'batch_size', 'process_index', 'process_count', 'wait_s')
   keys += ('dtype',)

@@ -36,7 +36,7 @@ from typing import Any
 
 from absl import flags, logging
 
-from vit_jax import cli, data, inference
+from vit_jax import cli, inference
 from vit_jax.inference import predict, zeroshot
 from vit_jax.inference.predict import Prediction
 
@@ -261,7 +261,6 @@ def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
   if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
     logging.set_verbosity(logging.WARNING)
-  data.hide_accelerators_from_tensorflow()
   sys.exit(
     run(
       f.checkpoint,

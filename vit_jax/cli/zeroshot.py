@@ -258,10 +258,7 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   progress = sys.stderr.isatty()
   if progress:  # TensorFlow and JAX take seconds to load
-    print('vit-zeroshot: loading TensorFlow and JAX ...', file=sys.stderr, flush=True)
-  from vit_jax import data
-
-  data.hide_accelerators_from_tensorflow()
+    print('vit-zeroshot: loading JAX ...', file=sys.stderr, flush=True)
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
   keys += ('tfds_data_dir', 'out', 'captions', 'max_texts', 'max_patches', 'embeddings', 'dtype')
   options = {k: f[k].value for k in keys}

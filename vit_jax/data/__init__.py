@@ -4,6 +4,7 @@
                  default; the builders below take it whole
   sources.py     datasets: tfds, image folders, the digits, subsets (`get_source`)
   preprocess.py  decoding, the inception crop, flip, RandAugment, resize
+  images.py      one image file to a model's input on the host, without TensorFlow where it can
   pipeline.py    the training stream (index-addressed, resumable) and the exact evaluation pass
   embeddings.py  the sharded, resumable embeddings folder that `vit-embed` writes
 
@@ -16,6 +17,7 @@ without it.
 """
 
 import contextlib
+import functools
 import importlib
 import os
 from typing import Any
@@ -53,8 +55,10 @@ def __getattr__(name: str) -> Any:
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
+@functools.cache
 def hide_accelerators_from_tensorflow() -> None:
-  """tf.data runs on the host; keep TensorFlow off the GPUs/TPUs that JAX uses."""
+  """tf.data runs on the host; keep TensorFlow off the GPUs/TPUs that JAX uses (once, before
+  its first op: vit_jax/data/preprocess.py calls it as it imports TensorFlow)."""
   import tensorflow as tf
 
   tf.config.set_visible_devices([], 'GPU')

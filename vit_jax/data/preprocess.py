@@ -9,20 +9,19 @@ Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
 Patch sequences (a model whose preprocessing spec says so): the whole image at its aspect
 ratio as a sequence of patches (vit_jax/data/naflex.py), flipped at random in training.
 
+One image on the host, decoded and made a model's input: vit_jax/data/images.py, which
+computes the same numbers without TensorFlow where it can.
+
 Every random op takes an explicit seed, so the same example at the same stream position
 gets the same augmentation in an uninterrupted and in a resumed run.
 """
 
-import io
 import math
-import os
 from collections.abc import Callable
 
-import numpy as np
 import tensorflow as tf
-from PIL import Image
 
-from vit_jax import files
+from vit_jax import data
 from vit_jax.data import naflex, randaugment
 from vit_jax.data.spec import Pp
 from vit_jax.families import preprocessing
@@ -30,6 +29,9 @@ from vit_jax.families.preprocessing import Preprocessing
 
 # fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
 _RANDAUG_SEED = 7
+# Whichever path brought TensorFlow in (a command that decodes most images without it too).
+data.hide_accelerators_from_tensorflow()
+
 # The inception crop's range of aspect ratios (width / height), tf.image's and big_vision's.
 ASPECT_RATIOS = (0.75, 1.33)
 
@@ -37,55 +39,6 @@ ASPECT_RATIOS = (0.75, 1.33)
 def decode(encoded: tf.Tensor) -> tf.Tensor:
   """Encoded image bytes to uint8 (H, W, 3): grey is repeated, alpha dropped."""
   return tf.io.decode_image(encoded, channels=3, expand_animations=False)
-
-
-# The first bytes of the formats `decode` reads (JPEG, PNG, GIF, BMP).
-_SIGNATURES = (b'\xff\xd8\xff', b'\x89PNG\r\n\x1a\n', b'GIF87a', b'GIF89a', b'BM')
-
-
-def decode_bytes(data: bytes) -> np.ndarray | None:
-  """An encoded image decoded by `decode` (eagerly), or None when TensorFlow cannot decode it.
-  Bytes of no format it reads are not given to it: its failed op logs two lines to stderr,
-  past TF_CPP_MIN_LOG_LEVEL."""
-  if not data.startswith(_SIGNATURES):
-    return None
-  try:
-    return decode(tf.constant(data)).numpy()
-  except tf.errors.OpError:
-    return None
-
-
-class ImageError(ValueError):
-  """An image file that cannot be read or decoded."""
-
-
-def read_image(path: str | os.PathLike) -> np.ndarray:
-  """Decodes an image file to uint8 RGB (H, W, 3); raises ImageError with a one-line reason
-  (`decode_image`)."""
-  try:
-    raw = files.path(path).read_bytes()
-  except OSError as e:
-    raise ImageError(f'{path}: cannot read image ({e.strerror or e})') from None
-  return decode_image(raw, path)
-
-
-def decode_image(raw: bytes, name: str | os.PathLike) -> np.ndarray:
-  """Encoded image bytes to uint8 RGB (H, W, 3); raises ImageError naming `name`.
-
-  JPEG, PNG, GIF and BMP decode as the input pipeline decodes them (`decode`); other bytes go
-  to Pillow, which reads more formats (TIFF, WebP) and names what is wrong.
-  """
-  image = decode_bytes(raw)
-  if image is not None:
-    return image
-  buffer = io.BytesIO(raw)
-  try:
-    with Image.open(buffer) as im:
-      return np.asarray(im.convert('RGB'), dtype=np.uint8)
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-    message = str(e).replace(repr(buffer), repr(str(name)))  # Pillow names the file it read
-    reason = ' '.join(message.split()) or type(e).__name__
-    raise ImageError(f'{name}: cannot read image ({reason})') from None
 
 
 def value_range(image: tf.Tensor, offset: float = 127.5, scale: float = 127.5) -> tf.Tensor:
@@ -266,7 +219,8 @@ def _central_crop(image: tf.Tensor, fraction: float) -> tf.Tensor:
 
 def input_op(spec: Preprocessing, image: tf.Tensor) -> tf.Tensor:
   """Decoded pixels (H, W, 3) -> the model's image input, as the spec states: THE
-  implementation of a model's preprocessing (the pipeline maps it, `host_input` runs it)."""
+  implementation of a model's preprocessing (the pipeline maps it; vit_jax/data/images.py
+  computes it on the host)."""
   if spec.crop < 1:
     image = _central_crop(image, spec.crop)
   if spec.kind == preprocessing.PATCHES:
@@ -276,11 +230,3 @@ def input_op(spec: Preprocessing, image: tf.Tensor) -> tf.Tensor:
   if spec.round_to_uint8:  # the original LiT code's: the resized image cast to uint8
     resized = tf.cast(resized, tf.uint8)
   return value_range(resized, spec.offset, spec.scale)
-
-
-def host_input(spec: Preprocessing, image: np.ndarray) -> np.ndarray:
-  """`input_op` of one decoded uint8 image (H, W, 3), computed eagerly: a numpy array."""
-  image = np.asarray(image)
-  if image.ndim != 3 or image.shape[-1] != 3:
-    raise ValueError(f'expected an RGB image of shape (H, W, 3), got {image.shape}')
-  return input_op(spec, tf.constant(image)).numpy()

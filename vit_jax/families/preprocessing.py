@@ -1,14 +1,14 @@
 """How an image becomes a model's image input: one declared spec per model, given by its family.
 
   spec = families.of_config(config).preprocessing(config, resolution)   # the family decides
-  x = data.preprocess.host_input(spec, pixels)    # one image, on the host (numpy out)
+  x = data.images.host_input(spec, pixels)        # one image, on the host (numpy out)
   x = data.preprocess.input_op(spec, image)       # the same, as tf.data ops (the pipeline)
 
 A spec is data: a square (or rectangular) resize, or a NaFlex patch sequence; the resize
 method; the uint8 rounding of the original LiT code; the value range as one offset/scale
-pair; a central crop. vit_jax/data/preprocess.py computes it, on the host and in tf.data,
-and export.json states it (`to_json`, with the prose of `describe`). Nothing else decides how
-a model's images are prepared.
+pair; a central crop. vit_jax/data/preprocess.py computes it in tf.data, vit_jax/data/images.py
+on the host (the same numbers), and export.json states it (`to_json`, with the prose of
+`describe`). Nothing else decides how a model's images are prepared.
 """
 
 import dataclasses

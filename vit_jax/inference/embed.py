@@ -57,7 +57,7 @@ def embedder(model: Model, texts: bool = False) -> Embedder:
       lambda text: model.tokenize([text])[0],
       padded(model.embed_texts),
     )
-  from vit_jax.data import preprocess
+  from vit_jax.data import images
 
   if model.image_text:
     kind, fn = 'image', model.embed_images
@@ -65,7 +65,7 @@ def embedder(model: Model, texts: bool = False) -> Embedder:
     kind, fn = ('logits', model.logits) if model.num_classes else ('features', model.features)
   else:
     kind, fn = 'pre-logits', model.features
-  prepare = lambda image: preprocess.host_input(model.preprocessing, image)
+  prepare = lambda image: images.host_input(model.preprocessing, image)
   return Embedder(model.name, kind, model.preprocessing.describe(), prepare, padded(fn))
 
 
@@ -90,7 +90,7 @@ def _image_files(folder) -> Iterator[Any]:
 
 def folder_inputs(root: str) -> Inputs:
   """A folder's image files, recursively, by sorted relative path (the ids)."""
-  from vit_jax.data.preprocess import ImageError, read_image
+  from vit_jax.data.images import ImageError, read_image
 
   base = files.path(root)
   if not base.is_dir():
@@ -112,7 +112,7 @@ def dataset_inputs(dataset: str, split: str, data_dir: str | None) -> Inputs:
   import tensorflow as tf
 
   from vit_jax import data
-  from vit_jax.data.preprocess import ImageError
+  from vit_jax.data.images import ImageError
 
   source = data.get_source(dataset, data_dir)
 

@@ -107,9 +107,9 @@ class Model:
     """Images (paths, bytes, PIL images, uint8 arrays (H, W, 3); one or a list, or a uint8
     batch (N, H, W, 3)) -> the model's inputs (N, *preprocessing.input_shape()), float32;
     an unreadable one raises `ImageError` naming it."""
-    from vit_jax.data import preprocess
+    from vit_jax.data import images as host
 
-    return np.stack([preprocess.host_input(self.preprocessing, _pixels(x)) for x in _many(images)])
+    return np.stack([host.host_input(self.preprocessing, _pixels(x)) for x in _many(images)])
 
   def inputs(self, images: Any) -> np.ndarray:
     """`images` as the model's inputs: a float array of the input shape as it is, anything
@@ -245,14 +245,14 @@ def image_batches(
 ) -> Iterator[tuple[list[str], np.ndarray]]:
   """The readable images of `paths` in order as the model's inputs, `batch_size` at a time:
   (their names, (n, *input_shape)); each unreadable one's one-line reason goes to `errors`."""
-  from vit_jax.data import preprocess
+  from vit_jax.data import images
 
   names, rows = [], []
   for path in paths:
     try:
       rows.append(model.preprocess(path)[0])
       names.append(str(path))
-    except preprocess.ImageError as e:
+    except images.ImageError as e:
       errors.append(str(e))
     if len(rows) == batch_size:
       yield names, np.stack(rows)
@@ -300,12 +300,12 @@ def _is_pil(x: Any) -> bool:
 
 def _pixels(image: Any) -> np.ndarray:
   """One image as decoded uint8 RGB pixels (H, W, 3)."""
-  from vit_jax.data import preprocess
+  from vit_jax.data import images
 
   if isinstance(image, str | os.PathLike):
-    return preprocess.read_image(image)
+    return images.read_image(image)
   if isinstance(image, bytes):
-    return preprocess.decode_image(image, 'the image bytes given')
+    return images.decode_image(image, 'the image bytes given')
   if _is_pil(image):
     return np.asarray(image.convert('RGB'), np.uint8)
   pixels = np.asarray(image)
