@@ -7,7 +7,9 @@ real programs (absl's `app.run`, the console scripts, `python -m`) are run by
 tests/test_packaging.py and tests/test_train.py."""
 
 import importlib
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from absl import app, flags
@@ -15,6 +17,7 @@ from absl import app, flags
 from vit_jax import cli, hugepages
 from vit_jax.cli import convert
 
+REPO = Path(__file__).parent.parent
 # absltest defines it when chex is imported, as vit-embed and vit-benchmark import it.
 LIBRARY_FLAG = 'test_srcdir'
 # A command line of each command that lacks a required flag, and that flag.
@@ -165,3 +168,28 @@ def test_a_checkpoint_that_cannot_be_read_is_a_runtime_error_of_one_line(command
   status, out, err = command(cli.entry_point('vit-visualize'), *argv)
   assert (status, out) == (1, '')
   assert err.startswith(f'error: {missing}: ') and err.count('\n') == 1, err
+
+
+# A command line of each inference command whose checkpoint is not there.
+ABSENT = {
+  'vit_jax.predict': ['--checkpoint={missing}', 'cat.jpg'],
+  'vit_jax.zeroshot': ['--checkpoint={missing}', '--classes=a,b', 'cat.jpg'],
+  'vit_jax.embed': ['--checkpoint={missing}', '--out={tmp}/out', '--folder={tmp}'],
+}
+
+
+@pytest.mark.parametrize('module', sorted(ABSENT))
+def test_a_missing_path_comes_back_before_jax_loads(module, tmp_path):
+  """One line and status 1, as for any unreadable checkpoint, but said before the seconds
+  that importing jax takes: `python -X importtime` lists every module the process loaded."""
+  missing = tmp_path / 'absent.npz'
+  args = [a.format(missing=missing, tmp=tmp_path) for a in ABSENT[module]]
+  proc = subprocess.run(
+    [sys.executable, '-X', 'importtime', '-m', module, *args],
+    cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  lines = proc.stderr.splitlines()
+  said = [line for line in lines if not line.startswith('import time:')]
+  loaded = {line.split('|')[-1].strip() for line in lines if line.startswith('import time:')}
+  assert (proc.returncode, said) == (1, [f'error: {missing}: no such file or directory'])
+  assert 'jax' not in loaded and 'tensorflow' not in loaded

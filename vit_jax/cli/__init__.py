@@ -212,6 +212,16 @@ def start(
   app.run(with_usage_hint(main_with_cache, program), flags_parser=parser)
 
 
+def missing_path(path: str) -> str | None:
+  """`PATH: no such file or directory` where `path` names a local file or folder that is not
+  there, else None. Commands check their paths with it before they import jax (1-2 s), so a
+  mistyped one comes back at once; a cloud path (scheme://) and a bare name (a registered
+  model's: no '/' or '.') are left to the command."""
+  if '://' in path or not any(c in path for c in '/.') or os.path.lexists(path):
+    return None
+  return f'{path}: no such file or directory'
+
+
 def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:
   """--checkpoint, --model, --resolution: what `vit_jax.load` takes (the inference tools')."""
   fv = flag_values

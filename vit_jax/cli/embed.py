@@ -39,10 +39,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from absl import flags, logging
+from etils import epy
 
 from vit_jax import cli
-from vit_jax.data import embeddings
-from vit_jax.inference import embed
+
+with epy.lazy_imports():  # jax loads on first use, once the arguments are checked
+  from vit_jax import inference
+  from vit_jax.data import embeddings
+  from vit_jax.inference import embed
 
 
 def _inputs(o: dict[str, Any]) -> Any:
@@ -75,13 +79,16 @@ def _usage(o: dict[str, Any], image_text: bool, exported: bool = False) -> str |
 def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
   """The command line's work; the exit status: 0 (also with unreadable images, which the
   manifest lists), 1 for an error, 2 for a usage error; one line on stderr for each."""
-  from vit_jax import inference
-
   o = {'folder': '', 'dataset': '', 'split': 'test', 'texts': '', 'captions': ''}
   o |= {'model': None, 'resolution': None, 'vocab': None, 'max_patches': 0, 'wait_s': 3600.0}
   o |= {'shard_size': 10_000, 'batch_size': 32, 'tfds_data_dir': None, 'progress': False}
   o |= {'dtype': 'float32'}
   o |= {'process_index': None, 'process_count': None} | options
+  paths = [checkpoint, *(o[k] for k in ('folder', 'texts', 'captions') if o[k])]
+  absent = [m for m in map(cli.missing_path, paths) if m]
+  if absent:  # said before jax loads
+    print(f'error: {absent[0]}', file=sys.stderr)
+    return 1
   if o['process_count'] is None or o['process_index'] is None:
     import jax  # several processes of one jax.distributed program
 

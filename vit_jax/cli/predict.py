@@ -35,10 +35,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from absl import flags, logging
+from etils import epy
 
-from vit_jax import cli, inference
-from vit_jax.inference import predict, zeroshot
-from vit_jax.inference.predict import Prediction
+from vit_jax import cli
+
+with epy.lazy_imports():  # jax loads on first use, once the arguments are checked
+  from vit_jax import inference
+  from vit_jax.inference import predict, zeroshot
 
 
 def _as_json(model, predictions, errors, warning, checkpoint) -> dict[str, Any]:
@@ -66,7 +69,7 @@ def _as_json(model, predictions, errors, warning, checkpoint) -> dict[str, Any]:
   }
 
 
-def format_table(predictions: Sequence[Prediction]) -> str:
+def format_table(predictions: Sequence['predict.Prediction']) -> str:
   """One block per image: rank, probability, class index and name."""
   lines = []
   for p in predictions:
@@ -95,7 +98,7 @@ def _head_warning(model, checkpoint) -> str | None:
 
 def _write_features(
   out: str,
-  predictions: Sequence[Prediction],
+  predictions: Sequence['predict.Prediction'],
   model,
   checkpoint: str,
   block: int | None,
@@ -145,6 +148,12 @@ def run(
   `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
   in `templates`, default the checkpoint's own, else clip_best; a patch-sequence model's
   images as at most `max_patches` patches, 0: its own count)."""
+  absent = cli.missing_path(checkpoint)
+  no_images = [m for m in map(cli.missing_path, images) if m]
+  if absent or (images and len(no_images) == len(images)):  # said before jax loads
+    for line in [absent] if absent else no_images:
+      print(f'error: {line}', file=sys.stderr)
+    return 1
   try:
     _check_usage(images, features, features_block, classes, max_patches)
   except ValueError as e:

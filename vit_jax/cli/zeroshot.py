@@ -52,9 +52,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from absl import flags, logging
+from etils import epy
 
-from vit_jax import cli, inference
-from vit_jax.inference import zeroshot
+from vit_jax import cli
+
+with epy.lazy_imports():  # jax loads on first use, once the arguments are checked
+  from vit_jax import inference
+  from vit_jax.inference import zeroshot
 
 
 def _print_recalls(info: dict[str, Any], recalls: dict[str, float], as_json: bool) -> int:
@@ -139,15 +143,21 @@ def run(
   protocol, max_patches) and `progress`: say on stderr what it is doing before each slow part
   (at a terminal). `templates` and `canonicalize` None: the checkpoint's, else 'clip_best'
   and True."""
-  from vit_jax import data as data_lib
-  from vit_jax.data import captions as captions_lib
-
   o = {**OPTIONS, **(options or {})}
   say = (lambda line: print(line, file=sys.stderr, flush=True)) if o['progress'] else len
   usage = _usage(images, classes, dataset, o)
   if usage:
     print(f'error: {usage}', file=sys.stderr)
     return 2
+  absent = [m for m in map(cli.missing_path, [checkpoint, o['captions'] or '']) if m]
+  no_images = [m for m in map(cli.missing_path, images) if m]
+  if absent or (images and len(no_images) == len(images)):  # said before jax loads
+    for line in absent or no_images:
+      print(f'error: {line}', file=sys.stderr)
+    return 1
+  from vit_jax import data as data_lib
+  from vit_jax.data import captions as captions_lib
+
   try:
     say(f'Reading {checkpoint} ...')
     model = _load(checkpoint, o)
@@ -257,7 +267,7 @@ def main(argv: Sequence[str]) -> None:
   if not f['verbosity'].present:
     logging.set_verbosity(logging.WARNING)
   progress = sys.stderr.isatty()
-  if progress:  # TensorFlow and JAX take seconds to load
+  if progress:  # JAX (and for a dataset TensorFlow) take seconds to load
     print('vit-zeroshot: loading JAX ...', file=sys.stderr, flush=True)
   keys = ('vocab', 'split', 'limit', 'top_k', 'json', 'batch_size', 'cache_dir')
   keys += ('tfds_data_dir', 'out', 'captions', 'max_texts', 'max_patches', 'embeddings', 'dtype')
