@@ -216,6 +216,31 @@ def test_the_digits_as_files_with_unreadable_ones_among_them(
   assert '3 unreadable' in capsys.readouterr().err
 
 
+def test_a_folder_of_jpegs_moves_the_progress_line_each_batch(classifier, tmp_path, capsys):
+  """11 JPEGs of digits at 40 px and a truncated one, batches of 4: each embedding is the model
+  on TensorFlow's decode and resize of its file (the input pipeline's), and the progress line
+  moves after every batch (the unreadable file counts as done)."""
+  import tensorflow as tf
+
+  root = tmp_path / 'jpegs'
+  root.mkdir()
+  pixels = np.repeat(np.repeat(_digits()[:11], 5, axis=1), 5, axis=2)  # 8 px -> 40 px
+  for i, image in enumerate(pixels):
+    Image.fromarray(image).save(root / f'{i:02d}.jpg', quality=90)
+  (root / '05-cut.jpg').write_bytes((root / '05.jpg').read_bytes()[:200])
+  options = dict(ONE, dataset='', folder=str(root), batch_size=4, progress=True)
+  assert embed.run(classifier[0], str(tmp_path / 'out'), options) == 0
+  manifest, array, ids = embeddings.read(str(tmp_path / 'out'))
+  assert ids == [f'{i:02d}.jpg' for i in range(11)]
+  assert [b['id'] for b in manifest['bad']] == ['05-cut.jpg']
+  decoded = [preprocess.decode(tf.io.read_file(str(root / name))).numpy() for name in ids]
+  np.testing.assert_allclose(array, _pre_logits(classifier[1], np.stack(decoded)), atol=1e-6)
+  err = capsys.readouterr().err
+  shown = [line.split(',')[0] for line in err.replace('\r', '\n').splitlines() if line]
+  # Of 12 files: 00-03; 04, the cut one, 05-07; 08-10.
+  assert shown[:4] == ['embedded 4/12', 'embedded 9/12', 'embedded 12/12', '11 embeddings (64 wide']
+
+
 def _lit_digits(directory) -> str:
   """The digits LiT (configs/lit_digits.py: the digits ViT, a BERT text tower) with random
   weights, as `vit-convert` writes a run of it: the .npz, and its vocabulary and the text

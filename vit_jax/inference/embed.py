@@ -13,11 +13,14 @@ the shards (process p embeds those with i % count == p); process 0 waits for eve
 writes the manifest, last.
 """
 
+import collections
 import dataclasses
 import math
+import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
 from typing import Any
 
 import numpy as np
@@ -71,12 +74,14 @@ def embedder(model: Model, texts: bool = False) -> Embedder:
 
 @dataclasses.dataclass
 class Inputs:
-  """Numbered inputs: `read(start, end)` gives (id, value or the reason it is unreadable) for
-  each of [start, end); `describe` is the manifest's `input`."""
+  """Numbered inputs: `read(start, end)` gives (id, raw) for each of [start, end), and
+  `load(raw)` the value (decoded pixels, a text) or the reason it is unreadable, an exception
+  returned or raised; `load` runs in worker threads. `describe` is the manifest's `input`."""
 
   size: int
   read: Callable[[int, int], Iterator[tuple[Any, Any]]]
   describe: dict[str, Any]
+  load: Callable[[Any], Any] = lambda raw: raw
 
 
 def _image_files(folder) -> Iterator[Any]:
@@ -98,13 +103,15 @@ def folder_inputs(root: str) -> Inputs:
   names = sorted(p.relative_to(base).as_posix() for p in _image_files(base))
 
   def read(start, end):
-    for name in names[start:end]:
-      try:
-        yield name, read_image(base / name)
-      except ImageError as e:
-        yield name, ImageError(str(e).removeprefix(f'{base / name}: '))
+    return ((name, base / name) for name in names[start:end])
 
-  return Inputs(len(names), read, {'folder': str(root)})
+  def load(path):
+    try:
+      return read_image(path)
+    except ImageError as e:  # the manifest names the file by its id
+      return ImageError(str(e).removeprefix(f'{path}: '))
+
+  return Inputs(len(names), read, {'folder': str(root)}, load)
 
 
 def dataset_inputs(dataset: str, split: str, data_dir: str | None) -> Inputs:
@@ -157,22 +164,70 @@ def _dimension(embedder: Embedder) -> int:
   return int(embedder.apply(embedder.prepare(blank)[None]).shape[-1])
 
 
-def embed_shard(
-  embedder: Embedder, inputs: Inputs, start: int, end: int, batch_size: int
-) -> tuple[np.ndarray, list[Any], list[dict[str, Any]]]:
-  """Inputs [start, end): (embeddings (n, D) float32, their n ids, the unreadable ones)."""
-  ids, rows, bad = [], [], []
-  for key, value in inputs.read(start, end):
+# Threads that decode and prepare inputs ahead of the model (simplejpeg, Pillow and numpy let
+# go of the GIL, as XLA does while the model runs), and how many batches they may run ahead.
+WORKERS = len(os.sched_getaffinity(0))
+BATCHES_AHEAD = 2
+
+
+def _prepared(
+  embedder: Embedder, inputs: Inputs, items: Iterable[tuple[Any, Any]], ahead: int
+) -> Iterator[tuple[Any, np.ndarray | None, str]]:
+  """(id, the model's input row, '') of each item in order, or (id, None, why unreadable);
+  loaded and prepared by `WORKERS` threads at most `ahead` items ahead of the caller."""
+
+  def prepare(item):
+    key, raw = item
     try:
+      value = inputs.load(raw)
       if isinstance(value, Exception):
         raise value
-      rows.append(embedder.prepare(value))
-      ids.append(key)
+      return key, embedder.prepare(value), ''
     except ValueError as e:  # ImageError, or pixels of a shape no image has
-      bad.append({'id': key, 'reason': ' '.join(str(e).split())})
-  parts = [
-    embedder.apply(np.stack(rows[i : i + batch_size])) for i in range(0, len(rows), batch_size)
-  ]
+      return key, None, ' '.join(str(e).split())
+
+  with futures.ThreadPoolExecutor(WORKERS) as pool:
+    pending = collections.deque()
+    for item in items:
+      pending.append(pool.submit(prepare, item))
+      if len(pending) >= ahead:
+        yield pending.popleft().result()
+    while pending:
+      yield pending.popleft().result()
+
+
+def embed_shard(
+  embedder: Embedder,
+  inputs: Inputs,
+  start: int,
+  end: int,
+  batch_size: int,
+  meter: 'Progress | None' = None,
+) -> tuple[np.ndarray, list[Any], list[dict[str, Any]]]:
+  """Inputs [start, end): (embeddings (n, D) float32, their n ids, the unreadable ones); the
+  next batch is prepared while the model runs on this one, and `meter` moves each batch."""
+  ids, rows, bad, parts = [], [], [], []
+  counted = start  # inputs the meter has been told of
+
+  def apply(done: int) -> None:
+    nonlocal counted
+    if rows:
+      parts.append(embedder.apply(np.stack(rows)))
+      rows.clear()
+    if meter:
+      meter.update(done - counted)
+    counted = done
+
+  items = _prepared(embedder, inputs, inputs.read(start, end), BATCHES_AHEAD * batch_size)
+  for done, (key, row, reason) in enumerate(items, start + 1):
+    if row is None:
+      bad.append({'id': key, 'reason': reason})
+      continue
+    rows.append(row)
+    ids.append(key)
+    if len(rows) == batch_size:
+      apply(done)
+  apply(end)
   if not parts:
     return np.zeros((0, _dimension(embedder)), np.float32), ids, bad
   return np.concatenate(parts).astype(np.float32), ids, bad
@@ -224,9 +279,8 @@ def run(
   meter = Progress(sum(min(shard_size, inputs.size - i * shard_size) for i in todo), progress)
   for i in todo:
     start, end = i * shard_size, min((i + 1) * shard_size, inputs.size)
-    array, ids, bad = embed_shard(embedder, inputs, start, end, batch_size)
+    array, ids, bad = embed_shard(embedder, inputs, start, end, batch_size, meter)
     store.write_shard(out, i, num_shards, array, ids, bad)
-    meter.update(end - start)
   if index != 0:
     return None
   store.wait_for_shards(out, num_shards, wait_s)
