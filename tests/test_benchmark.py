@@ -6,19 +6,22 @@ keep the numbers is tests/test_model_paths.py.)
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
+from PIL import Image
 
-from vit_jax import benchmark, families, parallel
-from vit_jax.benchmark import analysis, contrastive_loss, memory, programs
+from vit_jax import benchmark, checkpoint, families, parallel
+from vit_jax.benchmark import analysis, contrastive_loss, embedder, memory, programs, start
 from vit_jax.benchmark.variants import build_model
 from vit_jax.cli import benchmark as benchmark_cli
-from vit_jax.models import stats
+from vit_jax.models import get_model, stats
 
 TINY = {'transformer': {'num_layers': 2}}  # ViT-Ti_16 with 2 blocks: compiles in seconds
 
@@ -410,6 +413,41 @@ def test_pipeline_mode_measures_every_variant_and_checks_the_resumed_batches(tmp
 
 
 @pytest.mark.slow
+def test_embedder_mode_times_vit_embed_beside_its_model(tmp_path):
+  """`--embedder`'s measure: the model-alone and end-to-end rates over the same JPEG folder,
+  each the images over the median round."""
+  result = embedder.run_embedder_benchmark(
+    'testing', str(tmp_path), 6, (40, 30), ['float32'], batch=4, rounds=2, log=len
+  )
+  (row,) = result['rows']
+  model, whole = (result['seconds'][f'float32 {kind}'] for kind in ('model', 'end_to_end'))
+  assert len(model) == len(whole) == 2
+  assert row['model_img_s'] == pytest.approx(6 / np.median(model))
+  assert row['ratio'] == pytest.approx(np.median(model) / np.median(whole))
+  assert len(list((tmp_path / 'jpeg_40x30_6').rglob('*.jpg'))) == 6
+  assert '| float32 |' in embedder.format_table(result)
+
+
+def test_start_probe_times_vit_predicts_phases(tmp_path, random_params):
+  """`--start`'s probe, one process as the mode starts it: imports, the checkpoint read, the
+  first batch (tracing and compiling: slower than) the batch again, all within its wall time."""
+  model = get_model('testing', num_classes=3)
+  x = np.zeros((1, 32, 32, 3), np.float32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))['params']
+  checkpoint.save_npz(random_params(shapes), tmp_path / 'm.npz')
+  Image.new('RGB', (40, 30), (200, 10, 90)).save(tmp_path / 'a.jpg')
+  env = dict(os.environ, VIT_JAX_COMPILATION_CACHE='off')
+  env.pop('JAX_COMPILATION_CACHE_DIR', None)  # compiled, not read from the tests' cache
+  argv = [sys.executable, '-c', start.PROBE, str(tmp_path / 'm.npz'), str(tmp_path / 'a.jpg')]
+  wall, out = start._timed(argv, env)
+  phases = dict(zip(start.PHASES, json.loads(out), strict=True))
+  assert all(s > 0 for s in phases.values())
+  assert phases['first batch'] > phases['batch again']
+  assert sum(phases.values()) < wall
+  row = {'start': 'probe cold', 'wall': wall, **phases}
+  assert start.format_table({'rows': [row]}).splitlines()[-1].startswith('| probe cold |')
+
+
 def test_precision_policies_show_bytes_accessed_and_temporary_memory():
   """The compiled training step's XLA memory traffic and temporaries per image, for both
   precision policies of bfloat16 (compiled only; float32 once, the policies are 16-bit ones)."""
