@@ -258,6 +258,16 @@ def define_dtype_flag(flag_values: flags.FlagValues) -> None:
   )
 
 
+def report(table: str, result: dict, json_path: str | None) -> None:
+  """A benchmark mode's table on stdout, and its whole result as JSON where asked."""
+  from vit_jax import files
+
+  print(table)
+  if json_path:
+    files.atomic_write_text(json_path, json.dumps(result, indent=2) + '\n')
+    print(f'wrote {json_path}')
+
+
 def print_zero_shot(shown: dict, as_json: bool) -> None:
   """Zero-shot predictions (`inference.zeroshot.predictions`) as JSON or one line an image,
   and each unreadable image as an error line (vit-zeroshot's and vit-predict --classes')."""

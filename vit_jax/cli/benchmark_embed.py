@@ -10,7 +10,6 @@ The checkpoint is any `vit_jax.load` reads; by default a registered ViT-B/16 wit
 weights. Run it on an otherwise quiet machine: both numbers share its cores.
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from collections.abc import Sequence
 
 from absl import flags, logging
 
-from vit_jax import files
+from vit_jax import cli
 from vit_jax.benchmark import embedder
 
 
@@ -47,7 +46,4 @@ def main(argv: Sequence[str]) -> None:
     f.checkpoint, f.embedder_dir, f.images, (w, h), f.dtypes, f.batch, f.rounds,
     log=lambda s: print(s, file=sys.stderr, flush=True),
   )  # fmt: skip
-  print(embedder.format_table(result))
-  if f.json:
-    files.atomic_write_text(f.json, json.dumps(result, indent=2) + '\n')
-    print(f'wrote {f.json}')
+  cli.report(embedder.format_table(result), result, f.json)

@@ -28,7 +28,6 @@ TFRecord build of tfds is, with a shuffle buffer of 1,024); and whether the batc
 95% equal the uninterrupted stream's there.
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from typing import Any
 
 from absl import flags
 
-from vit_jax import files
+from vit_jax import cli
 from vit_jax.benchmark import input_pipeline
 from vit_jax.benchmark.input_pipeline import MODES, SOURCES
 from vit_jax.data import pipeline
@@ -157,7 +156,4 @@ def main(argv: Sequence[str]) -> None:
     model_json=f.model_json,
     log=lambda s: print(s, file=sys.stderr, flush=True),
   )
-  print(format_tables(result))
-  if f.json:
-    files.atomic_write_text(f.json, json.dumps(result, indent=2) + '\n')
-    print(f'wrote {f.json}')
+  cli.report(format_tables(result), result, f.json)

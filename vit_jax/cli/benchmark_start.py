@@ -9,7 +9,6 @@ classifier's file with a head, or a registered classifier, written once to `--st
 random weights.
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from collections.abc import Sequence
 
 from absl import flags, logging
 
-from vit_jax import files
+from vit_jax import cli
 from vit_jax.benchmark import start
 
 
@@ -41,7 +40,4 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
   log = lambda s: print(s, file=sys.stderr, flush=True)
   result = start.run_start_benchmark(f.checkpoint, f.start_dir, f.rounds, log)
-  print(start.format_table(result))
-  if f.json:
-    files.atomic_write_text(f.json, json.dumps(result, indent=2) + '\n')
-    print(f'wrote {f.json}')
+  cli.report(start.format_table(result), result, f.json)
