@@ -5,11 +5,13 @@ interpreter where jax, flax and this project cannot be imported, against the mod
 process. The others run in the main
 environment: what it says where jax2onnx is missing, and the two environments' pins."""
 
+import importlib.metadata
 import json
 import re
 import textwrap
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from absl import flags
@@ -21,10 +23,11 @@ from tests.test_export import (
   _check_blocked,
   _cli,
   _expected,
+  _inputs,
   _passed,
   _save,
 )
-from vit_jax import checkpoint
+from vit_jax import benchmark, checkpoint
 from vit_jax import export as export_lib
 from vit_jax.cli import export as export_cli
 from vit_jax.export import functions
@@ -43,6 +46,28 @@ ONNX_CHECK = BLOCKER + textwrap.dedent("""
       np.testing.assert_allclose(got, data[f'y{i}'], rtol=0, atol=1e-5, err_msg=case['artifact'])
   print('ok')
 """)
+# The int8 files against the float32 model: each output's cosine to the model's at least 0.99.
+# int8 per-channel weights are off by at most half a step, max|w| / 254 per output channel,
+# uint8 activations likewise per tensor: for weights of ViT's initialisation a relative error of
+# about 1% per matmul, a few % through the network, a cosine above 0.999; 0.99 leaves room
+# for ~14% and fails where a layer's scales go wrong (a swapped zero point: cosine near 0).
+INT8_COSINE = 0.99
+INT8_CHECK = BLOCKER + textwrap.dedent("""
+  import json, numpy as np, onnxruntime as ort
+  for case in json.loads(sys.argv[2]):
+    data = np.load(case['data'])
+    session = ort.InferenceSession(case['artifact'], providers=['CPUExecutionProvider'])
+    (x,), (y,) = session.get_inputs(), session.get_outputs()
+    assert [x.name, x.shape, y.name, y.shape] == case['io'], (case['artifact'], x, y)
+    (got,) = session.run(None, {x.name: data['x']})
+    want = data['y'].astype(np.float64)
+    cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() >= case['cosine'], (case['artifact'], cosine)
+  print('ok')
+""")
+# The tiny classifier of the benchmark's own weights (variants.init_params): ViT-Ti/16, one
+# block, 32 px (4 patches), 10 classes; 0.6M parameters, 99% of them in matmul and conv kernels.
+BENCH_MODEL = ('ViT-Ti_16', {'transformer': {'num_layers': 1}}, 10, 32)
 
 
 def _hybrid():
@@ -119,14 +144,100 @@ def test_bfloat16_onnx_is_one_line_and_nothing_written(tmp_path, capsys):
   assert list(tmp_path.iterdir()) == []  # checked before the checkpoint is read
 
 
-def test_without_jax2onnx_onnx_is_one_line_naming_the_make_target(tmp_path, capsys, monkeypatch):
+def test_without_jax2onnx_onnx_and_int8_are_one_line_naming_make(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(export_lib.onnx, 'available', lambda: False)
   assert export_lib.default_formats() == ['stablehlo', 'saved_model']
-  status, _, err = _cli(capsys, tmp_path / 'vit.npz', tmp_path / 'out', '--formats=onnx')
-  assert status == 1 and err.count('\n') == 1 and '`make onnx-env`' in err
-  assert list(tmp_path.iterdir()) == []
+  for formats in ('onnx', 'onnx_int8'):
+    status, _, err = _cli(capsys, tmp_path / 'vit.npz', tmp_path / 'out', f'--formats={formats}')
+    assert status == 1 and err.count('\n') == 1 and '`make onnx-env`' in err
+    assert f'{formats}: not written' in err
+    assert list(tmp_path.iterdir()) == []
   monkeypatch.setattr(export_lib.onnx, 'available', lambda: True)
   assert export_lib.default_formats() == ['stablehlo', 'saved_model', 'onnx']
+
+
+def _blocky(rng, batch: int, size: int) -> np.ndarray:
+  """Images more like photographs than noise: 4x4 blocks of one colour each, upscaled, as
+  the bundled 8x8 digits are."""
+  small = rng.uniform(-1, 1, (batch, size // 4, size // 4, 3))
+  return np.repeat(np.repeat(small, 4, axis=1), 4, axis=2).astype(np.float32)
+
+
+def _int8_case(out, entry, function, rng, root) -> dict:
+  """The int8 file of `function` and its float32 model's outputs in this process: 8 random
+  inputs (images: 4 of noise, 4 blocky)."""
+  if function.input_name == 'images':
+    size = function.shape[1]
+    x = np.concatenate([_inputs(function, rng, 4), _blocky(rng, 4, size)])
+  else:
+    x = _inputs(function, rng, 8)
+  data = str(root / f'{out.name}_{function.name}_int8.npz')
+  np.savez(data, x=x, y=np.asarray(jax.jit(function.fn)(x)))
+  io = [entry['input']['name'], entry['input']['shape']]
+  io += [entry['output']['name'], entry['output']['shape']]
+  return {'artifact': str(out / entry['onnx_int8']), 'data': data, 'io': io, 'cosine': INT8_COSINE}
+
+
+@pytest.fixture(scope='module')
+def int8(tmp_path_factory):
+  """The benchmark's tiny classifier written with --formats=onnx_int8 and the tiny SigLIP with
+  --formats=onnx,onnx_int8, and their int8 check started in a fresh interpreter: (out dirs,
+  the check)."""
+  root = tmp_path_factory.mktemp('int8')
+  rng = np.random.default_rng(1)
+  name, overrides, classes, size = BENCH_MODEL
+  config = benchmark.model_config(name, overrides)
+  checkpoint.save_npz(benchmark.init_params(config, classes, size), root / 'ti.npz')
+  _save(MODELS['siglip'], root / 'siglip.npz')
+  outs, cases = {'ti': root / 'ti_out', 'siglip': root / 'siglip_out'}, []
+  _export([root / 'ti.npz', outs['ti'], '--formats=onnx_int8'])
+  _export([root / 'siglip.npz', outs['siglip'], '--formats=onnx,onnx_int8'])
+  for name, out in outs.items():
+    meta = json.loads((out / 'export.json').read_text())
+    for function in functions(checkpoint.fit(str(root / f'{name}.npz'))):
+      cases.append(_int8_case(out, meta['functions'][function.name], function, rng, root))
+  check = _check_blocked(INT8_CHECK, 'vit_jax,flax,jax,jaxlib', cases, root)
+  yield outs, check
+  check.kill()
+
+
+@pytest.mark.onnx
+def test_int8_runs_with_onnxruntime_alone_near_the_float32_model(int8):
+  """The classifier's logits and SigLIP's image and text embeddings, cosine >= 0.99."""
+  _passed(int8[1])
+
+
+def _bytes(out: Path, name: str) -> int:
+  return sum(p.stat().st_size for p in out.iterdir() if p.name.startswith(name))
+
+
+@pytest.mark.onnx
+def test_int8_is_a_quarter_of_the_float32_file_and_export_json_says_how(int8):
+  outs = int8[0]
+  meta = json.loads((outs['ti'] / 'export.json').read_text())
+  assert meta['formats'] == ['onnx', 'onnx_int8']  # the float32 file it quantizes too
+  assert meta['functions']['model']['onnx_int8'] == 'model.int8.onnx'
+  assert meta['onnx_int8']['tool'] == 'onnxruntime.quantization.quantize_dynamic'
+  assert meta['onnx_int8']['onnxruntime'] == importlib.metadata.version('onnxruntime')
+  # A byte per weight of the kernels (99% of the parameters) where float32 has 4; the rest,
+  # each output channel's scale and zero point and the graph stay: above 1/4, below 0.3.
+  ratio = _bytes(outs['ti'], 'model.int8.onnx') / _bytes(outs['ti'], 'model.onnx')
+  assert 0.25 < ratio < 0.3
+  siglip = json.loads((outs['siglip'] / 'export.json').read_text())['functions']
+  assert [siglip[f]['onnx_int8'] for f in ('image', 'text')] == [
+    'image.int8.onnx',
+    'text.int8.onnx',
+  ]
+
+
+@pytest.mark.onnx
+def test_int8_in_bfloat16_is_one_line_and_nothing_written(tmp_path, capsys):
+  status, _, err = _cli(
+    capsys, tmp_path / 'vit.npz', tmp_path / 'out', '--formats=onnx_int8', '--dtype=bfloat16'
+  )
+  assert status == 1 and err.count('\n') == 1, err
+  assert 'onnx_int8: not written for --dtype=bfloat16' in err
+  assert list(tmp_path.iterdir()) == []
 
 
 def _pins(lock: str) -> dict[str, str]:
