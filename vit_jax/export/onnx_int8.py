@@ -7,7 +7,7 @@ tensor, from each batch's own range (no calibration). jax2onnx writes every dens
 `Gemm`, which `quantize_dynamic` leaves in float32, so each plain Gemm (no transposes, alpha
 and beta 1: all that jax2onnx writes) is rewritten as `MatMul` then `Add` first. Signed int8
 weights against unsigned activations is the pairing onnxruntime's x86 kernels are fastest at
-(VNNI's `vpdpbusd` multiplies u8 by s8): on an AMD EPYC with avx512_vnni, ViT-B/16 ran 2.6x as
+(VNNI's `vpdpbusd` multiplies u8 by s8): on an AMD EPYC with avx512_vnni, ViT-B/16 ran 2.7x as
 fast as float32 where uint8 weights ran 1.5x (docs/export.md).
 
 onnx and onnxruntime, which this needs, are in ONNX's own environment; it is imported there
