@@ -8,6 +8,7 @@ environment: what it says where jax2onnx is missing, and the two environments' p
 import importlib.metadata
 import json
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -186,8 +187,7 @@ def int8(tmp_path_factory):
   root = tmp_path_factory.mktemp('int8')
   rng = np.random.default_rng(1)
   name, overrides, classes, size = BENCH_MODEL
-  config = benchmark.model_config(name, overrides)
-  checkpoint.save_npz(benchmark.init_params(config, classes, size), root / 'ti.npz')
+  benchmark.save_params(root / 'ti.npz', benchmark.model_config(name, overrides), classes, size)
   _save(MODELS['siglip'], root / 'siglip.npz')
   outs, cases = {'ti': root / 'ti_out', 'siglip': root / 'siglip_out'}, []
   _export([root / 'ti.npz', outs['ti'], '--formats=onnx_int8'])
@@ -238,6 +238,40 @@ def test_int8_in_bfloat16_is_one_line_and_nothing_written(tmp_path, capsys):
   assert status == 1 and err.count('\n') == 1, err
   assert 'onnx_int8: not written for --dtype=bfloat16' in err
   assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.onnx
+def test_benchmark_times_the_onnx_files_beside_ours(int8):
+  name, overrides, classes, size = BENCH_MODEL
+  result = benchmark.run_benchmark(
+    name, batch=2, resolution=size, num_classes=classes, model_overrides=overrides,
+    onnx=str(int8[0]['ti']), rounds=1, steps=1, probe_sizes=(128,),
+  )  # fmt: skip
+  rows = {r['program']: r for r in result['rows']}
+  assert {'ORT float32', 'ORT int8'} <= rows.keys()
+  assert rows['ORT int8']['framework'] == 'onnxruntime' and rows['ORT int8']['img_per_s'] > 0
+  agree = result['onnx_agreement']
+  assert agree['ORT float32']['max_abs_logit_error'] < 1e-5  # the same model (to 1e-5 above)
+  assert agree['ORT int8']['min_cosine'] >= INT8_COSINE
+
+
+def test_benchmark_onnx_errors_are_one_line_before_compiling(tmp_path, monkeypatch):
+  """A directory of another resolution, and onnxruntime missing: each one line naming the fix."""
+  name, overrides, classes, size = BENCH_MODEL
+  run = lambda onnx: benchmark.run_benchmark(
+    name, batch=2, resolution=size, num_classes=classes, model_overrides=overrides, onnx=onnx
+  )
+  for res in (size, 64):
+    model = {'input': {'name': 'images', 'shape': ['b', res, res, 3]}, 'onnx': 'model.onnx'}
+    model['output'] = {'name': 'logits', 'shape': ['b', classes]}
+    (tmp_path / str(res)).mkdir()
+    (tmp_path / str(res) / 'export.json').write_text(json.dumps({'functions': {'model': model}}))
+  pytest.importorskip('onnxruntime')
+  with pytest.raises(ValueError, match=r'takes \[64, 64, 3\] .* \[32, 32, 3\].*--save_params'):
+    run(str(tmp_path / '64'))
+  monkeypatch.setitem(sys.modules, 'onnxruntime', None)  # as where it is not installed
+  with pytest.raises(ValueError, match=r'^--onnx needs onnxruntime: pip install onnxruntime=='):
+    run(str(tmp_path / str(size)))
 
 
 def _pins(lock: str) -> dict[str, str]:
