@@ -6,6 +6,7 @@
   programs.py          the programs under test: compiled inference and the trainer's own step
   timing.py            interleaved rounds of timed steps, peak memory, the matmul probe
   hugging_face.py      `--compare`: Hugging Face's PyTorch ViT on the same weights
+  onnx_runtime.py      `--onnx`: the ONNX files vit-export wrote, under onnxruntime
   results.py           the JSON-ready rows, ratios and conditions of a run
   speed.py             `run_benchmark`: all of the above, for every variant
   memory.py            the training step's memory as a line in the batch: `memory_table`,
@@ -29,6 +30,7 @@ _MODULES = {
   'Variant': 'variants',
   'init_params': 'variants',
   'model_config': 'variants',
+  'save_params': 'variants',
   'variants_from': 'variants',
   'matmul_probe': 'timing',
   'run_benchmark': 'speed',

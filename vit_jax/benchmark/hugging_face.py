@@ -11,6 +11,8 @@ from vit_jax import families, torch_compat
 from vit_jax.benchmark.programs import Job, Timed
 from vit_jax.benchmark.variants import Variant
 
+HF = 'hf-pytorch'  # its programs' framework
+
 
 def check_comparable(name: str, config: Any) -> None:
   what = families.of_config(config).unlike_hugging_face(config)
@@ -45,6 +47,7 @@ def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bo
   for dtype in dict.fromkeys(v.dtype for v in variants):
     autocast = dtype != 'float32'
     ctx = lambda a=autocast, d=dtype: torch.autocast('cpu', dtype=getattr(torch, d), enabled=a)
+    label = f'HF PyTorch {dtype}'
 
     def infer(ctx=ctx):
       hf.eval()
@@ -52,7 +55,7 @@ def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bo
         return hf(pixel_values=x).logits.float().numpy()
 
     if inference:
-      programs.append(Timed(f'HF PyTorch {dtype}', Variant(dtype), 'inference', infer))
+      programs.append(Timed(label, Variant(dtype), 'inference', infer, framework=HF))
     if train:
       opt = torch.optim.SGD(hf.parameters(), lr=1e-4, momentum=0.9)
 
@@ -66,7 +69,7 @@ def _hf_programs(hf, torch, variants, images, labels, train: bool, inference: bo
         opt.step()
         return loss.detach().numpy()
 
-      programs.append(Timed(f'HF PyTorch {dtype}', Variant(dtype), 'train', step))
+      programs.append(Timed(label, Variant(dtype), 'train', step, framework=HF))
   return programs
 
 
@@ -86,10 +89,8 @@ def compare(job: Job, params: Any, resolution: int, programs: list[Timed]):
   return hf_programs, hf_logits
 
 
-def hf_logit_error(job: Job, compiled_inference: dict, hf_logits) -> float | None:
+def hf_logit_error(ours: np.ndarray | None, hf_logits) -> float | None:
   """Our float32 logits against Hugging Face's on the benchmark batch."""
-  ref_variant = next((v for v in compiled_inference if v.dtype == 'float32'), None)
-  if hf_logits is None or ref_variant is None or not job.inference:
+  if hf_logits is None or ours is None:
     return None
-  compiled, params_v = compiled_inference[ref_variant]
-  return float(np.abs(np.asarray(compiled(params_v, job.images)) - hf_logits).max())
+  return float(np.abs(ours - hf_logits).max())

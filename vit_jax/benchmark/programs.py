@@ -35,6 +35,7 @@ class Timed:
   faults: list[int] = dataclasses.field(default_factory=list)
   peak_bytes: int | None = None
   hlo: Callable[[], str] | None = None  # the compiled program's text, for --profile_steps
+  framework: str = 'jax'  # or 'hf-pytorch', 'onnxruntime'
 
 
 @dataclasses.dataclass

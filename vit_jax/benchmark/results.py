@@ -23,18 +23,18 @@ def _per(value: float | None, batch: int) -> float | None:
 def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bool) -> dict:
   timed = bool(p.wall)
   best = min(p.wall) if timed else None
-  hf = p.label.startswith('HF')
+  other = p.framework != 'jax'
   model_flops = p.model_flops_per_image
   achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
   probe = probe_best.get(p.variant.dtype)
   return {
     'program': p.label,
-    'framework': 'hf-pytorch' if hf else 'jax',
+    'framework': p.framework,
     'mode': p.mode,
     'dtype': p.variant.dtype,
-    'attention': None if hf else p.variant.attention,
-    'remat': None if hf else p.variant.remat,
-    'layers': None if hf else p.variant.layers,
+    'attention': None if other else p.variant.attention,
+    'remat': None if other else p.variant.remat,
+    'layers': None if other else p.variant.layers,
     'img_per_s': batch / best if timed else None,
     'img_per_s_median': batch / statistics.median(p.wall) if timed else None,
     'step_s': best,
@@ -51,7 +51,7 @@ def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: boo
     'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
     'bytes_accessed_per_image': _per(p.facts.get('bytes_accessed'), batch),
     'temp_bytes_per_image': _per(p.facts.get('temp_bytes'), batch),
-    'precision': None if hf else p.variant.precision,
+    'precision': None if other else p.variant.precision,
     'cudnn_attention': p.facts.get('cudnn_attention'),
     'peak_memory_bytes': p.peak_bytes,
     'peak_memory_kind': ('process peak RSS' if on_cpu else 'device peak_bytes_in_use')
@@ -116,5 +116,7 @@ def result(job: Job, programs: list[Timed], probe: dict, sizes, facts: dict) -> 
     'rows': rows,
     'agreement': facts['agreement'],
     'hf_max_abs_logit_error': facts['hf_max_abs_logit_error'],
+    'onnx': facts['onnx'],
+    'onnx_agreement': facts['onnx_agreement'],
     'profile': facts['profile'],
   }

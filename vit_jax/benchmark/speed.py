@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import families, profiling
-from vit_jax.benchmark import hugging_face, results, timing
+from vit_jax.benchmark import hugging_face, onnx_runtime, results, timing
 from vit_jax.benchmark import programs as programs_lib
 from vit_jax.benchmark.programs import Job, Timed
 from vit_jax.benchmark.variants import (
@@ -26,7 +26,9 @@ from vit_jax.models import blocks, precision
 
 
 def _check(model, config, batch, rounds, steps, accum_steps, modes, profile):
-  inference, train, compare, compile_only = modes
+  inference, train, compare, compile_only, onnx = modes
+  if onnx and (compile_only or not inference):
+    raise ValueError('--onnx times inference: leave --inference on, no --compile_only')
   if profile[0] and (compile_only or not profile[1]):
     raise ValueError('--profile_steps runs the programs: give a --profile_dir, no --compile_only')
   if compare:
@@ -152,10 +154,19 @@ def _check_batches(job: Job, rng, count: int) -> list[jax.Array]:
   return [jnp.asarray(rng.uniform(-1, 1, job.images.shape), jnp.float32) for _ in range(count)]
 
 
+def _float32_logits(job: Job, compiled_inference: dict) -> np.ndarray | None:
+  """Our float32 logits on the benchmark batch, the other frameworks' reference."""
+  variant = next((v for v in compiled_inference if v.dtype == 'float32'), None)
+  if variant is None or job.compile_only:
+    return None
+  compiled, params_v = compiled_inference[variant]
+  return np.asarray(compiled(params_v, job.images))
+
+
 def _profile(programs: list[Timed], steps: int, directory: str, log) -> dict[str, Any]:
   """`steps` steps of the first training program (else the first) under `jax.profiler`,
   written to `directory`, and their top ops (`vit_jax.profiling.summarise`)."""
-  ours = [p for p in programs if p.variant is not None and not p.label.startswith('HF')]
+  ours = [p for p in programs if p.framework == 'jax']
   chosen = next((p for p in ours if p.mode == 'train'), ours[0])
   log(f'  profiling {steps} steps of {chosen.mode} {chosen.label} into {directory}')
   jax.block_until_ready(chosen.run())
@@ -190,6 +201,7 @@ def run_benchmark(
   inference: bool = True,
   train: bool = False,
   compare: bool = False,
+  onnx: str | None = None,
   num_classes: int = 1000,
   peak_tflops: float | None = None,
   rounds: int = 2,
@@ -210,15 +222,18 @@ def run_benchmark(
   `compile_only` compiles every program on abstract arrays (nothing is allocated or timed):
   compile time, FLOPs and XLA's memory of models that would not fit. `accum_steps` splits
   the batch into micro-batches (`--config.accum_steps`); `profile_steps`: see `_profile`.
+  `onnx`, a directory `vit-export` wrote of these weights (`save_params`), adds its ONNX files
+  under onnxruntime (`onnx_runtime`).
   """
   variants = variants_from(dtypes, attentions, remats, layers, precisions)
   config = model_config(model, model_overrides)
-  modes = (inference, train, compare, compile_only)
+  modes = (inference, train, compare, compile_only, onnx)
   _check(model, config, batch, rounds, steps, accum_steps, modes, (profile_steps, profile_dir))
   load_start = os.getloadavg()
   rng = np.random.default_rng(seed)
   job_modes = (inference, train, compile_only, accum_steps)
   job = _make_job(config, variants, rng, batch, resolution, num_classes, job_modes, log)
+  onnx_entry = onnx_runtime.model_entry(onnx, job) if onnx else None
   log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
   params = _initial_params(job, resolution, seed)
   programs, compiled_inference = _programs(job, params)
@@ -226,12 +241,17 @@ def run_benchmark(
     hugging_face.compare(job, params, resolution, programs) if compare else ([], None)
   )
   programs += hf_programs
+  ort_programs = onnx_runtime.programs(onnx, onnx_entry, job, programs) if onnx else []
+  programs += ort_programs
   if train and not (inference or compare or compile_only):
     params = None  # training programs hold their own (shared) state: free the initial copy
   probe, sizes = timing.measure(job, programs, peak_tflops, rounds, steps, probe_sizes)
+  ours = _float32_logits(job, compiled_inference) if compare or onnx else None
   facts = {
     'agreement': _agreement(job, compiled_inference, _check_batches(job, rng, check_batches)),
-    'hf_max_abs_logit_error': hugging_face.hf_logit_error(job, compiled_inference, hf_logits),
+    'hf_max_abs_logit_error': hugging_face.hf_logit_error(ours, hf_logits),
+    'onnx': onnx,
+    'onnx_agreement': onnx_runtime.agreement(ort_programs, ours, log),
     'model_overrides': model_overrides,
     'load_average_start': list(load_start),
     'profile': _profile(programs, profile_steps, profile_dir, log) if profile_steps else None,

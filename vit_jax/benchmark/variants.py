@@ -88,6 +88,16 @@ def build_model(config: ml_collections.ConfigDict, num_classes: int, variant: Va
   return model_from_config(config, num_classes=num_classes, dtype=DTYPES[variant.dtype], **chosen)
 
 
+def save_params(
+  path: str, config: ml_collections.ConfigDict, num_classes: int, resolution: int, seed: int = 0
+) -> None:
+  """`init_params` as the .npz checkpoint `vit-export` reads: the weights that `--onnx`
+  compares."""
+  from vit_jax import checkpoint
+
+  checkpoint.save_npz(init_params(config, num_classes, resolution, seed), path)
+
+
 def init_params(
   config: ml_collections.ConfigDict, num_classes: int, resolution: int, seed: int = 0
 ) -> Any:

@@ -59,6 +59,8 @@ matmul / attention / other shares (`vit_jax.profiling`).
 `--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
 and the largest logit difference; 16-bit variants compare against `torch.autocast`.
+`--onnx=OUT` adds ONNX Runtime's rows, the float32 and int8 files that vit-export wrote in OUT,
+of the weights `--save_params=FILE.npz` writes (`vit_jax.benchmark.onnx_runtime`).
 `--max_batch` picks the largest batch whose training step fits in memory.
 
 `--memory_batches 8,16,32` instead compiles each variant's training step at these batches
@@ -80,6 +82,7 @@ import jax
 from absl import flags
 
 from vit_jax import benchmark, cli, files, hugepages, profiling
+from vit_jax.benchmark import onnx_runtime
 from vit_jax.benchmark.memory import GIB
 from vit_jax.benchmark.variants import ATTENTION, DTYPES, LAYERS, REMAT
 from vit_jax.models import MODEL_CONFIGS, precision, unknown_model
@@ -140,6 +143,7 @@ def format_table(result: dict[str, Any]) -> str:
     out.append(
       f'Hugging Face vs ours (float32): max |logit error| {result["hf_max_abs_logit_error"]:.2e}'
     )
+  out += onnx_runtime.agreement_lines(result.get('onnx_agreement') or {})
   for r in result['rows']:
     if r['attention'] == 'fused' and r['cudnn_attention'] is not None:
       kernel = 'cuDNN fused attention' if r['cudnn_attention'] else 'no cuDNN kernel (XLA)'
@@ -203,6 +207,11 @@ def _main(argv: Sequence[str]) -> None:
   if f.memory_batches:
     _memory_main(f, log)
     return
+  if f.save_params:
+    config = benchmark.model_config(f.model)
+    benchmark.save_params(f.save_params, config, f.num_classes, f.resolution, f.seed)
+    print(f'wrote {f.save_params}')
+    return
   result = benchmark.run_benchmark(
     f.model,
     _batch(f, log),
@@ -215,6 +224,7 @@ def _main(argv: Sequence[str]) -> None:
     inference=f.inference,
     train=f.train,
     compare=f.compare,
+    onnx=f.onnx,
     num_classes=f.num_classes,
     peak_tflops=f.peak_tflops,
     rounds=f.rounds,
@@ -354,6 +364,19 @@ def _define_run_flags(fv: flags.FlagValues) -> None:
   )
   flags.DEFINE_bool(
     'compare', False, 'also run Hugging Face PyTorch ViT on the same weights', flag_values=fv
+  )
+  flags.DEFINE_string(
+    'onnx',
+    None,
+    'also time the ONNX files of this vit-export directory under onnxruntime (model.onnx,'
+    ' model.int8.onnx): an export of the --save_params weights',
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'save_params',
+    None,
+    'instead of timing: write the weights every program runs as this .npz, for vit-export',
+    flag_values=fv,
   )
   flags.DEFINE_float(
     'peak_tflops', None, 'device peak for MFU; default: a matmul probe', flag_values=fv

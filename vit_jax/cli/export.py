@@ -1,7 +1,7 @@
 r"""Exports a checkpoint as a model that runs outside JAX and this project.
 
-  python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx] [--dtype=bfloat16] \
-      [--model=NAME] [--resolution=R] [--vocab=FILE]
+  python -m vit_jax.export SRC OUT [--formats=stablehlo,saved_model,onnx,onnx_int8] \
+      [--dtype=bfloat16] [--model=NAME] [--resolution=R] [--vocab=FILE]
 
 SRC is any checkpoint `vit_jax.checkpoint.fit` reads (a run directory, an .npz, a Hugging Face
 or timm model, a LiT or SigLIP file, a SigLIP 2 of patch sequences). OUT, a new directory, gets:
@@ -11,6 +11,8 @@ or timm model, a LiT or SigLIP file, a SigLIP 2 of patch sequences). OUT, a new 
   saved_model/        a TensorFlow SavedModel (`jax2tf`), signature `serving_default`
   model.onnx          ONNX (`jax2onnx`), batch 'b' symbolic, for onnxruntime: only where
                       jax2onnx is installed, an environment of its own (`make onnx-env`)
+  model.int8.onnx     `onnx_int8`, only where asked for: model.onnx with int8 weights
+                      (onnxruntime's quantize_dynamic), which it writes too
   export.json         the inputs, outputs, preprocessing, dtype, and the command line
 
 Unless --formats says otherwise, it writes what this environment can: StableHLO and the
@@ -52,7 +54,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     None,
     f'What to write, of {", ".join(export_lib.FORMATS)}; default: what this environment'
     ' writes (stablehlo; saved_model where TensorFlow runs this jax; onnx where jax2onnx is'
-    ' installed: docs/export.md).',
+    ' installed; onnx_int8, its int8 weights, only where asked for: docs/export.md).',
     flag_values=fv,
   )
   flags.DEFINE_enum(

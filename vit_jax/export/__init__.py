@@ -11,7 +11,9 @@ need neither this project nor flax to run. The batch dimension is symbolic ('b')
 tower's sequence length too ('n'). The StableHLO is lowered for CPU, CUDA and TPU at once.
 The SavedModel (`vit_jax/export/saved_model.py`) is the same functions through `jax2tf`,
 the ONNX files (`vit_jax/export/onnx.py`) through `jax2onnx`, which needs an environment of
-its own; unless told, the formats this environment writes are written (`default_formats`).
+its own, and their int8 quantization (`vit_jax/export/onnx_int8.py`, `onnx_int8`: asked for
+alone, it writes the float32 ONNX file it quantizes too); unless told, the formats this
+environment writes are written (`default_formats`), which leave int8 out.
 The directory is written beside OUT and renamed into place: a failure leaves OUT untouched.
 """
 
@@ -29,14 +31,16 @@ import numpy as np
 
 from vit_jax import checkpoint as ckpt
 from vit_jax import families
-from vit_jax.export import onnx, saved_model
+from vit_jax.export import onnx, onnx_int8, saved_model
 from vit_jax.export.artifact import METADATA, is_export_dir
 from vit_jax.families.preprocessing import Preprocessing
 from vit_jax.models import precision
 
 __all__ = ['export_model', 'functions', 'is_export_dir']
 
-FORMATS = ('stablehlo', 'saved_model', 'onnx')
+FORMATS = ('stablehlo', 'saved_model', 'onnx', 'onnx_int8')
+# Written where asked for only: its outputs are not the model's to 1e-5.
+OPT_IN = ('onnx_int8',)
 DTYPES = ('float32', 'bfloat16')
 PLATFORMS = ('cpu', 'cuda', 'tpu')
 SAVED_MODEL = 'saved_model'
@@ -210,6 +214,7 @@ def metadata(
       'stablehlo': f'{f.name}.stablehlo' if 'stablehlo' in written else None,
       'saved_model_signature': f.name if 'saved_model' in written else None,
       'onnx': f'{f.name}.onnx' if 'onnx' in written else None,
+      'onnx_int8': f'{f.name}.int8.onnx' if 'onnx_int8' in written else None,
     }
   return {
     'family': family.name,
@@ -222,6 +227,7 @@ def metadata(
     'formats': list(written),
     'platforms': list(PLATFORMS),
     'functions': entries,
+    'onnx_int8': onnx_int8.settings() if 'onnx_int8' in written else None,
     'preprocessing': image_preprocessing(fitted).to_json(),
   }
 
@@ -229,8 +235,8 @@ def metadata(
 def default_formats() -> list[str]:
   """What is written unless told: StableHLO and the SavedModel, and ONNX where jax2onnx is
   installed (its own environment, without TensorFlow: there the SavedModel is one line, as it
-  is where TensorFlow cannot run this jax's StableHLO: jax 0.12 or newer)."""
-  return [f for f in FORMATS if f != 'onnx' or onnx.available()]
+  is where TensorFlow cannot run this jax's StableHLO: jax 0.12 or newer); never int8."""
+  return [f for f in FORMATS if f not in OPT_IN and (f != 'onnx' or onnx.available())]
 
 
 def _unavailable(fmt: str, dtype: str) -> str | None:
@@ -241,6 +247,10 @@ def _unavailable(fmt: str, dtype: str) -> str | None:
     return onnx.UNAVAILABLE
   if fmt == 'onnx' and dtype == 'bfloat16':
     return onnx.NO_BFLOAT16
+  if fmt == 'onnx_int8' and not (onnx.available() and onnx_int8.available()):
+    return onnx_int8.UNAVAILABLE
+  if fmt == 'onnx_int8' and dtype == 'bfloat16':
+    return onnx_int8.NO_BFLOAT16
   return None
 
 
@@ -251,6 +261,8 @@ def _check_formats(formats: Sequence[str] | None, dtype: str) -> tuple[list[str]
   unknown = [f for f in asked if f not in FORMATS]
   if unknown or not asked:
     raise ExportError(f'--formats={",".join(asked)}: choose from {", ".join(FORMATS)}')
+  if 'onnx_int8' in asked and 'onnx' not in asked:
+    asked.append('onnx')  # the float32 file it quantizes
   why = {f: _unavailable(f, dtype) for f in FORMATS if f in asked}
   todo = [f for f, line in why.items() if not line]
   skipped = [line for line in why.values() if line]
@@ -269,6 +281,9 @@ def _write(fitted: ckpt.Fitted, fns: list[Function], formats: list[str], out: st
   if 'onnx' in formats:
     for f in fns:
       onnx.write(f, os.path.join(out, f'{f.name}.onnx'))
+  if 'onnx_int8' in formats:
+    for f in fns:
+      onnx_int8.write(os.path.join(out, f'{f.name}.onnx'), os.path.join(out, f'{f.name}.int8.onnx'))
 
 
 def export_model(
