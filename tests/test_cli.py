@@ -7,6 +7,7 @@ real programs (absl's `app.run`, the console scripts, `python -m`) are run by
 tests/test_packaging.py and tests/test_train.py."""
 
 import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,7 @@ ABSENT = {
   'vit_jax.predict': ['--checkpoint={missing}', 'cat.jpg'],
   'vit_jax.zeroshot': ['--checkpoint={missing}', '--classes=a,b', 'cat.jpg'],
   'vit_jax.embed': ['--checkpoint={missing}', '--out={tmp}/out', '--folder={tmp}'],
+  'vit_jax.export': ['{missing}', '{tmp}/out'],
 }
 
 
@@ -193,3 +195,15 @@ def test_a_missing_path_comes_back_before_jax_loads(module, tmp_path):
   loaded = {line.split('|')[-1].strip() for line in lines if line.startswith('import time:')}
   assert (proc.returncode, said) == (1, [f'error: {missing}: no such file or directory'])
   assert 'jax' not in loaded and 'tensorflow' not in loaded
+
+
+def test_an_existing_export_folder_comes_back_before_jax_loads(tmp_path):
+  (tmp_path / 'm.npz').write_bytes(b'')
+  proc = subprocess.run(
+    [sys.executable, '-X', 'importtime', '-m', 'vit_jax.export', f'{tmp_path}/m.npz', tmp_path],
+    cwd=REPO, capture_output=True, text=True, timeout=120,
+  )  # fmt: skip
+  said = [line for line in proc.stderr.splitlines() if not line.startswith('import time:')]
+  exists = f'error: {tmp_path} exists: remove it or choose another directory'
+  assert (proc.returncode, said) == (1, [exists])
+  assert not re.search(r'\| +jax$', proc.stderr, re.M)

@@ -265,11 +265,13 @@ def test_where_tensorflow_cannot_run_this_jax_the_saved_model_is_one_line(
     (line,) = [s for s in meta['skipped'] if s.startswith('saved_model: not written')]
     assert f'jax {jax.__version__}' in line and 'with jax 0.10 (Python 3.11' in line
     assert 'Across jax versions' in line and '\n' not in line
-  status, _, err = _cli(capsys, tmp_path / 'vit.npz', tmp_path / 'out', '--formats=saved_model')
+  src = tmp_path / 'vit.npz'
+  src.write_bytes(b'')  # there: the request is refused before it is read
+  status, _, err = _cli(capsys, src, tmp_path / 'out', '--formats=saved_model')
   assert status == 1 and err.count('\n') == 1
   assert err.startswith('error: ') and 'nothing to write: saved_model: not written' in err
   assert 'write SavedModels with jax 0.10' in err
-  assert list(tmp_path.iterdir()) == []
+  assert list(tmp_path.iterdir()) == [src]
 
 
 def test_export_json_says_how_to_feed_each_model(exported):

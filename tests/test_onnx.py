@@ -148,11 +148,13 @@ def test_bfloat16_onnx_is_one_line_and_nothing_written(tmp_path, capsys):
 def test_without_jax2onnx_onnx_and_int8_are_one_line_naming_make(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(export_lib.onnx, 'available', lambda: False)
   assert export_lib.default_formats() == ['stablehlo', 'saved_model']
+  src = tmp_path / 'vit.npz'
+  src.write_bytes(b'')  # there: the formats are refused before it is read
   for formats in ('onnx', 'onnx_int8'):
-    status, _, err = _cli(capsys, tmp_path / 'vit.npz', tmp_path / 'out', f'--formats={formats}')
+    status, _, err = _cli(capsys, src, tmp_path / 'out', f'--formats={formats}')
     assert status == 1 and err.count('\n') == 1 and '`make onnx-env`' in err
     assert f'{formats}: not written' in err
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [src]
   monkeypatch.setattr(export_lib.onnx, 'available', lambda: True)
   assert export_lib.default_formats() == ['stablehlo', 'saved_model', 'onnx']
 
@@ -232,12 +234,12 @@ def test_int8_is_a_quarter_of_the_float32_file_and_export_json_says_how(int8):
 
 @pytest.mark.onnx
 def test_int8_in_bfloat16_is_one_line_and_nothing_written(tmp_path, capsys):
-  status, _, err = _cli(
-    capsys, tmp_path / 'vit.npz', tmp_path / 'out', '--formats=onnx_int8', '--dtype=bfloat16'
-  )
+  src = tmp_path / 'vit.npz'
+  src.write_bytes(b'')  # there: the request is refused before it is read
+  status, _, err = _cli(capsys, src, tmp_path / 'out', '--formats=onnx_int8', '--dtype=bfloat16')
   assert status == 1 and err.count('\n') == 1, err
   assert 'onnx_int8: not written for --dtype=bfloat16' in err
-  assert list(tmp_path.iterdir()) == []
+  assert list(tmp_path.iterdir()) == [src]
 
 
 @pytest.mark.onnx

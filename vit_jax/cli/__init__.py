@@ -226,6 +226,14 @@ def missing_path(path: str) -> str | None:
   return f'{path}: no such file or directory'
 
 
+def existing_out(path: str) -> str | None:
+  """`PATH exists: ...` where `path`, a new local output directory a command would write, is
+  already there (checked before jax loads, as `missing_path`), else None."""
+  if '://' in path or not os.path.lexists(path):
+    return None
+  return f'{path} exists: remove it or choose another directory'
+
+
 def define_checkpoint_flags(flag_values: flags.FlagValues) -> None:
   """--checkpoint, --model, --resolution: what `vit_jax.load` takes (the inference tools')."""
   fv = flag_values

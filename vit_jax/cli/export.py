@@ -41,9 +41,13 @@ import sys
 from collections.abc import Sequence
 
 from absl import flags, logging
+from etils import epy
 
-from vit_jax import checkpoint, cli, data
-from vit_jax import export as export_lib
+from vit_jax import cli
+from vit_jax import export as export_lib  # its constants; the rest loads jax on first use
+
+with epy.lazy_imports():
+  from vit_jax import checkpoint, data
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
@@ -90,6 +94,12 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
     print(f'error: --formats: choose from {", ".join(export_lib.FORMATS)}', file=sys.stderr)
     return 2
   src, out = args
+  early = cli.missing_path(src) or cli.existing_out(out)
+  if early:  # said before jax loads
+    print(f'error: {early}', file=sys.stderr)
+    return 1
+  if export_lib.saved_model.available():  # ONNX's environment has no TensorFlow
+    data.hide_accelerators_from_tensorflow()
   try:
     meta = export_lib.export_model(
       src, out, f.formats, f.dtype, f.model, f.resolution, command, vocab=f.vocab
@@ -110,8 +120,6 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
 def main(argv: Sequence[str]) -> None:
   if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
     logging.set_verbosity(logging.WARNING)
-  if export_lib.saved_model.available():  # ONNX's environment has no TensorFlow
-    data.hide_accelerators_from_tensorflow()
   command = shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
   sys.exit(run(argv[1:], command=command))
 
