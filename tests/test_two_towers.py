@@ -641,6 +641,7 @@ def test_bad_combinations_are_one_line_errors(lit_text_transformer_file, tmp_pat
   assert not (tmp_path / 'hf').exists()
   # vit-predict without --classes: an image-text model has no head to predict with.
   capsys.readouterr()
+  (tmp_path / 'cat.png').write_bytes(b'')  # there (a missing image is said first), unread
   assert predict.run(str(path), [str(tmp_path / 'cat.png')]) == 1
   err = capsys.readouterr().err
   assert f"classify zero-shot, or take its image tower's features from {path}:img" in err
