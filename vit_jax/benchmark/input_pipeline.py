@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from vit_jax.benchmark.synthetic import write_folder
-from vit_jax.data import pipeline, sources, spec
+from vit_jax.data import default_threads, pipeline, sources, spec
 
 # (what, resolution, training img/s of one accelerator): the figures the table starts from.
 ANCHORS = (
@@ -245,7 +245,7 @@ def run_pipeline_benchmark(
     'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
     'tensorflow': tf.__version__,
     'cpu_count': os.cpu_count(),
-    'cores_available': pipeline.default_threads(),
+    'cores_available': default_threads(),
     'batch': batch,
     'images_per_round': measure_images,
     'rounds': rounds,

@@ -36,10 +36,9 @@ from typing import Any
 
 from absl import flags
 
-from vit_jax import cli
+from vit_jax import cli, data
 from vit_jax.benchmark import input_pipeline
 from vit_jax.benchmark.input_pipeline import MODES, SOURCES
-from vit_jax.data import pipeline
 
 
 def _fmt(value: float | None, spec: str = ',.0f') -> str:
@@ -136,7 +135,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
-  threads = [int(t) or pipeline.default_threads() for t in f.threads]
+  threads = [int(t) or data.default_threads() for t in f.threads]
   result = input_pipeline.run_pipeline_benchmark(
     work_dir=f.pipeline_dir,
     source_names=f.sources,

@@ -29,7 +29,6 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 _MODULES = {
   'BadExamples': 'pipeline',
   'check_data_shards': 'pipeline',
-  'default_threads': 'pipeline',
   'eval_dataset': 'pipeline',
   'host_batches': 'pipeline',
   'host_train_dataset': 'pipeline',
@@ -46,13 +45,21 @@ _MODULES = {
   'Pp': 'spec',
 }
 
-__all__ = sorted([*_MODULES, 'hide_accelerators_from_tensorflow'])
+__all__ = sorted([*_MODULES, 'default_threads', 'hide_accelerators_from_tensorflow'])
 
 
 def __getattr__(name: str) -> Any:
   if name in _MODULES:
     return getattr(importlib.import_module(f'{__name__}.{_MODULES[name]}'), name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def default_threads() -> int:
+  """The CPU cores this process may run on (its affinity: a container's or srun's share)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count() or 1
 
 
 @functools.cache

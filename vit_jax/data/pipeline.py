@@ -31,7 +31,6 @@ each builder takes whole; the defaults are there.
 
 import dataclasses
 import math
-import os
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -39,7 +38,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.data import captions, preprocess
+from vit_jax.data import captions, default_threads, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
 from vit_jax.families.preprocessing import PATCHES, Preprocessing
@@ -50,14 +49,6 @@ _FOREVER = 2**62
 _MAX_GROUP = 128
 # The mapped functions are plain graph code: no autograph conversion (it writes temporary files).
 _graph_fn = tf.autograph.experimental.do_not_convert
-
-
-def default_threads() -> int:
-  """The CPU cores this process may run on (its affinity: a container's or srun's share)."""
-  try:
-    return len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    return os.cpu_count() or 1
 
 
 def _threads(data: Data) -> int:

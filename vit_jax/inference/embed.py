@@ -16,7 +16,6 @@ writes the manifest, last.
 import collections
 import dataclasses
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vit_jax import files
+from vit_jax import data, files
 from vit_jax.data import embeddings as store
 from vit_jax.inference.model import Model, run_padded
 
@@ -118,7 +117,6 @@ def dataset_inputs(dataset: str, split: str, data_dir: str | None) -> Inputs:
   """A split of a dataset `vit_jax.data.get_source` opens, by example index (the ids)."""
   import tensorflow as tf
 
-  from vit_jax import data
   from vit_jax.data.images import ImageError
 
   source = data.get_source(dataset, data_dir)
@@ -166,7 +164,7 @@ def _dimension(embedder: Embedder) -> int:
 
 # Threads that decode and prepare inputs ahead of the model (simplejpeg, Pillow and numpy let
 # go of the GIL, as XLA does while the model runs), and how many batches they may run ahead.
-WORKERS = len(os.sched_getaffinity(0))
+WORKERS = data.default_threads()
 BATCHES_AHEAD = 2
 
 
