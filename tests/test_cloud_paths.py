@@ -270,6 +270,8 @@ def _timed(args, **env):
   return result, time.monotonic() - start
 
 
+# An image that is there: vit-predict says a missing one before it reads the checkpoint.
+IMAGE = 'docs/figures/digit_test0.png'
 MAIN = [
   '-m',
   'vit_jax.main',
@@ -283,7 +285,7 @@ MAIN = [
   'args',
   [
     [*MAIN, f'--workdir={RUN}'],
-    ['-m', 'vit_jax.predict', f'--checkpoint={RUN}', 'x.png'],
+    ['-m', 'vit_jax.predict', f'--checkpoint={RUN}', IMAGE],
     ['-m', 'vit_jax.convert', RUN, '/tmp/never.npz', '--to=npz'],
   ],
   ids=['main', 'predict', 'convert'],
@@ -302,7 +304,7 @@ def test_a_missing_object_is_one_line_naming_it(gcs, tmp_path):
     [*MAIN, f'--workdir={tmp_path}/run', f'--config.pretrained_path={missing}']
   )
   _one_line_error(result, seconds, missing)
-  result, seconds = _timed(['-m', 'vit_jax.predict', f'--checkpoint={missing}', 'x.png'])
+  result, seconds = _timed(['-m', 'vit_jax.predict', f'--checkpoint={missing}', IMAGE])
   _one_line_error(result, seconds, missing)
   result, seconds = _timed(['-m', 'vit_jax.convert', missing, str(tmp_path / 'x.npz'), '--to=npz'])
   _one_line_error(result, seconds, missing)
