@@ -8,7 +8,9 @@ Images get the model's own preprocessing (`vit_jax.load`: its family's spec, the
 pipeline's evaluation): decode to RGB, resize to the resolution (`tf.image.resize`: bilinear,
 half-pixel centres, no antialiasing, aspect ratio not kept), then `(im - 127.5) / 127.5`, i.e.
 [-1, 1], as every released family expects: an image file becomes the tensor a run's evaluation
-feeds the model. The model is inferred from the parameter shapes unless `--model` is given.
+feeds the model (JPEGs and PNGs to TensorFlow's numbers without importing it,
+`vit_jax.data.images`). A missing checkpoint, or images none of which are there, is one line
+before jax loads. The model is inferred from the parameter shapes unless `--model` is given.
 
 Class names: a training run's own (`vit_jax.rundir`); a `config.json`'s `class_names` (or
 the label names of the tensorflow_datasets `dataset` it names) or a Hugging Face `id2label`;
