@@ -226,6 +226,18 @@ def missing_path(path: str) -> str | None:
   return f'{path}: no such file or directory'
 
 
+def missing_inputs(paths: Sequence[str], images: Sequence[str] = ()) -> list[str]:
+  """The error lines of a command whose inputs are not there, checked before jax loads: the
+  first of `paths` (a checkpoint, a folder) that `missing_path` finds, else every one of
+  `images` when none of them is there (a command that reads none has nothing to do); [] when
+  it can go on."""
+  absent = [m for m in map(missing_path, paths) if m]
+  if absent:
+    return absent[:1]
+  no_images = [m for m in map(missing_path, images) if m]
+  return no_images if images and len(no_images) == len(images) else []
+
+
 def existing_out(path: str) -> str | None:
   """`PATH exists: ...` where `path`, a new local output directory a command would write, is
   already there (checked before jax loads, as `missing_path`), else None."""

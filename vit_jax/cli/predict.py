@@ -150,11 +150,10 @@ def run(
   `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
   in `templates`, default the checkpoint's own, else clip_best; a patch-sequence model's
   images as at most `max_patches` patches, 0: its own count)."""
-  absent = cli.missing_path(checkpoint)
-  no_images = [m for m in map(cli.missing_path, images) if m]
-  if absent or (images and len(no_images) == len(images)):  # said before jax loads
-    for line in [absent] if absent else no_images:
-      print(f'error: {line}', file=sys.stderr)
+  missing = cli.missing_inputs([checkpoint], images)
+  for line in missing:  # said before jax loads
+    print(f'error: {line}', file=sys.stderr)
+  if missing:
     return 1
   try:
     _check_usage(images, features, features_block, classes, max_patches)

@@ -149,11 +149,10 @@ def run(
   if usage:
     print(f'error: {usage}', file=sys.stderr)
     return 2
-  absent = [m for m in map(cli.missing_path, [checkpoint, o['captions'] or '']) if m]
-  no_images = [m for m in map(cli.missing_path, images) if m]
-  if absent or (images and len(no_images) == len(images)):  # said before jax loads
-    for line in absent or no_images:
-      print(f'error: {line}', file=sys.stderr)
+  missing = cli.missing_inputs([checkpoint, o['captions'] or ''], images)
+  for line in missing:  # said before jax loads
+    print(f'error: {line}', file=sys.stderr)
+  if missing:
     return 1
   from vit_jax import data as data_lib
   from vit_jax.data import captions as captions_lib
