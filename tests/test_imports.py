@@ -50,6 +50,7 @@ FLOORS = {
       'hugepages',
       'torch_compat',
       'compilation_cache',
+      'logs',
       'profiling',
     ],
     1,

@@ -10,19 +10,18 @@ purpose: it assumes nothing of the training loop beyond orbax's own directory st
 training run's config.json adds what the shapes cannot say (`fields`).
 """
 
-import contextlib
 import json
 import logging
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from etils.epath import Path
 
-from vit_jax import families, files, rundir
+from vit_jax import families, files, logs, rundir
 from vit_jax.checkpoint.npz import check_arrays
 from vit_jax.checkpoint.tree import CheckpointError, flatten
 
@@ -90,18 +89,6 @@ def fields(path: Path) -> dict[str, Any]:
   except ValueError:
     return {}
   return family.stated_fields(model)
-
-
-@contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-  """Orbax warns through absl about metadata files a partial restore does not need."""
-  logger = logging.getLogger('absl')
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
 
 
 def _abandoned_read_error(error: BaseException | None) -> bool:
@@ -199,7 +186,7 @@ def read(path: str | Path, *, params_entry: str = 'params', **unused: Any) -> tu
   checkpointer = ocp.PyTreeCheckpointer()
   drop_abandoned_read_tracebacks()
   damaged = None  # (item, reason): a parameter item whose metadata cannot be read
-  with _quiet_absl():
+  with logs.errors_only('absl'):  # orbax: metadata files a partial restore does not need
     for item in items:
       try:
         tree = _tree_metadata(ocp, checkpointer, item)

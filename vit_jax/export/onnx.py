@@ -9,11 +9,11 @@ main venv, VENV-onnx, from the end's requirements/oldest-onnx.txt or newest-onnx
 (docs/export.md). It is imported here alone.
 """
 
-import contextlib
 import importlib.util
-import logging
 import os
 from typing import Any
+
+from vit_jax import logs
 
 # What this environment lacks, and how to get it, in one line.
 UNAVAILABLE = (
@@ -33,24 +33,11 @@ def available() -> bool:
   return importlib.util.find_spec('jax2onnx') is not None
 
 
-@contextlib.contextmanager
-def _quiet():
-  """onnx_ir warns of each intermediate shape it leaves untyped (harmless: a patch-sequence
-  tower's)."""
-  logger = logging.getLogger('onnx_ir')
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
-
-
 def write(function: Any, path: str | os.PathLike) -> None:
   """`function` (a `vit_jax.export.Function`) as the ONNX file `path`."""
   from jax2onnx import to_onnx
 
-  with _quiet():
+  with logs.errors_only('onnx_ir'):  # each intermediate shape left untyped (a NaFlex tower's)
     to_onnx(
       function.fn,
       [function.spec()],

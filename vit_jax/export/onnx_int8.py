@@ -14,11 +14,11 @@ onnx and onnxruntime, which this needs, are in ONNX's own environment; it is imp
 alone.
 """
 
-import contextlib
 import importlib.util
-import logging
 import os
 from typing import Any
+
+from vit_jax import logs
 
 # How the int8 files are made: export.json's `onnx_int8`.
 WEIGHT_TYPE = 'QInt8'
@@ -77,26 +77,15 @@ def gemm_as_matmul(model: Any) -> Any:
   return model
 
 
-@contextlib.contextmanager
-def _quiet():
-  """quantize_dynamic logs a warning on the root logger at each call (to run its shape
-  pre-processing first, which changes nothing it quantizes here)."""
-  logger = logging.getLogger()
-  level = logger.level
-  logger.setLevel(logging.ERROR)
-  try:
-    yield
-  finally:
-    logger.setLevel(level)
-
-
 def write(source: str | os.PathLike, path: str | os.PathLike) -> None:
   """The float32 ONNX file `source` (its .data beside it) quantized as the file `path`."""
   import onnx
   from onnxruntime.quantization import QuantType, quantize_dynamic
 
   model = gemm_as_matmul(onnx.load(os.fspath(source)))
-  with _quiet():
+  # quantize_dynamic warns on the root logger at each call (to pre-process shapes first, which
+  # changes nothing it quantizes here).
+  with logs.errors_only():
     quantize_dynamic(
       model,
       os.fspath(path),
