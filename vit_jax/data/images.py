@@ -69,9 +69,8 @@ def _decode_known(raw: bytes) -> np.ndarray | None:
       return None
   if raw.startswith(_PNG) and len(raw) > _PNG_BIT_DEPTH and raw[_PNG_BIT_DEPTH] <= 8:
     try:
-      with Image.open(io.BytesIO(raw)) as im:
-        return np.asarray(im.convert('RGB'), dtype=np.uint8)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+      return _pillow_rgb(io.BytesIO(raw))
+    except _PILLOW_ERRORS:
       return None
   return None
 
@@ -96,12 +95,20 @@ def _tensorflow_installed() -> bool:
   return importlib.util.find_spec('tensorflow') is not None
 
 
+# What Pillow raises for bytes it cannot decode.
+_PILLOW_ERRORS = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def _pillow_rgb(buffer: io.BytesIO) -> np.ndarray:
+  with Image.open(buffer) as im:
+    return np.asarray(im.convert('RGB'), dtype=np.uint8)
+
+
 def _decode_pillow(raw: bytes, name: str | os.PathLike) -> np.ndarray:
   buffer = io.BytesIO(raw)
   try:
-    with Image.open(buffer) as im:
-      return np.asarray(im.convert('RGB'), dtype=np.uint8)
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    return _pillow_rgb(buffer)
+  except _PILLOW_ERRORS as e:
     message = str(e).replace(repr(buffer), repr(str(name)))  # Pillow names the file it read
     reason = ' '.join(message.split()) or type(e).__name__
     raise ImageError(f'{name}: cannot read image ({reason})') from None
