@@ -226,16 +226,18 @@ def missing_path(path: str) -> str | None:
   return f'{path}: no such file or directory'
 
 
-def missing_inputs(paths: Sequence[str], images: Sequence[str] = ()) -> list[str]:
-  """The error lines of a command whose inputs are not there, checked before jax loads: the
-  first of `paths` (a checkpoint, a folder) that `missing_path` finds, else every one of
-  `images` when none of them is there (a command that reads none has nothing to do); [] when
-  it can go on."""
-  absent = [m for m in map(missing_path, paths) if m]
-  if absent:
-    return absent[:1]
-  no_images = [m for m in map(missing_path, images) if m]
-  return no_images if images and len(no_images) == len(images) else []
+def said_missing(paths: Sequence[str], images: Sequence[str] = ()) -> bool:
+  """Whether a command's inputs are not there, each error line said on stderr; checked before
+  jax loads: the first of `paths` (a checkpoint, a folder) that `missing_path` finds, else
+  every one of `images` when none of them is there (a command that reads none has nothing to
+  do)."""
+  lines = [m for m in map(missing_path, paths) if m][:1]
+  if not lines and images:
+    no_images = [m for m in map(missing_path, images) if m]
+    lines = no_images if len(no_images) == len(images) else []
+  for line in lines:
+    print(f'error: {line}', file=sys.stderr)
+  return bool(lines)
 
 
 def existing_out(path: str) -> str | None:

@@ -85,9 +85,7 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
   o |= {'dtype': 'float32'}
   o |= {'process_index': None, 'process_count': None} | options
   paths = [checkpoint, *(o[k] for k in ('folder', 'texts', 'captions') if o[k])]
-  missing = cli.missing_inputs(paths)  # at most one line: no images named
-  if missing:  # said before jax loads
-    print(f'error: {missing[0]}', file=sys.stderr)
+  if cli.said_missing(paths):  # before jax loads
     return 1
   if o['process_count'] is None or o['process_index'] is None:
     import jax  # several processes of one jax.distributed program

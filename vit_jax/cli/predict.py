@@ -130,6 +130,18 @@ def _check_usage(images, features, features_block, classes: str, max_patches: in
     raise ValueError('--features_block: give --features OUT.npy to write the block features to')
 
 
+def _classifier(checkpoint: str, model_name, resolution, dtype: str):
+  """`vit_jax.load`'s model of `checkpoint`; an image-text model is a one-line ValueError."""
+  model = inference.load(checkpoint, model=model_name, resolution=resolution, dtype=dtype)
+  if model.image_text:
+    raise ValueError(
+      f'{checkpoint}: an image-text model (LiT, SigLIP) has no head: give its classes '
+      f"(--classes=a,b,c) to classify zero-shot, or take its image tower's features from "
+      f'{checkpoint}:img'
+    )
+  return model
+
+
 def run(
   checkpoint: str,
   images: Sequence[str],
@@ -150,10 +162,7 @@ def run(
   `classes`, an image-text model classifies the images zero-shot (`vit-zeroshot`: the names
   in `templates`, default the checkpoint's own, else clip_best; a patch-sequence model's
   images as at most `max_patches` patches, 0: its own count)."""
-  missing = cli.missing_inputs([checkpoint], images)
-  for line in missing:  # said before jax loads
-    print(f'error: {line}', file=sys.stderr)
-  if missing:
+  if cli.said_missing([checkpoint], images):  # before jax loads
     return 1
   try:
     _check_usage(images, features, features_block, classes, max_patches)
@@ -163,13 +172,7 @@ def run(
   if classes:
     return _zero_shot(checkpoint, images, classes, templates, (k, as_json, batch_size, max_patches))
   try:
-    model = inference.load(checkpoint, model=model_name, resolution=resolution, dtype=dtype)
-    if model.image_text:
-      raise ValueError(
-        f'{checkpoint}: an image-text model (LiT, SigLIP) has no head: give its classes '
-        f"(--classes=a,b,c) to classify zero-shot, or take its image tower's features from "
-        f'{checkpoint}:img'
-      )
+    model = _classifier(checkpoint, model_name, resolution, dtype)
   except (OSError, ValueError, KeyError) as e:
     message = str(e) if str(checkpoint) in str(e) else f'{checkpoint}: {e}'  # the path once
     print(f'error: {message}'.replace('\n', ' '), file=sys.stderr)

@@ -56,8 +56,10 @@ from etils import epy
 
 from vit_jax import cli
 
-with epy.lazy_imports():  # jax loads on first use, once the arguments are checked
+with epy.lazy_imports():  # jax (TensorFlow for a dataset) loads on first use, once checked
+  from vit_jax import data as data_lib
   from vit_jax import inference
+  from vit_jax.data import captions as captions_lib
   from vit_jax.inference import zeroshot
 
 
@@ -149,14 +151,8 @@ def run(
   if usage:
     print(f'error: {usage}', file=sys.stderr)
     return 2
-  missing = cli.missing_inputs([checkpoint, o['captions'] or ''], images)
-  for line in missing:  # said before jax loads
-    print(f'error: {line}', file=sys.stderr)
-  if missing:
+  if cli.said_missing([checkpoint, o['captions'] or ''], images):  # before jax loads
     return 1
-  from vit_jax import data as data_lib
-  from vit_jax.data import captions as captions_lib
-
   try:
     say(f'Reading {checkpoint} ...')
     model = _load(checkpoint, o)
