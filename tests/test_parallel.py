@@ -39,8 +39,10 @@ def test_replicate_and_fsdp_rules():
 
 
 def test_bad_rule_is_rejected():
-  with pytest.raises(ValueError, match="rule in \\('replicate', 'fsdp'\\)"):
+  with pytest.raises(ValueError, match="rule in \\('replicate', 'fsdp', 'tp', 'tp\\+fsdp'\\)"):
     parallel.parse_rules([('.*', 'tensor')])
+  with pytest.raises(ValueError, match='a tuple of mesh axes'):
+    parallel.parse_rules([('.*', (None, 'heads'))])
 
 
 @pytest.mark.parametrize(
@@ -106,3 +108,128 @@ def test_the_compiled_step_keeps_the_state_where_the_rules_put_it():
   mu = specs['opt_state'][1].mu  # Adam's moments (after clipping) follow their parameter
   assert mu == {'w': P(None, 'data'), 'b': P()}
   assert out['params']['w'].addressable_shards[0].data.shape == (64, 32)
+
+
+@pytest.mark.parametrize(
+  ('spec', 'shape'),
+  [
+    ('data:-1', {'data': 8}),
+    ('data:-1,model:2', {'data': 4, 'model': 2}),
+    ('model:4,data:2', {'data': 2, 'model': 4}),  # laid out batch axes first
+    ([('fsdp', -1), ('model', 2)], {'fsdp': 4, 'model': 2}),
+    ('data:2,fsdp:2,model:2', {'data': 2, 'fsdp': 2, 'model': 2}),
+  ],
+)
+def test_mesh_axes_and_sizes_from_the_config(spec, shape):
+  mesh = parallel.create_mesh(spec=spec)
+  assert dict(mesh.shape) == shape and mesh.axis_names == tuple(shape)
+  assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
+
+
+@pytest.mark.parametrize(
+  ('spec', 'message'),
+  [
+    ('data:-1,tensor:2', "axes are \\('data', 'fsdp', 'model'\\), each at most once"),
+    ('data:-1,model:-1', 'one of them may be -1'),
+    ('data:3', 'has 3 devices, not the 8 of this run: make one size -1'),
+    ('data:-1,model:3', '8 devices do not split into axes of 3'),
+    ('data=4', 'expected axis:size pairs'),
+  ],
+)
+def test_bad_mesh_is_one_line(spec, message):
+  with pytest.raises(ValueError, match=message):
+    parallel.create_mesh(spec=spec)
+
+
+class _FakeDevice:
+  """What mesh_utils reads of a device of a multi-host CPU run."""
+
+  platform = device_kind = 'cpu'
+
+  def __init__(self, id, process_index):
+    self.id, self.process_index = id, process_index
+
+  def __repr__(self):
+    return f'd{self.id}@p{self.process_index}'
+
+
+def test_multi_host_layout_keeps_model_within_a_host_and_data_across():
+  """4 hosts x 4 devices on 'data:-1,model:4' and 'data:4,fsdp:2,model:2': each model group is
+  one host's devices, and the hosts follow each other on the outermost batch axis."""
+  devices = [_FakeDevice(8 * p + i, p) for p in range(4) for i in range(4)]
+  grid = parallel.device_grid(devices, {'data': 4, 'model': 4})
+  assert grid.shape == (4, 4)
+  assert [{d.process_index for d in row} for row in grid] == [{0}, {1}, {2}, {3}]
+  grid = parallel.device_grid(devices, {'data': 4, 'fsdp': 2, 'model': 2})
+  assert [{d.process_index for d in grid[i].flat} for i in range(4)] == [{0}, {1}, {2}, {3}]
+  with pytest.raises(ValueError, match="the 'model' axis stays within a process"):
+    parallel.device_grid(devices, {'data': 2, 'model': 8})
+
+
+def _tiny_vit_params(**fields):
+  from vit_jax.models import configs, model_from_config
+
+  small = {
+    'hidden_size': 32,
+    'patches': {'size': (8, 8)},
+    'transformer': {'num_layers': 2, 'num_heads': 4, 'mlp_dim': 64},
+  }
+  model = model_from_config(configs.MODEL_CONFIGS['ViT-B_16'], num_classes=10, **small, **fields)
+  return jax.eval_shape(
+    lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=False)['params']
+  )
+
+
+def test_tensor_parallel_rules_split_blocks_megatron_style():
+  """'tp': q/k/v and the MLP's first layer by their outputs, the attention's output and the
+  MLP's second layer by their inputs, over 'model'; the rest replicated. 'tp+fsdp' adds
+  FSDP on 'fsdp' to the largest dimension left whole. Scanned blocks keep their layer axis."""
+  mesh = parallel.create_mesh(spec='fsdp:4,model:2')
+  old, parallel.FSDP_MIN_SIZE = parallel.FSDP_MIN_SIZE, 0
+  try:
+    for scan in (False, True):
+      params = _tiny_vit_params(scan_layers=scan) if scan else _tiny_vit_params()
+      block = 'encoderblock' if scan else 'encoderblock_0'
+      lead = (None,) if scan else ()
+      tp = parallel.tree_shardings(params, mesh, 'tp')['Transformer'][block]
+      both = parallel.tree_shardings(params, mesh, 'tp+fsdp')['Transformer'][block]
+      attention, mlp = 'MultiHeadDotProductAttention_0', 'MlpBlock_0'
+      assert tp[attention]['query']['kernel'].spec == P(*lead, None, 'model', None)
+      assert tp[attention]['value']['bias'].spec == P(*lead, 'model', None)
+      assert tp[attention]['out']['kernel'].spec == P(*lead, 'model', None, None)
+      assert tp[attention]['out']['bias'].spec == P()
+      assert tp[mlp]['Dense_0']['kernel'].spec == P(*lead, None, 'model')
+      assert tp[mlp]['Dense_0']['bias'].spec == P(*lead, 'model')
+      assert tp[mlp]['Dense_1']['kernel'].spec == P(*lead, 'model', None)
+      assert tp['LayerNorm_0']['scale'].spec == P()
+      want = P(*((None,) if scan else ()), 'fsdp', 'model', None)  # D=32 over fsdp
+      assert both[attention]['key']['kernel'].spec == want
+      assert both[mlp]['Dense_1']['kernel'].spec == P(*lead, 'model', 'fsdp')
+  finally:
+    parallel.FSDP_MIN_SIZE = old
+
+
+def test_fsdp_uses_the_fsdp_axis_and_the_batch_splits_over_data_and_fsdp():
+  mesh = parallel.create_mesh(spec='data:2,fsdp:2,model:2')
+  spec = parallel.tree_shardings({'w': jnp.zeros((256, 128))}, mesh, 'fsdp')['w'].spec
+  assert spec == P('fsdp', None)
+  assert parallel.batch_sharding(mesh).spec == P(('data', 'fsdp'))
+  assert parallel.batch_sharding(parallel.create_mesh()).spec == P('data')
+  parallel.check_batch(4, mesh)  # 4 rows over 2 x 2 batch shards; model holds them whole
+  with pytest.raises(ValueError, match=r'over 4 batch shards \(data x fsdp\): use a multiple of 4'):
+    parallel.check_batch(6, mesh)
+
+
+def test_activation_constraints_apply_only_under_a_mesh_with_a_model_axis():
+  x = jnp.zeros((8, 6, 16))
+
+  def f(x):
+    return parallel.constrain(x * 2, 'batch', None, 'model')
+
+  assert parallel.constrain(x, 'batch', None, 'model') is x  # no mesh: untouched
+  mesh = parallel.create_mesh(spec='data:-1,model:2')
+  with jax.set_mesh(mesh):
+    out = jax.jit(f)(x)
+  assert out.sharding.spec == P('data', None, 'model')
+  with jax.set_mesh(parallel.create_mesh()):
+    assert jax.jit(f)(x).sharding.spec != P('data', None, 'model')

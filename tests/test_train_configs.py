@@ -286,3 +286,15 @@ def test_a_misspelt_model_field_names_the_closest_one():
   bad = spec.from_config({**digits.get_config().to_dict(), 'model': fields})
   with pytest.raises(ValueError, match=r'model.hiden_size: did you mean model.hidden_size'):
     setup.build_model(bad.model, num_classes=10)
+
+
+def test_shard_map_step_names_the_jit_step_on_an_n_d_mesh():
+  config = spec.with_overrides(
+    digits.get_config(), {'step': 'shard_map', 'mesh': 'data:-1,model:2'}
+  )
+  with pytest.raises(ValueError, match=r"config.mesh='data:-1,model:2' needs config.step='jit'"):
+    spec.from_config(config)
+  config.mesh = 'data:4,tensor:2'
+  config.step = 'jit'
+  with pytest.raises(ValueError, match=r"config.mesh='data:4,tensor:2': axes are"):
+    spec.from_config(config)

@@ -1,65 +1,227 @@
 """The device mesh, sharding rules and global batches.
 
-One mesh axis, `data`, spans every device of every host. Batches are split over it;
-parameters and optimizer state are replicated or FSDP-sharded over the same axis by a
-list of `(regex, rule)` pairs matched against each leaf's '/'-joined path. The train step
-is compiled once with `jax.jit` and these NamedShardings, and XLA's GSPMD partitioner
-inserts the collectives, so the gradient of a replicated parameter is the true global
-gradient. The per-device alternative (`config.step='shard_map'`, vit_jax/train/steps.py)
-writes that reduction out as a `lax.pmean` of per-device gradients.
+The mesh has named axes (`config.mesh`, e.g. 'data:-1', today's default, or
+'data:-1,model:4'): `data` and `fsdp` split the batch, `fsdp` also splits parameters and
+optimizer state (FSDP, ZeRO-3), and `model` splits each layer's matmuls (tensor parallelism,
+Megatron-style). Parameters and optimizer state are placed by a list of `(regex, rule)`
+pairs matched against each leaf's '/'-joined path. The train step is compiled once with
+`jax.jit` and these NamedShardings, and XLA's GSPMD partitioner inserts the collectives, so
+the gradient of a replicated parameter is the true global gradient (the mesh axes are
+`AxisType.Auto`: docs/multihost.md says why). The per-device alternative
+(`config.step='shard_map'`, vit_jax/train/steps.py) writes that reduction out as a
+`lax.pmean` of per-device gradients, on the 1-D data mesh.
 """
 
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA_AXIS = 'data'
-RULES = ('replicate', 'fsdp')
+FSDP_AXIS = 'fsdp'
+MODEL_AXIS = 'model'
+# The mesh's axes in the order they are laid out: the batch axes outermost (across hosts),
+# `model` innermost (within a host, where the links are fastest).
+AXES = (DATA_AXIS, FSDP_AXIS, MODEL_AXIS)
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+DEFAULT_MESH = 'data:-1'
+RULES = ('replicate', 'fsdp', 'tp', 'tp+fsdp')
 # Leaves smaller than this stay replicated under 'fsdp': sharding them saves nothing.
 FSDP_MIN_SIZE = 2**14
+# Megatron-style tensor parallelism of a transformer block (Shoeybi et al., 2019): the
+# query/key/value projections and the MLP's first layer split by their outputs (heads,
+# hidden units), the attention's output projection and the MLP's second layer by their
+# inputs, so that each block needs one all-reduce after attention and one after the MLP.
+# Specs name a leaf's trailing dimensions (a scanned block's leading layer axis is left whole).
+TENSOR_PARALLEL = (
+  (r'(query|key|value)/kernel$', (MODEL_AXIS, None)),  # (D, heads, head_dim)
+  (r'(query|key|value)/bias$', (MODEL_AXIS, None)),  # (heads, head_dim)
+  (r'/out/kernel$', (MODEL_AXIS, None, None)),  # (heads, head_dim, D)
+  (r'MlpBlock_\d+/Dense_0/kernel$', (None, MODEL_AXIS)),  # (D, mlp_dim)
+  (r'MlpBlock_\d+/Dense_0/bias$', (MODEL_AXIS,)),
+  (r'MlpBlock_\d+/Dense_1/kernel$', (MODEL_AXIS, None)),  # (mlp_dim, D)
+)
 
 
-def create_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A 1-D mesh with axis 'data' over `devices` (default: all devices of all hosts)."""
+def parse_mesh(spec: Any = DEFAULT_MESH) -> tuple[tuple[str, int], ...]:
+  """`config.mesh` as ((axis, size), ...) in layout order: 'data:4,model:2', or pairs
+  [('data', 4), ('model', 2)]; axes from `AXES`, each once; one size may be -1 (the rest)."""
+  pairs = spec
+  if isinstance(spec, str):
+    try:
+      pairs = [(name.strip(), int(size)) for name, size in (p.split(':') for p in spec.split(','))]
+    except ValueError:
+      pairs = None
+  how = "e.g. 'data:-1' or 'data:-1,model:4'"
+  if not pairs or any(len(p) != 2 for p in pairs):
+    raise ValueError(f'config.mesh={spec!r}: expected axis:size pairs, {how}.')
+  names = [name for name, _ in pairs]
+  sizes = [size for _, size in pairs]
+  if set(names) - set(AXES) or len(set(names)) != len(names):
+    raise ValueError(f'config.mesh={spec!r}: axes are {AXES}, each at most once ({how}).')
+  if any(not isinstance(s, int) or (s < 1 and s != -1) for s in sizes) or sizes.count(-1) > 1:
+    raise ValueError(f'config.mesh={spec!r}: sizes are positive, one of them may be -1 ({how}).')
+  return tuple(sorted(((n, s) for n, s in pairs), key=lambda p: AXES.index(p[0])))
+
+
+def mesh_shape(spec: Any, num_devices: int) -> dict[str, int]:
+  """Axis -> size of `config.mesh` over `num_devices` devices (-1: what the others leave)."""
+  pairs = parse_mesh(spec)
+  known = math.prod(s for _, s in pairs if s != -1)
+  if any(s == -1 for _, s in pairs):
+    if num_devices % known:
+      raise ValueError(
+        f'config.mesh={spec!r}: {num_devices} devices do not split into axes of {known}.'
+      )
+    pairs = tuple((n, num_devices // known if s == -1 else s) for n, s in pairs)
+  if math.prod(s for _, s in pairs) != num_devices:
+    raise ValueError(
+      f'config.mesh={spec!r} has {math.prod(s for _, s in pairs)} devices, not the '
+      f'{num_devices} of this run: make one size -1 (the rest).'
+    )
+  return dict(pairs)
+
+
+def _per_process(shape: dict[str, int], num_processes: int) -> list[int]:
+  """How many of each axis's positions lie across processes (the `dcn` sizes): the batch
+  axes take the processes, outermost first; `model` stays within a process."""
+  left, across = num_processes, []
+  for name, size in shape.items():
+    share = math.gcd(size, left) if name in BATCH_AXES else 1
+    across.append(share)
+    left //= share
+  if left != 1:
+    spec = ','.join(f'{n}:{s}' for n, s in shape.items())
+    raise ValueError(
+      f'config.mesh={spec!r} on {num_processes} processes: the batch axes must split over the '
+      f'processes, so that the {MODEL_AXIS!r} axis stays within a process; make '
+      f'{DATA_AXIS!r} a multiple of {num_processes}.'
+    )
+  return across
+
+
+def device_grid(devices: Sequence[Any], shape: dict[str, int]) -> np.ndarray:
+  """`devices` laid out as the mesh `shape` (axis -> size, in `AXES` order).
+
+  The 1-D 'data' mesh keeps the caller's order (the batch blocks follow it). Otherwise, on
+  several processes, each process's devices fill one block of the batch axes and `model`
+  stays inside a process (`mesh_utils.create_hybrid_device_mesh`); on one process the axes
+  follow the devices' topology (`mesh_utils.create_device_mesh`).
+  """
+  sizes = tuple(shape.values())
+  if tuple(shape) == (DATA_AXIS,):
+    return np.asarray(devices)
+  processes = len({d.process_index for d in devices})
+  if processes == 1:
+    return mesh_utils.create_device_mesh(sizes, devices)
+  across = _per_process(shape, processes)
+  within = [size // n for size, n in zip(sizes, across, strict=True)]
+  return mesh_utils.create_hybrid_device_mesh(within, across, devices, process_is_granule=True)
+
+
+def create_mesh(devices: Sequence[jax.Device] | None = None, spec: Any = DEFAULT_MESH) -> Mesh:
+  """The mesh of `config.mesh` over `devices` (default: all devices of all hosts)."""
   devices = jax.devices() if devices is None else list(devices)
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
+  shape = mesh_shape(spec, len(devices))
+  return Mesh(device_grid(devices, shape), tuple(shape))
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+  """The mesh axes the batch is split over."""
+  return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  """How many ways the batch is split: the product of the batch axes' sizes."""
+  return math.prod(mesh.shape[a] for a in batch_axes(mesh))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over the data axis."""
-  return NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  """Leading (batch) dimension split over the batch axes, replicated over `model`."""
+  axes = batch_axes(mesh)
+  return NamedSharding(mesh, PartitionSpec(axes[0] if len(axes) == 1 else axes))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
-def parse_rules(rules: Any) -> list[tuple[str, str]]:
-  """`[(regex, 'replicate'|'fsdp'), ...]`, or one rule name for every leaf ('fsdp')."""
+def parse_rules(rules: Any) -> list[tuple[str, Any]]:
+  """`[(regex, rule), ...]`, or one rule for every leaf ('fsdp'); a rule is a name of
+  `RULES` or a PartitionSpec-like tuple of mesh axes (or None) for the leaf's trailing
+  dimensions."""
   if isinstance(rules, str):
     rules = [('.*', rules)]
   parsed = []
   for item in rules:
-    if len(item) != 2 or item[1] not in RULES:
-      raise ValueError(f'Sharding rule {item!r}: expected (regex, rule) with rule in {RULES}.')
-    parsed.append((str(item[0]), str(item[1])))
+    if len(item) != 2 or not _valid_rule(item[1]):
+      raise ValueError(
+        f'Sharding rule {item!r}: expected (regex, rule) with rule in {RULES}, or a tuple of '
+        f'mesh axes {AXES} and None for the trailing dimensions.'
+      )
+    rule = item[1] if isinstance(item[1], str) else tuple(item[1])
+    parsed.append((str(item[0]), rule))
   return parsed
 
 
-def _fsdp_spec(shape: tuple[int, ...], axis_size: int) -> PartitionSpec:
-  """Shard the largest dimension that the axis divides; replicate if none does."""
-  if int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_SIZE:
-    return PartitionSpec()
+def _valid_rule(rule: Any) -> bool:
+  if isinstance(rule, str):
+    return rule in RULES
+  return isinstance(rule, Sequence) and all(a is None or a in AXES for a in rule)
+
+
+def _fsdp_axis(mesh: Mesh) -> str:
+  """The axis FSDP splits parameters over: `fsdp` where the mesh has it, else `data`."""
+  return FSDP_AXIS if FSDP_AXIS in mesh.axis_names else DATA_AXIS
+
+
+def _fit(shape: tuple[int, ...], trailing: Sequence[Any], mesh: Mesh) -> list[Any]:
+  """`trailing` aligned to the last dimensions of `shape`; an axis the mesh lacks, or whose
+  size does not divide its dimension, replicates that dimension instead."""
+  if len(trailing) > len(shape):
+    return [None] * len(shape)
+  spec = [None] * (len(shape) - len(trailing)) + list(trailing)
+  for dim, axis in enumerate(spec):
+    if axis is not None and (axis not in mesh.axis_names or shape[dim] % mesh.shape[axis]):
+      spec[dim] = None
+  return spec
+
+
+def _add_fsdp(shape: tuple[int, ...], spec: list[Any], mesh: Mesh) -> list[Any]:
+  """`spec` with FSDP's axis on the largest dimension it leaves whole that the axis divides."""
+  axis = _fsdp_axis(mesh)
+  if int(np.prod(shape, dtype=np.int64)) < FSDP_MIN_SIZE or axis in spec:
+    return spec
   for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-    if shape[dim] % axis_size == 0:
-      spec = [None] * len(shape)
-      spec[dim] = DATA_AXIS
-      return PartitionSpec(*spec)
-  return PartitionSpec()
+    if spec[dim] is None and shape[dim] % mesh.shape[axis] == 0:
+      return [*spec[:dim], axis, *spec[dim + 1 :]]
+  return spec
+
+
+def _tensor_parallel(name: str, shape: tuple[int, ...], mesh: Mesh) -> list[Any]:
+  for pattern, trailing in TENSOR_PARALLEL:
+    if re.search(pattern, name):
+      return _fit(shape, trailing, mesh)
+  return [None] * len(shape)
+
+
+def leaf_spec(name: str, shape: tuple[int, ...], rule: Any, mesh: Mesh) -> PartitionSpec:
+  """The PartitionSpec of the leaf at path `name` under `rule` on `mesh`."""
+  if rule == 'replicate':
+    spec = [None] * len(shape)
+  elif rule == 'fsdp':
+    spec = _add_fsdp(shape, [None] * len(shape), mesh)
+  elif rule in ('tp', 'tp+fsdp'):
+    spec = _tensor_parallel(name, shape, mesh)
+    spec = _add_fsdp(shape, spec, mesh) if rule == 'tp+fsdp' else spec
+  else:
+    spec = _fit(shape, rule, mesh)
+  return PartitionSpec(*spec) if any(a is not None for a in spec) else PartitionSpec()
 
 
 def tree_shardings(tree: Any, mesh: Mesh, rules: Any = 'replicate') -> Any:
@@ -70,27 +232,64 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Any = 'replicate') -> Any:
   Leaves no rule matches are replicated.
   """
   parsed = [(re.compile(pattern), rule) for pattern, rule in parse_rules(rules)]
-  axis_size = mesh.shape[DATA_AXIS]
 
   def leaf(path, x):
     name = '/'.join(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))) for k in path)
-    for regex, rule in parsed:
-      if regex.search(name):
-        if rule == 'fsdp':
-          return NamedSharding(mesh, _fsdp_spec(tuple(np.shape(x)), axis_size))
-        break
-    return replicated(mesh)
+    rule = next((rule for regex, rule in parsed if regex.search(name)), 'replicate')
+    return NamedSharding(mesh, leaf_spec(name, tuple(np.shape(x)), rule, mesh))
 
   return jax.tree_util.tree_map_with_path(leaf, tree)
 
 
+def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
+  """`x` held with its dimensions split as `axes` says ('batch': the batch axes, 'model':
+  the tensor-parallel axis, None: whole) on the mesh the step is traced under
+  (`jax.set_mesh`), where XLA's propagation alone may pick a worse layout; unchanged where
+  that mesh has no `model` axis (1-D runs compile as they did), and a dimension the axes do
+  not divide stays whole."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or MODEL_AXIS not in mesh.axis_names:
+    return x
+  spec = []
+  for dim, axis in zip(x.shape, axes, strict=True):
+    names = tuple(a for a in BATCH_AXES if a in mesh.axis_names) if axis == 'batch' else (axis,)
+    whole = axis is None or dim % math.prod(mesh.shape[a] for a in names)
+    spec.append(None if whole else names[0] if len(names) == 1 else names)
+  return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
+
+
+def traced_on(mesh: Mesh, jitted: Any) -> Any:
+  """`jitted` (a `jax.jit` function) traced, lowered and called under `jax.set_mesh(mesh)`
+  where the mesh has a `model` axis, for `constrain`; as it is otherwise."""
+  if MODEL_AXIS not in mesh.axis_names:
+    return jitted
+
+  def call(*args: Any) -> Any:
+    with jax.set_mesh(mesh):
+      return jitted(*args)
+
+  def lower(*args: Any) -> Any:
+    with jax.set_mesh(mesh):
+      return jitted.lower(*args)
+
+  call.lower = lower
+  return call
+
+
 def check_batch(batch: int, mesh: Mesh, accum_steps: int = 1, name: str = 'batch') -> None:
-  """A clear error when the global batch does not split over hosts, devices and micro-batches."""
-  devices = mesh.size
+  """A clear error when the global batch does not split over hosts, the batch axes' devices
+  and micro-batches."""
+  shards = data_parallel_size(mesh)
   processes = jax.process_count()
-  need = devices * max(1, accum_steps)
+  need = shards * max(1, accum_steps)
   if batch <= 0 or batch % need or batch % processes:
-    what = f'{devices} devices' + (f' x accum_steps={accum_steps}' if accum_steps > 1 else '')
+    axes = batch_axes(mesh)
+    what = (
+      f'{shards} devices'
+      if mesh.axis_names == axes
+      else f'{shards} batch shards ({" x ".join(axes)})'
+    )
+    what += f' x accum_steps={accum_steps}' if accum_steps > 1 else ''
     raise ValueError(
       f'config.{name}={batch} does not divide over {what}: use a multiple of {need} '
       f'(e.g. {max(need, batch // need * need) or need}).'

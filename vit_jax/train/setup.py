@@ -196,7 +196,7 @@ def prepare(
   pretrained_path = None if resuming else resolve_pretrained_path(spec)
   source, num_classes = _source(spec.data)
   total_steps = _total_steps(spec, source)
-  mesh = parallel.create_mesh(devices)
+  mesh = parallel.create_mesh(devices, spec.step.mesh)
   _check_batches(spec, mesh)
   model = build_model(spec.model, num_classes)
   spec = dataclasses.replace(

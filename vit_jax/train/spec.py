@@ -106,7 +106,13 @@ class Step:
   # 'jit': one program for the global batch, partitioned by GSPMD (replicated or FSDP).
   # 'shard_map': the per-device step, gradients averaged by an explicit pmean (replicated).
   step: str = 'jit'
-  # Parameters and optimizer state: 'replicate', 'fsdp', or ((regex, rule), ...) pairs.
+  # The device mesh: named axes and their sizes, one of them -1 (the rest of the devices):
+  # 'data' and 'fsdp' split the batch, 'fsdp' the parameters too, 'model' each layer (tensor
+  # parallelism); e.g. 'data:-1' (default), 'fsdp:-1,model:4' (vit_jax/parallel.py).
+  mesh: str = parallel.DEFAULT_MESH
+  # Parameters and optimizer state: 'replicate', 'fsdp' (over 'fsdp', else 'data'), 'tp'
+  # (Megatron-style over 'model'), 'tp+fsdp', or ((regex, rule), ...) pairs whose rule is
+  # one of these or a tuple of mesh axes for the leaf's trailing dimensions.
   sharding: Any = 'replicate'
   distill: Distill = dataclasses.field(default_factory=Distill)
   # Polyak averaging: an exponential moving average of the parameters with this decay, kept
@@ -297,6 +303,12 @@ def check(spec: RunSpec) -> None:
     raise ValueError(
       "config.step='shard_map' runs on replicated parameters; FSDP (config.sharding="
       f"{spec.step.sharding!r}) needs config.step='jit'."
+    )
+  axes = [name for name, _ in parallel.parse_mesh(spec.step.mesh)]
+  if spec.step.step == 'shard_map' and axes != [parallel.DATA_AXIS]:
+    raise ValueError(
+      f"config.step='shard_map' runs on the 1-D mesh 'data:-1'; config.mesh="
+      f"{spec.step.mesh!r} needs config.step='jit'."
     )
   data_spec.check(spec.data)
   for key in ('mixup', 'cutmix', 'label_smoothing'):

@@ -159,13 +159,15 @@ def compile_train_step(
   fn: StepFn, shardings: Any, batch_sharding: NamedSharding, mesh: Mesh, *input_shardings: Any
 ) -> Callable:
   """`fn` under jax.jit with the state's shardings (and its further inputs', when it takes
-  them); the old state is donated."""
-  return jax.jit(
+  them); the old state is donated. Traced under the mesh (`parallel.traced_on`), so the
+  model's activation constraints (`parallel.constrain`) apply."""
+  jitted = jax.jit(
     fn,
     in_shardings=(shardings, batch_sharding, *input_shardings),
     out_shardings=(shardings, parallel.replicated(mesh)),
     donate_argnums=(0,),
   )
+  return parallel.traced_on(mesh, jitted)
 
 
 def train_step_for(
