@@ -213,6 +213,26 @@ def test_two_processes_of_four_devices_equal_one_of_eight(image_file, tmp_path):
     np.testing.assert_allclose(final[key], reference[key], rtol=1e-5, atol=1e-5, err_msg=key)
 
 
+def test_both_towers_split_over_model_train_like_data_parallel(lit_run, image_file, tmp_path):
+  """The tiny LiT on a data 4 x model 2 mesh, both towers' blocks split Megatron-style
+  (config.sharding='tp'): every step's loss and the final parameters of the 8-device
+  data-parallel run, to 1e-5."""
+  ref_dir, reference = lit_run
+  workdir = str(tmp_path / 'tp')
+  config = tiny_digits(image_file, mesh='data:4,model:2', sharding='tp')
+  result = train.train_and_evaluate(config, workdir)
+  specs = _flat(jax.tree.map(lambda x: 'model' in x.sharding.spec, result['params']))
+  split = sorted(k for k, on_model in specs.items() if on_model)
+  assert any(k.startswith('img/') and 'query/kernel' in k for k in split), split
+  bert = ('attention_layer/query/kernel', 'attention_block/dense_layer/kernel',
+          'mlp_block/mlp/dense_layer/kernel', 'mlp_block/dense_layer/kernel')  # fmt: skip
+  assert all(any(k.startswith('txt/') and k.endswith(b) for k in split) for b in bert), split
+  losses = [[m['loss'] for m in _lines(d) if 'loss' in m] for d in (workdir, ref_dir)]
+  assert len(losses[0]) == TINY['total_steps']
+  np.testing.assert_allclose(*losses, atol=1e-5, rtol=0)
+  assert_trees_close(_flat(result['params']), _flat(reference['params']), atol=1e-5)
+
+
 def _numpy_loss(name: str, zimg, ztxt, t: float, b: float) -> float:
   """The softmax (CLIP) or sigmoid (SigLIP) loss of the global batch, in numpy float64."""
   logits = np.exp(t) * zimg.astype(np.float64) @ ztxt.astype(np.float64).T

@@ -38,7 +38,15 @@ FSDP_MIN_SIZE = 2**14
 # hidden units), the attention's output projection and the MLP's second layer by their
 # inputs, so that each block needs one all-reduce after attention and one after the MLP.
 # Specs name a leaf's trailing dimensions (a scanned block's leading layer axis is left whole).
+# The ViT's layout (also the text transformer's and Mixer's MLPs), then BERT's
+# (vit_jax/models/text.py: (D, D) projections whose columns are the heads).
 TENSOR_PARALLEL = (
+  (r'attention_layer/(query|key|value)/kernel$', (None, MODEL_AXIS)),  # (D, D)
+  (r'attention_layer/(query|key|value)/bias$', (MODEL_AXIS,)),
+  (r'attention_block/dense_layer/kernel$', (MODEL_AXIS, None)),
+  (r'mlp_block/mlp/dense_layer/kernel$', (None, MODEL_AXIS)),  # (D, mlp_dim)
+  (r'mlp_block/mlp/dense_layer/bias$', (MODEL_AXIS,)),
+  (r'mlp_block/dense_layer/kernel$', (MODEL_AXIS, None)),
   (r'(query|key|value)/kernel$', (MODEL_AXIS, None)),  # (D, heads, head_dim)
   (r'(query|key|value)/bias$', (MODEL_AXIS, None)),  # (heads, head_dim)
   (r'/out/kernel$', (MODEL_AXIS, None, None)),  # (heads, head_dim, D)
