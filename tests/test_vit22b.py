@@ -312,6 +312,19 @@ def test_a_saved_tree_loads_back_with_its_options_read_off_the_shapes(tmp_path):
   )
 
 
+def test_the_registry_tells_vit22b_from_a_plain_vit_of_its_shape():
+  from vit_jax.checkpoint import infer_config
+  from vit_jax.families import vit
+
+  shapes = families.param_shapes(get_model('ViT-22B_14', num_classes=1000), 224)
+  config = infer_config(shapes)
+  assert vit.match_registry(config) == 'ViT-22B_14'
+  for option in VIT22B:  # any one option back at its default: no registered architecture
+    config.transformer[option] = OFF[option]
+    assert vit.match_registry(config) is None, option
+    config.transformer[option] = VIT22B[option]
+
+
 @pytest.mark.parametrize('to', ['timm', 'hf'])
 def test_exports_to_pytorch_vits_refuse_the_options(to):
   from vit_jax import checkpoint
