@@ -4,6 +4,8 @@ r"""The bundled default job: a small ViT trained from scratch on scikit-learn's 
   python -m vit_jax.main --config=configs/digits.py:mixer --workdir=runs/digits_mixer
   python -m vit_jax.main --config=configs/digits.py:regularised --workdir=runs/digits_reg
   python -m vit_jax.main --config=configs/digits.py:deit --workdir=runs/digits_deit
+  python -m vit_jax.main --config=configs/digits.py:vit22b --workdir=runs/digits_22b \
+    --config.mesh=data:-1,model:4 --config.sharding=tp
 
 1,437 training and 360 test images (8x8 grayscale, a fixed stratified 80/20 split, seed 0),
 no download. The 8x8 images are cut into 2x2 patches: 16 tokens, as a 224-px image in 56-px
@@ -92,10 +94,13 @@ def encoder() -> dict:
   }
 
 
+VARIANTS = ('vit', 'mixer', 'regularised', 'deit', 'vit22b')
+
+
 def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
-  """The digits config; `model` is 'vit' (the default job), 'mixer', 'regularised' or 'deit'."""
-  if model not in ('vit', 'mixer', 'regularised', 'deit'):
-    raise ValueError(f"configs/digits.py:{model}: expected 'vit', 'mixer', 'regularised' or 'deit'")
+  """The digits config; `model` is one of `VARIANTS` ('vit': the default job)."""
+  if model not in VARIANTS:
+    raise ValueError(f'configs/digits.py:{model}: expected one of {", ".join(VARIANTS)}')
   config = common.get_config()
   config.dataset = 'digits'
   config.model_name = 'ViT-digits'
@@ -111,6 +116,11 @@ def get_config(model: str = 'vit') -> ml_collections.ConfigDict:
       }
     )
   )
+  if model == 'vit22b':  # ViT-22B's block (vit_jax/models/vit.py, BLOCK_OPTIONS)
+    config.model_name = 'ViT-22B-digits'
+    config.model.transformer.update(
+      {'parallel_block': True, 'qk_norm': True, 'qkv_bias': False, 'norm_bias': False}
+    )
   if model == 'mixer':
     config.model_name = 'Mixer-digits'
     config.model = _mixer()
