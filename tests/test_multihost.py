@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow  # multi-process runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
-SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')
+SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh', 'gpu_benchmark.sh')
 RUN_TIMEOUT_S = 300  # per launch; a hang fails the test instead of blocking the suite
 # conftest's tiny digits run: 6 steps of batch 32, evaluated, few-shot evaluated and checkpointed at
 # steps 3 and 6, with a Polyak average. The data is read as 2 shards, so the global batches do
@@ -467,6 +467,17 @@ def test_launcher_options_out_of_place_or_without_a_value_stop_with_one_line(scr
     name = args[0].rstrip('=')
     said = f'error: {name} needs a value, e.g. --mesh data:-1,model:4 or --sharding tp'
     assert bare.stderr.splitlines()[-1] == said
+
+
+def test_gpu_benchmark_dry_run_passes_the_mesh_to_every_training_phase():
+  lines = [x for x in _dry_run('gpu_benchmark.sh', *MESH, 'out') if x.startswith('== ')]
+  phases = {x.split(':')[0][3:]: x for x in lines}
+  training = ['policies', 'attention', 'profile', 'lhs', 'triton', 'vit_l', 'vit_h']
+  assert sorted(phases) == sorted([*training, 'inference'])
+  for name in training:
+    assert ' --train --noinference --mesh=data:-1,model:2 --sharding=tp ' in phases[name]
+  inference = phases['inference']
+  assert '--mesh' not in inference and '--sharding' not in inference
 
 
 def test_tpu_pod_dry_run_prints_the_gcloud_commands():
