@@ -17,6 +17,7 @@ from conftest import TINY, assert_trained_params_close
 
 from configs import digits
 from vit_jax import distributed, rundir, train
+from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.train.spec import with_overrides
 
 pytestmark = pytest.mark.slow  # 10-step training runs
@@ -24,9 +25,9 @@ pytestmark = pytest.mark.slow  # 10-step training runs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
 # configs/digits.py:vit22b (ViT-22B's block: parallel attention and MLP, QK norm, no QKV or
-# norm biases) at TINY's sizes with 2 blocks of 8 heads and an MLP of 64 (both split 8 ways), 10 steps,
-# checkpoints at 5 and 10, one evaluation at the end, the data read as 2 shards (the same
-# global batches on 1 process and on 2).
+# norm biases) at TINY's sizes with 2 blocks of 8 heads and an MLP of 64 (both split 8 ways),
+# 10 steps, checkpoints at 5 and 10, one evaluation at the end, the data read as 2 shards (the
+# same global batches on 1 process and on 2).
 OVERRIDES = {
   'model.transformer.num_layers': 2,
   'model.transformer.num_heads': 8,
@@ -132,24 +133,16 @@ def _env(devices: int) -> dict[str, str]:
 
 
 def test_two_processes_of_four_devices_on_2x4_train_like_one_process(tmp_path, runs):
-  """launch/local.sh, 2 processes x 4 devices, mesh data:2 x model:4 (each process one model
-  group): the losses and final parameters of the 1-process 2 x 4 run."""
+  """launch/local.sh --mesh data:2,model:4 --sharding tp, 2 processes x 4 devices (each process
+  one model group): the losses and final parameters of the 1-process 2 x 4 run."""
   reference, done = runs('2x4')
   workdir = str(tmp_path / 'run')
   mesh, sharding = MESHES['2x4']
   flags = [f'--config.{k}={v}' for k, v in {**TINY, **OVERRIDES}.items()]
-  command = [
-    'bash',
-    'launch/local.sh',
-    '2',
-    '--config=configs/digits.py:vit22b',
-    f'--workdir={workdir}',
-  ]
-  command += [*flags, f'--config.mesh={mesh}', f'--config.sharding={sharding}']
+  command = ['bash', 'launch/local.sh', '--mesh', mesh, '--sharding', sharding, '2']
+  command += ['--config=configs/digits.py:vit22b', f'--workdir={workdir}', *flags]
   run = subprocess.run(command, cwd=REPO, env=_env(4), capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   np.testing.assert_allclose(_losses(workdir), _losses(reference), atol=1e-5, rtol=0)
-  from vit_jax.checkpoint import orbax as orbax_format
-
   tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
   assert_trained_params_close(_flat(done['params']), _flat(tree), atol=1e-5)
