@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import TINY, assert_trained_params_close, digest, full_tmpfs
+from conftest import TINY, assert_trained_params_close, digest, full_tmpfs, process_env
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -72,22 +72,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-    JAX_PLATFORMS='cpu',
-    TF_CPP_MIN_LOG_LEVEL='3',
-    PYTHONUNBUFFERED='1',
-  )
-  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(key, None)
-  return env
-
-
 def _local_sh(workdir: str, processes: int = 2, devices: int = 4) -> subprocess.CompletedProcess:
   """launch/local.sh: `processes` processes of `devices` CPU devices each, on 127.0.0.1."""
-  env = _env(devices)
+  env = process_env(devices)
   env.update(PYTHON=sys.executable, DEVICES_PER_PROCESS=str(devices), TIMEOUT='120')
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, 'local.sh'), str(processes), *_flags(workdir)],
@@ -245,7 +232,7 @@ def _start(flags: list[str], workdir: str) -> subprocess.Popen:
   return subprocess.Popen(
     [sys.executable, '-m', 'vit_jax.main', *_flags(workdir), *flags],
     cwd=REPO,
-    env=_env(4),
+    env=process_env(4),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -340,7 +327,7 @@ def test_the_private_coordination_client_takes_every_call_we_make():
   run = subprocess.run(
     [sys.executable, '-c', _CLIENT_CALLS, f'127.0.0.1:{_free_port()}'],
     cwd=REPO,
-    env=_env(1),
+    env=process_env(1),
     capture_output=True,
     text=True,
     timeout=RUN_TIMEOUT_S,
@@ -369,7 +356,7 @@ def test_cluster_scripts_refuse_to_run_outside_the_repository_root(script, tmp_p
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, script), '--dry-run'],
     cwd=tmp_path,
-    env={k: v for k, v in _env(4).items() if k != 'SLURM_SUBMIT_DIR'},
+    env={k: v for k, v in process_env(4).items() if k != 'SLURM_SUBMIT_DIR'},
     capture_output=True,
     text=True,
   )
@@ -381,7 +368,7 @@ def _dry_run(script: str, *args: str, **env: str) -> list[str]:
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, script), '--dry-run', *args],
     cwd=REPO,
-    env={**_env(4), **env},
+    env={**process_env(4), **env},
     capture_output=True,
     text=True,
     timeout=60,
@@ -447,7 +434,7 @@ def _launch(script: str, *args: str) -> subprocess.CompletedProcess:
   return subprocess.run(
     ['bash', os.path.join(LAUNCH, script), *args],
     cwd=REPO,
-    env={**_env(4), 'TPU_NAME': 'p', 'ZONE': 'z'},
+    env={**process_env(4), 'TPU_NAME': 'p', 'ZONE': 'z'},
     capture_output=True,
     text=True,
   )
@@ -549,7 +536,7 @@ def test_slurm_dry_run_prints_srun_one_process_per_gpu(version, end, tmp_path):
   missing = subprocess.run(
     ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh')],
     cwd=REPO,
-    env={k: v for k, v in _env(4).items() if not k.startswith('SLURM')},
+    env={k: v for k, v in process_env(4).items() if not k.startswith('SLURM')},
     capture_output=True,
     text=True,
   )
@@ -582,7 +569,7 @@ def test_a_python_outside_the_ends_stops_the_scripts_with_one_line(tmp_path):
     run = subprocess.run(
       ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh'), '--dry-run'],
       cwd=REPO,
-      env={**_env(4), 'PYTHON': python},
+      env={**process_env(4), 'PYTHON': python},
       capture_output=True,
       text=True,
     )
@@ -658,7 +645,7 @@ def _start_processes(
           *own,
         ],
         cwd=REPO,
-        env={**_env(4), **(env or {})},
+        env={**process_env(4), **(env or {})},
         stdout=out,
         stderr=subprocess.STDOUT,
         text=True,

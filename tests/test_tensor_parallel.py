@@ -13,10 +13,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import TINY, assert_trained_params_close
+from conftest import TINY, assert_trained_params_close, process_env
 
 from configs import digits
-from vit_jax import distributed, rundir, train
+from vit_jax import rundir, train
 from vit_jax.checkpoint import orbax as orbax_format
 from vit_jax.train.spec import with_overrides
 
@@ -116,22 +116,6 @@ def test_checkpoint_of_a_2x4_mesh_resumes_exactly_on_8x1(tmp_path, runs):
   assert_trained_params_close(_flat(done['params']), _flat(result['params']), atol=1e-6)
 
 
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-    JAX_PLATFORMS='cpu',
-    TF_CPP_MIN_LOG_LEVEL='3',
-    PYTHONUNBUFFERED='1',
-    PYTHON=sys.executable,
-    DEVICES_PER_PROCESS=str(devices),
-    TIMEOUT='120',
-  )
-  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(key, None)
-  return env
-
-
 def test_two_processes_of_four_devices_on_2x4_train_like_one_process(tmp_path, runs):
   """launch/local.sh --mesh data:2,model:4 --sharding tp, 2 processes x 4 devices (each process
   one model group): the losses and final parameters of the 1-process 2 x 4 run."""
@@ -141,7 +125,8 @@ def test_two_processes_of_four_devices_on_2x4_train_like_one_process(tmp_path, r
   flags = [f'--config.{k}={v}' for k, v in {**TINY, **OVERRIDES}.items()]
   command = ['bash', 'launch/local.sh', '--mesh', mesh, '--sharding', sharding, '2']
   command += ['--config=configs/digits.py:vit22b', f'--workdir={workdir}', *flags]
-  run = subprocess.run(command, cwd=REPO, env=_env(4), capture_output=True, text=True, timeout=300)
+  env = {**process_env(4), 'PYTHON': sys.executable, 'DEVICES_PER_PROCESS': '4', 'TIMEOUT': '120'}
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   np.testing.assert_allclose(_losses(workdir), _losses(reference), atol=1e-5, rtol=0)
   tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
