@@ -220,16 +220,21 @@ def test_fsdp_uses_the_fsdp_axis_and_the_batch_splits_over_data_and_fsdp():
     parallel.check_batch(6, mesh)
 
 
-def test_activation_constraints_apply_only_under_a_mesh_with_a_model_axis():
+def test_activation_constraints_follow_the_traced_mesh():
+  """'batch' over the batch axes, 'model' over model, where the mesh has them and they divide;
+  nothing outside a mesh or inside shard_map (manual axes)."""
   x = jnp.zeros((8, 6, 16))
 
   def f(x):
     return parallel.constrain(x * 2, 'batch', None, 'model')
 
   assert parallel.constrain(x, 'batch', None, 'model') is x  # no mesh: untouched
-  mesh = parallel.create_mesh(spec='data:-1,model:2')
+  with jax.set_mesh(parallel.create_mesh(spec='data:-1,model:2')):
+    assert jax.jit(f)(x).sharding.spec == P('data', None, 'model')
+  with jax.set_mesh(parallel.create_mesh(spec='data:2,fsdp:2,model:2')):
+    assert jax.jit(f)(x).sharding.spec == P(('data', 'fsdp'), None, 'model')
+  mesh = parallel.create_mesh()
   with jax.set_mesh(mesh):
-    out = jax.jit(f)(x)
-  assert out.sharding.spec == P('data', None, 'model')
-  with jax.set_mesh(parallel.create_mesh()):
-    assert jax.jit(f)(x).sharding.spec != P('data', None, 'model')
+    assert jax.jit(f)(x).sharding.spec == P('data')  # no model axis: the features whole
+    per_device = jax.shard_map(f, mesh=mesh, in_specs=P('data'), out_specs=P('data'))
+    np.testing.assert_array_equal(jax.jit(per_device)(x + 1), 2 * (x + 1))

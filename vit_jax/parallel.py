@@ -252,24 +252,34 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Any = 'replicate') -> Any:
 def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
   """`x` held with its dimensions split as `axes` says ('batch': the batch axes, 'model':
   the tensor-parallel axis, None: whole) on the mesh the step is traced under
-  (`jax.set_mesh`), where XLA's propagation alone may pick a worse layout; unchanged where
-  that mesh has no `model` axis (1-D runs compile as they did), and a dimension the axes do
-  not divide stays whole."""
+  (`parallel.traced_on`), where XLA's propagation alone picks a worse layout: under FSDP it
+  would split the activations by width, following the parameters, and gather the global
+  batch onto every device. An axis the mesh lacks, or that does not divide its dimension,
+  leaves it whole; outside a mesh (or inside `shard_map`, whose axes are manual) `x` is
+  returned as it is."""
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or MODEL_AXIS not in mesh.axis_names:
-    return x
+  auto = set() if mesh.empty else {
+    name for name, kind in zip(mesh.axis_names, mesh.axis_types, strict=True)
+    if kind == jax.sharding.AxisType.Auto
+  }  # fmt: skip
   spec = []
   for dim, axis in zip(x.shape, axes, strict=True):
-    names = tuple(a for a in BATCH_AXES if a in mesh.axis_names) if axis == 'batch' else (axis,)
-    whole = axis is None or dim % math.prod(mesh.shape[a] for a in names)
+    names = BATCH_AXES if axis == 'batch' else (axis,)
+    names = tuple(a for a in names if a in auto)
+    whole = not names or dim % math.prod(mesh.shape[a] for a in names)
     spec.append(None if whole else names[0] if len(names) == 1 else names)
+  if all(a is None for a in spec):  # nothing to split: no constraint (not "replicated")
+    return x
   return jax.lax.with_sharding_constraint(x, PartitionSpec(*spec))
 
 
-def traced_on(mesh: Mesh, jitted: Any) -> Any:
-  """`jitted` (a `jax.jit` function) traced, lowered and called under `jax.set_mesh(mesh)`
-  where the mesh has a `model` axis, for `constrain`; as it is otherwise."""
-  if MODEL_AXIS not in mesh.axis_names:
+def traced_on(mesh: Mesh, jitted: Any, shardings: Any) -> Any:
+  """`jitted` (a `jax.jit` function) traced, lowered and called under `jax.set_mesh(mesh)`,
+  so that the model's `constrain` applies, where the mesh has more than the data axis or the
+  state (`shardings`) is split (FSDP); a replicated data-parallel step is left as it compiled
+  before (its bfloat16 programs round alike on every mesh size)."""
+  split = any(s.spec != PartitionSpec() for s in jax.tree.leaves(shardings))
+  if mesh.axis_names == (DATA_AXIS,) and not split:
     return jitted
 
   def call(*args: Any) -> Any:

@@ -167,7 +167,7 @@ def compile_train_step(
     out_shardings=(shardings, parallel.replicated(mesh)),
     donate_argnums=(0,),
   )
-  return parallel.traced_on(mesh, jitted)
+  return parallel.traced_on(mesh, jitted, shardings)
 
 
 def train_step_for(
