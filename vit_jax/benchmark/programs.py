@@ -87,20 +87,22 @@ def compile_inference(
 SCHEDULE_STEPS = 10_000
 
 
-def _trainer(model: Any, batch: int, accum_steps: int = 1):
+def trainer(model: Any, batch: int, accum_steps: int = 1, optimizer: str = 'sgd'):
   """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec's
-  classification, with `accum_steps` micro-batches; step(state, {'image', 'label'}) ->
+  classification, with `accum_steps` micro-batches and `optimizer` ('sgd' with momentum, the
+  default recipe, or 'adam', the pretraining one); step(state, {'image', 'label'}) ->
   (state, metrics)."""
   from vit_jax.tasks import classification
 
   data = spec_lib.Data(batch=batch, num_classes=model.num_classes)
-  run = spec_lib.RunSpec(data=data, step=spec_lib.Step(accum_steps=accum_steps))
+  step = spec_lib.Step(accum_steps=accum_steps)
+  run = spec_lib.RunSpec(data=data, step=step, optim=optim.Optim(optimizer=optimizer))
   tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)
   task = classification.Task(run, model)
   return tx, train_steps.make_train_step(task, tx, schedule, run)
 
 
-def _train_state(params: Any, tx: Any) -> dict[str, Any]:
+def train_state(params: Any, tx: Any) -> dict[str, Any]:
   return {
     'params': params,
     'opt_state': tx.init(params),
@@ -115,7 +117,7 @@ def abstract(tree: Any) -> Any:
 
 def _compiled_step(model: Any, images: Any, accum_steps: int):
   """(optimizer, the step compiled as the trainer compiles it, on a one-device mesh)."""
-  tx, step = _trainer(model, images.shape[0], accum_steps)
+  tx, step = trainer(model, images.shape[0], accum_steps)
   mesh = parallel.create_mesh(jax.local_devices()[:1])
   replicated = parallel.replicated(mesh)  # the whole state: a prefix of its tree
   return tx, train_steps.compile_train_step(step, replicated, parallel.batch_sharding(mesh), mesh)
@@ -124,7 +126,7 @@ def _compiled_step(model: Any, images: Any, accum_steps: int):
 def _lower_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int):
   """(optimizer, the lowered training step); arrays may be abstract."""
   tx, f = _compiled_step(model, images, accum_steps)
-  state = jax.eval_shape(lambda p: _train_state(p, tx), abstract(params))
+  state = jax.eval_shape(lambda p: train_state(p, tx), abstract(params))
   return tx, f.lower(state, {'image': abstract(images), 'label': abstract(labels)})
 
 
@@ -156,8 +158,8 @@ def train_program(
   compiled, compile_s, flops, facts = compile_train(model, params, images, labels, accum_steps)
   state = {} if state is None else state
   if not state:
-    tx, _ = _trainer(model, images.shape[0], accum_steps)
-    state['train'] = _train_state(jax.tree.map(jnp.array, params), tx)  # a copy: donated
+    tx, _ = trainer(model, images.shape[0], accum_steps)
+    state['train'] = train_state(jax.tree.map(jnp.array, params), tx)  # a copy: donated
   batch = {'image': images, 'label': labels}
 
   def run():
