@@ -43,6 +43,37 @@ EXPECTED_PARAMS = {
 }
 
 
+def vit_params(
+  hidden, layers, mlp, heads, patch, resolution=224, classes=1000, *, parallel=False,
+  qk_norm=False, qkv_bias=True, norm_bias=True,
+):  # fmt: skip
+  """A ViT's parameters by hand: patch embedding (p x p x 3 x D + D), class token (D), position
+  embedding (one row of D per patch and for the class token); per block its LayerNorms (two,
+  one with parallel blocks; scale D and bias D, the scale alone without bias and centering),
+  q, k, v kernels (D x D each) with their biases (D each) unless qkv_bias=False, QK norms (one
+  LayerNorm of head_dim for queries, one for keys), out (D x D + D), the MLP (D x M + M + M x
+  D + D); the encoder norm; the head (D x C + C)."""
+  d, head_dim = hidden, hidden // heads
+  norm = d if not norm_bias else 2 * d
+  embedding = patch * patch * 3 * d + d + d + ((resolution // patch) ** 2 + 1) * d
+  attention = 3 * d * d + (3 * d if qkv_bias else 0) + d * d + d
+  attention += 2 * (head_dim if not norm_bias else 2 * head_dim) if qk_norm else 0
+  block = (1 if parallel else 2) * norm + attention + d * mlp + mlp + mlp * d + d
+  return embedding + layers * block + norm + d * classes + classes
+
+
+# The giant ViTs of later papers (ViT-g/14 and ViT-G/14: Zhai et al., arXiv:2106.04560, Table 2;
+# ViT-e: PaLI, arXiv:2209.06794; ViT-22B: Dehghani et al., arXiv:2302.05442, Table 1).
+EXPECTED_PARAMS |= {
+  'ViT-giant_14': vit_params(1408, 40, 6144, 16, 14),
+  'ViT-gigantic_14': vit_params(1664, 48, 8192, 16, 14),
+  'ViT-e_14': vit_params(1792, 56, 15360, 16, 14),
+  'ViT-22B_14': vit_params(
+    6144, 48, 24576, 48, 14, parallel=True, qk_norm=True, qkv_bias=False, norm_bias=False
+  ),
+}
+
+
 def mixer_params(hidden, blocks, tokens_mlp, channels_mlp, patch, resolution=224, classes=1000):
   """MLP-Mixer's parameters by hand: stem conv, per block two LayerNorms, the token MLP
   (S -> D_S -> S) and the channel MLP (C -> D_C -> C) with biases, final norm, head."""
@@ -72,6 +103,33 @@ def test_mixer_arithmetic_reproduces_the_original_table():
   assert mixer_params(768, 12, 384, 3072, 16) == EXPECTED_PARAMS['Mixer-B_16']
   assert mixer_params(768, 12, 384, 3072, 32) == EXPECTED_PARAMS['Mixer-B_32']
   assert mixer_params(1024, 24, 512, 4096, 16) == EXPECTED_PARAMS['Mixer-L_16']
+
+
+def test_vit_arithmetic_reproduces_the_original_table():
+  for name, (patch, hidden, mlp, heads, layers) in {
+    'ViT-Ti_16': (16, 192, 768, 3, 12),
+    'ViT-S_32': (32, 384, 1536, 6, 12),
+    'ViT-B_8': (8, 768, 3072, 12, 12),
+    'ViT-B_16': (16, 768, 3072, 12, 12),
+    'ViT-L_32': (32, 1024, 4096, 16, 24),
+    'ViT-H_14': (14, 1280, 5120, 16, 32),
+  }.items():
+    assert vit_params(hidden, layers, mlp, heads, patch) == EXPECTED_PARAMS[name], name
+
+
+def test_giant_counts_equal_timms_built_on_the_meta_device():
+  """timm's vit_giant_patch14_224 and vit_gigantic_patch14_224 (class token, QKV biases, a
+  1000-class head: our layout), counted without allocating their weights."""
+  import timm
+  import torch
+
+  for name, theirs in (
+    ('ViT-giant_14', 'vit_giant_patch14_224'),
+    ('ViT-gigantic_14', 'vit_gigantic_patch14_224'),
+  ):
+    with torch.device('meta'):
+      model = timm.create_model(theirs, pretrained=False, num_classes=1000)
+    assert sum(p.numel() for p in model.parameters()) == EXPECTED_PARAMS[name], name
 
 
 def test_deit_counts_round_to_the_published_ones():
@@ -395,6 +453,7 @@ def _matmul_flops(name: str, resolution: int = 224, classes: int = 1000, **overr
     ('ViT-Ti_16', {}),
     ('ViT-L_32', {}),
     ('ViT-H_14', {}),
+    ('ViT-22B_14', {}),  # parallel blocks: the same matmuls
     ('ViT-S_16-gap-norep', {}),
     ('ViT-B_32', {'representation_size': 768}),
   ],

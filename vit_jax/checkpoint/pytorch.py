@@ -33,6 +33,7 @@ from vit_jax.checkpoint.tree import (
   POSEMB,
   CheckpointError,
   block_numbers,
+  block_options,
   check_complete,
   config_field,
   flatten,
@@ -424,6 +425,11 @@ def check_exportable(flat: Mapping[str, Any], model_config: Any, what: str) -> N
   if 'conv_root/kernel' in flat or config_field(model_config, 'resnet') is not None:
     raise CheckpointError(
       f'hybrid (ResNet+ViT) models have no {what} equivalent; export them with --to=npz'
+    )
+  if options := block_options(flat):
+    raise CheckpointError(
+      f'ViT-22B block options {sorted(options)} have no {what} equivalent; export the model'
+      ' with --to=npz'
     )
 
 

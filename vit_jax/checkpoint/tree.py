@@ -13,7 +13,7 @@ import ml_collections
 from vit_jax import families
 from vit_jax.families.mixer import STEM as MIXER_STEM
 from vit_jax.families.mixer import TOKENS as MIXER_TOKENS
-from vit_jax.families.vit import POSEMB, block_numbers, num_prefix_tokens
+from vit_jax.families.vit import POSEMB, block_numbers, block_options, num_prefix_tokens
 from vit_jax.flat import (
   SEP,
   CheckpointError,
@@ -34,6 +34,7 @@ __all__ = [
   'SEP',
   'CheckpointError',
   'block_numbers',
+  'block_options',
   'count_params',
   'flatten',
   'natural_key',

@@ -5,7 +5,10 @@ Its parameter tree has the patch embedding `embedding/kernel`; the architecture 
 the shapes (`infer_config`): dropout rates are not stored in weights and come back as 0; a tree
 without `cls` is taken as `classifier='gap'` ('unpooled' has the same parameters), or 'map' with
 a `MAPHead_0`; `dist_token` gives `distilled=True`, and an encoder without a position embedding
-`posemb='sincos2d'` (these two fields only appear when set).
+`posemb='sincos2d'` (these two fields only appear when set), and ViT-22B's block options
+(`BLOCK_OPTIONS`) those that differ from their defaults: no `LayerNorm_1` (parallel blocks),
+`query_norm` (QK norm), no `query/bias`, no `LayerNorm_0/bias` (norms without bias and
+centering).
 """
 
 import re
@@ -31,7 +34,7 @@ from vit_jax.flat import (
 from vit_jax.models import model_from_config, stats
 from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.precision import LAYER_NORM_EPSILON
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.vit import BLOCK_OPTIONS, VisionTransformer
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
 PATCH_KERNEL = 'embedding/kernel'
@@ -105,8 +108,26 @@ def infer_transformer(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | No
       'dropout_rate': 0.0,
       'attention_dropout_rate': 0.0,
       'drop_path_rate': 0.0,
+      **block_options(flat),
     }
   )
+
+
+def block_options(flat: Mapping[str, Any]) -> dict[str, bool]:
+  """ViT-22B's block options that the first encoder block's parameters show, those not at
+  their defaults (`BLOCK_OPTIONS`); {} for the original ViT's blocks and for a tree without
+  `Transformer/encoderblock_0`."""
+  block = 'Transformer/encoderblock_0'
+  attention = f'{block}/MultiHeadDotProductAttention_0'
+  if f'{block}/LayerNorm_0/scale' not in flat:
+    return {}
+  shown = {
+    'parallel_block': f'{block}/LayerNorm_1/scale' not in flat,
+    'qk_norm': f'{attention}/query_norm/scale' in flat,
+    'qkv_bias': f'{attention}/query/bias' in flat,
+    'norm_bias': f'{block}/LayerNorm_0/bias' in flat,
+  }
+  return {k: v for k, v in shown.items() if v != BLOCK_OPTIONS[k]}
 
 
 def _infer_resnet(flat: Mapping[str, Any]) -> ml_collections.ConfigDict | None:
@@ -133,13 +154,35 @@ def architecture(config: Config) -> tuple:
   return (
     tuple(config['patches']['size']),
     config['hidden_size'],
-    None if t is None else (t['num_layers'], t['mlp_dim'], t['num_heads']),
+    None if t is None else (t['num_layers'], t['mlp_dim'], t['num_heads'], *_options(t)),
     None if r is None else (tuple(r['num_layers']), r['width_factor']),
     config['classifier'] in ('token', 'token_unpooled'),
     config['classifier'] == 'map',
     bool(config.get('distilled', False)),
     config.get('posemb', 'learn'),
   )
+
+
+def _options(transformer: Config) -> tuple[bool, ...]:
+  """The encoder's ViT-22B block options, defaults where it does not say."""
+  return tuple(transformer.get(k, default) for k, default in BLOCK_OPTIONS.items())
+
+
+# The phrase of each ViT-22B block option that is not at its default.
+_OPTION_PHRASES = {
+  'parallel_block': 'parallel blocks',
+  'qk_norm': 'QK norm',
+  'qkv_bias': 'no QKV bias',
+  'norm_bias': 'norms without bias and centering',
+}
+
+
+def block_phrases(transformer: Config | None) -> list[str]:
+  """The encoder's ViT-22B block options in words, those not at their defaults."""
+  if transformer is None:
+    return []
+  options = dict(zip(BLOCK_OPTIONS, _options(transformer), strict=True))
+  return [_OPTION_PHRASES[k] for k, v in options.items() if v != BLOCK_OPTIONS[k]]
 
 
 def first_registered(config: Config, owns: Callable, arch_of: Callable) -> str | None:
@@ -168,6 +211,7 @@ def describe(config: Config) -> str:
   if r is not None:
     parts.append(f'resnet {tuple(r["num_layers"])}')
   parts.append(f'classifier {config["classifier"]}')
+  parts += block_phrases(t)
   if config.get('distilled'):
     parts.append('distillation token')
   if config.get('posemb', 'learn') != 'learn':
@@ -245,6 +289,7 @@ def table_columns(config: Config) -> dict[str, Any]:
   t = config['transformer']
   arch = (t['num_layers'], config['hidden_size'], t['mlp_dim'], t['num_heads'])
   note = 'distillation token and head' if config.get('distilled') else ''
+  note = note or ', '.join(block_phrases(t))
   return {**dict(zip(('layers', 'hidden', 'mlp', 'heads'), arch, strict=True)), 'note': note}
 
 
@@ -252,6 +297,8 @@ def unlike_hugging_face(config: Config) -> str | None:
   """Why Hugging Face's ViTForImageClassification cannot hold the model, or None."""
   if config.get('distilled'):
     return 'is distilled (DeiT: two heads)'
+  if block_phrases(config['transformer']):
+    return f'has ViT-22B block options ({", ".join(block_phrases(config["transformer"]))})'
   if (
     config['resnet'] is not None
     or config['classifier'] != 'token'

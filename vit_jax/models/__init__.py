@@ -14,7 +14,7 @@ from vit_jax.models.configs import MODEL_CONFIGS
 from vit_jax.models.mixer import MlpMixer, is_mixer
 from vit_jax.models.naflex import NaFlexViT, is_naflex
 from vit_jax.models.two_towers import TwoTowerModel
-from vit_jax.models.vit import VisionTransformer
+from vit_jax.models.vit import BLOCK_OPTIONS, VisionTransformer
 
 __all__ = [
   'MODEL_CONFIGS',
@@ -88,10 +88,14 @@ def _check_fields(
 
 def _merged(base: dict, override: Mapping[str, Any], where: str, open_keys: bool) -> dict:
   """`base` updated by `override`, dicts merged recursively (nested keys must exist in
-  `base` unless `open_keys`: a module's fields, checked by the caller)."""
-  unknown = set(override) - set(base)
+  `base` unless `open_keys`: a module's fields, checked by the caller; an encoder's
+  `transformer` may also take ViT-22B's block options, which configs leave out at their
+  defaults)."""
+  optional = BLOCK_OPTIONS if where.rsplit('.', 1)[-1] == 'transformer' else {}
+  unknown = set(override) - set(base) - set(optional)
   if unknown and not open_keys:
-    raise KeyError(f'Unknown {where} fields {sorted(unknown)}; known: {sorted(base)}.')
+    known = sorted(set(base) | set(optional))
+    raise KeyError(f'Unknown {where} fields {sorted(unknown)}; known: {known}.')
   out = dict(base)
   for key, value in override.items():
     if isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
@@ -107,11 +111,12 @@ def model_from_config(
   """Builds the module from a config whose fields are constructor arguments.
 
   Overrides replace fields; a dict override of a nested field updates only the keys it
-  names, at any depth (`transformer={'dropout_rate': 0.0}`; of an image-text model
-  `image={'transformer': {'num_layers': 2}}`, `text={'num_layers': 2}`, where a tower's
-  override may also set any field of the tower's module, e.g. `image={'dtype': 'bfloat16'}`).
-  A nested key the config lacks is a KeyError; a field the model (or tower) class does not
-  have is a TypeError that lists the fields it has.
+  names, at any depth (`transformer={'dropout_rate': 0.0}`, `transformer={'qk_norm': True}`;
+  of an image-text model `image={'transformer': {'num_layers': 2}}`, `text={'num_layers': 2}`,
+  where a tower's override may also set any field of the tower's module, e.g.
+  `image={'dtype': 'bfloat16'}`). A nested key the config lacks is a KeyError (but ViT-22B's
+  block options in a `transformer`); a field the model (or tower) class does not have is a
+  TypeError that lists the fields it has.
   """
   kwargs = dict(config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config)
   towers = two_towers.tower_classes(kwargs) if is_two_tower(kwargs) else {}

@@ -109,11 +109,23 @@ class MultiHeadDotProductAttention(precision.Precision):
   `fused_attention` (cuDNN flash attention on GPUs where it applies). The
   fused path has no attention dropout, so training with attention dropout takes the
   explicit path.
+
+  ViT-22B's options (Dehghani et al., arXiv:2302.05442, section 2), off by default:
+  `qk_norm=True` computes softmax(LN(X W_Q) LN(X W_K)^T / sqrt(d)) (the paper's "QK
+  normalization"): `query_norm` and `key_norm`, each of (head_dim,), normalise every head's
+  query and key after the projection, before the scaling, on every path (explicit, fused,
+  masked). `qkv_bias=False` leaves out the biases of query, key and value, as the paper removes
+  them from its QKV projections; `out` keeps its own. `norm_bias=False`: the q/k norms
+  "without bias and centering" (`precision.layer_norm`).
   """
 
   num_heads: int
   dropout_rate: float = 0.0
   attention_impl: str = 'xla'
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm_bias: bool = True
+  layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
 
   @nn.compact
   def __call__(
@@ -129,15 +141,22 @@ class MultiHeadDotProductAttention(precision.Precision):
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')
     head_dim = width // self.num_heads
+    if self.qk_norm and head_dim < 2:
+      raise ValueError(
+        f'qk_norm=True normalises each head over its head_dim, here {head_dim}: use fewer heads'
+      )
     dense = self.dense_layers(
       nn.DenseGeneral,
       kernel_init=nn.initializers.xavier_uniform(),
     )
     kv = x if kv is None else kv
     q, k, v = (
-      dense(features=(self.num_heads, head_dim), name=n)(y)
+      dense(features=(self.num_heads, head_dim), use_bias=self.qkv_bias, name=n)(y)
       for n, y in (('query', x), ('key', kv), ('value', kv))
     )  # each (batch, tokens, heads, head_dim)
+    if self.qk_norm:
+      q = self.norm('query_norm', self.layer_norm_epsilon, self.norm_bias)(q)
+      k = self.norm('key_norm', self.layer_norm_epsilon, self.norm_bias)(k)
 
     use_dropout = not deterministic and self.dropout_rate > 0
     if self.attention_impl == 'fused' and not use_dropout and mask is None:

@@ -6,8 +6,9 @@ module: `VisionTransformer`, `MlpMixer` (the Mixer-* entries) or `TwoTowerModel`
 SigLIP's image-text models); which family a config is, and so which module, is
 `vit_jax.families.of_config`'s to say. Values follow the original code exactly, including its
 quirks (R+ViT-Ti_16 is /32 overall; R26+ViT-S_32 takes its widths from S/16). Beyond the
-original registry: Mixer-S (for the released GSAM files), the distilled DeiT models and the
-English SigLIP models.
+original registry: Mixer-S (for the released GSAM files), the distilled DeiT models, the
+giant ViTs of later papers (no released weights here; the architectures, for their counts,
+FLOPs and training from scratch) and the English SigLIP models.
 """
 
 import ml_collections
@@ -59,12 +60,30 @@ _SIZES = {
   'L_16': (16, 1024, 4096, 16, 24, 0.1),
   'L_32': (32, 1024, 4096, 16, 24, 0.0),  # the original overrides L/16's dropout
   'H_14': (14, 1280, 5120, 16, 32, 0.1),
+  # ViT-g/14 and ViT-G/14 (Zhai et al., "Scaling Vision Transformers", arXiv:2106.04560,
+  # Table 2), spelled out: the two names differ only by case, and the short names of configs/
+  # (lower case) and files named after a model on case-insensitive file systems would clash.
+  'giant_14': (14, 1408, 6144, 16, 40, 0.0),
+  'gigantic_14': (14, 1664, 8192, 16, 48, 0.0),
+  'e_14': (14, 1792, 15360, 16, 56, 0.0),  # PaLI's ViT-e (Chen et al., arXiv:2209.06794)
 }
 
 _register('testing', _vit(16, 10, 10, 2, 1, 0.1))
 _register('testing-unpooled', _vit(16, 10, 10, 2, 1, 0.1, classifier='unpooled'))
 for _size, _args in _SIZES.items():
   _register(f'ViT-{_size}', _vit(*_args))
+
+
+def _vit22b() -> ml_collections.ConfigDict:
+  """ViT-22B (Dehghani et al., arXiv:2302.05442, Table 1): width 6144, depth 48, MLP 24576, 48
+  heads, patches of 14, with its parallel blocks, QK norm, no QKV biases and norms without
+  bias and centering (`vit_jax.models.vit.BLOCK_OPTIONS`)."""
+  config = _vit(14, 6144, 24576, 48, 48, 0.0)
+  config.transformer.update(parallel_block=True, qk_norm=True, qkv_bias=False, norm_bias=False)
+  return config
+
+
+_register('ViT-22B_14', _vit22b())
 for _size in ('S_16', 'S_32', 'B_16', 'B_32'):
   _register(f'ViT-{_size}-gap-norep', _vit(*_SIZES[_size], classifier='gap'))
 

@@ -230,12 +230,16 @@ def layer_norm(
   param_dtype: Dtype,
   policy: str = 'matmul',
   epsilon: float = LAYER_NORM_EPSILON,
-) -> nn.LayerNorm:
+  bias: bool = True,
+) -> nn.LayerNorm | nn.RMSNorm:
   """LayerNorm with `epsilon` (1e-6 by default); its statistics are reduced in float32
-  whatever its dtype (flax's force_float32_reductions)."""
-  return nn.LayerNorm(
-    epsilon=epsilon, dtype=elementwise_dtype(dtype, policy), param_dtype=param_dtype, name=name
-  )
+  whatever its dtype (flax's force_float32_reductions). `bias=False`: without bias and
+  without centering, x / sqrt(mean(x^2) + epsilon) * scale (RMSNorm, Zhang & Sennrich 2019,
+  as ViT-22B applies its LayerNorms), its one parameter still named `scale`."""
+  kwargs = {'epsilon': epsilon, 'dtype': elementwise_dtype(dtype, policy), 'name': name}
+  if not bias:
+    return nn.RMSNorm(param_dtype=param_dtype, **kwargs)
+  return nn.LayerNorm(param_dtype=param_dtype, **kwargs)
 
 
 class Precision(nn.Module):
@@ -263,9 +267,11 @@ class Precision(nn.Module):
     """`dense` with this module's fields."""
     return dense(cls, self.dtype, self.param_dtype, self.precision_policy, **fixed)
 
-  def norm(self, name: str, epsilon: float = LAYER_NORM_EPSILON) -> nn.LayerNorm:
+  def norm(
+    self, name: str, epsilon: float = LAYER_NORM_EPSILON, bias: bool = True
+  ) -> nn.LayerNorm | nn.RMSNorm:
     """`layer_norm` with this module's fields."""
-    return layer_norm(name, self.dtype, self.param_dtype, self.precision_policy, epsilon)
+    return layer_norm(name, self.dtype, self.param_dtype, self.precision_policy, epsilon, bias)
 
 
 # Primitives that move a leaf's elements without changing them: a cast commutes with them.

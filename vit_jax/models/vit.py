@@ -20,6 +20,29 @@ Options beyond the original, with the names of the checkpoints that use them:
   MAPHead_0/{probe, MultiHeadDotProductAttention_0, LayerNorm_0, MlpBlock_0}
                                          big_vision's attention pooling (`classifier='map'`)
   (no position-embedding parameter)      big_vision's fixed 2-D sin-cos (`posemb='sincos2d'`)
+
+ViT-22B's block (Dehghani et al., arXiv:2302.05442, section 2), fields of `transformer`, all
+off by default (`BLOCK_OPTIONS`; off, the tree and the computation are the released ones):
+
+  parallel_block=True   "Parallel layers": y' = LayerNorm(x), y = x + MLP(y') + Attention(y'),
+                        one LayerNorm_0 per block, no LayerNorm_1
+  qk_norm=True          "QK normalization", LayerNorm on the queries and keys before the dot
+                        product, softmax(LN(X W_Q) LN(X W_K)^T / sqrt(d)):
+                        MultiHeadDotProductAttention_0/{query_norm, key_norm}, (head_dim,) each
+  qkv_bias=False        no query/key/value biases (removed from the QKV projections, following
+                        PaLM); out and the MLP keep theirs (unlike PaLM, the paper keeps the
+                        MLP's, having "observed improved quality and no speed reduction")
+  norm_bias=False       every LayerNorm of the encoder (blocks, q/k norms, encoder_norm)
+                        "without bias and centering" (Zhang & Sennrich's RMSNorm), `scale` only
+
+The paper fuses the parallel block's matmuls (query/key/value with the MLP's first layer, the
+attention out-projection with its second); the tree keeps them apart, in the released names.
+A file with a fused in-projection of (D, mlp_dim + 3D) (timm's ParallelScalingBlock
+`in_proj`: MLP, q, k, v in that order) maps by splitting it along its output dimension into
+MlpBlock_0/Dense_0 and query, key, value (each reshaped to (D, heads, head_dim)); a fused
+out-projection of (D + mlp_dim, D) (attention first) splits along its input into out
+((heads, head_dim, D)) and MlpBlock_0/Dense_1, and its one bias is the sum of theirs (put it
+in one, zeros in the other). `tests/test_vit22b.py` maps timm's blocks so.
 """
 
 from collections.abc import Mapping, Sequence
@@ -35,6 +58,9 @@ from vit_jax.models.blocks import block_indices
 from vit_jax.models.posemb import AddPositionEmbs, posemb_sincos_2d
 
 CLASSIFIERS = ('token', 'gap', 'map', 'unpooled', 'token_unpooled')
+# ViT-22B's options of the encoder blocks (see the module docstring), at their defaults: the
+# original ViT's block.
+BLOCK_OPTIONS = {'parallel_block': False, 'qk_norm': False, 'qkv_bias': True, 'norm_bias': True}
 POSEMBS = ('learn', 'sincos2d')
 # Which activations a rematerialised encoder block keeps for the backward pass.
 REMAT_POLICIES = {
@@ -95,7 +121,9 @@ def drop_path_rates(rate: float, num_layers: int) -> list[float]:
 
 class Encoder1DBlock(precision.Precision):
   """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); with `drop_path_rate`
-  each branch is dropped per example (stochastic depth) in training."""
+  each branch is dropped per example (stochastic depth) in training. `parallel_block=True`:
+  x + attn(LN(x)) + mlp(LN(x)), each branch dropped alike; `qk_norm`, `qkv_bias`, `norm_bias`:
+  ViT-22B's options (module docstring)."""
 
   mlp_dim: int
   num_heads: int
@@ -105,6 +133,10 @@ class Encoder1DBlock(precision.Precision):
   attention_impl: str = 'xla'
   gelu_approximate: bool = True
   layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm_bias: bool = True
 
   @nn.compact
   def __call__(
@@ -119,19 +151,24 @@ class Encoder1DBlock(precision.Precision):
     # `mask` (batch, tokens): False for padding tokens, which no token attends to.
     # `queries`: only the first this many tokens come out, attending over all of them.
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
-    y = self.norm('LayerNorm_0', self.layer_norm_epsilon)(x)
+    y = self.norm('LayerNorm_0', self.layer_norm_epsilon, self.norm_bias)(x)
     kv = None if queries is None else y
     x, y = (x, y) if queries is None else (x[:, :queries], y[:, :queries])
-    y = MultiHeadDotProductAttention(
+    attended = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       dropout_rate=self.attention_dropout_rate,
       attention_impl=self.attention_impl,
+      qk_norm=self.qk_norm,
+      qkv_bias=self.qkv_bias,
+      norm_bias=self.norm_bias,
+      layer_norm_epsilon=self.layer_norm_epsilon,
       **self.precision_fields(),
       name='MultiHeadDotProductAttention_0',
     )(y, deterministic, kv=kv, mask=mask)
-    y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
-    x = x + _drop_path(y, rate, deterministic)
-    y = self.norm('LayerNorm_1', self.layer_norm_epsilon)(x)
+    attended = nn.Dropout(rate=self.dropout_rate)(attended, deterministic=deterministic)
+    x = x + _drop_path(attended, rate, deterministic)
+    if not self.parallel_block:  # parallel: the MLP too reads LN_0 of the block's input
+      y = self.norm('LayerNorm_1', self.layer_norm_epsilon, self.norm_bias)(x)
     y = MlpBlock(
       mlp_dim=self.mlp_dim,
       dropout_rate=self.dropout_rate,
@@ -191,6 +228,11 @@ class Encoder(precision.Precision):
   posemb_grid: tuple[int, int] | None = None
   gelu_approximate: bool = True
   layer_norm_epsilon: float = precision.LAYER_NORM_EPSILON
+  # ViT-22B's block (`BLOCK_OPTIONS`, module docstring); `norm_bias` is encoder_norm's too.
+  parallel_block: bool = False
+  qk_norm: bool = False
+  qkv_bias: bool = True
+  norm_bias: bool = True
 
   @nn.compact
   def __call__(
@@ -207,6 +249,9 @@ class Encoder(precision.Precision):
       raise ValueError(
         f'remat_policy={self.remat_policy!r}; expected one of {list(REMAT_POLICIES)}'
       )
+    for option in BLOCK_OPTIONS:
+      if not isinstance(getattr(self, option), bool):  # 'False', a string, would be true
+        raise ValueError(f'transformer.{option}={getattr(self, option)!r}; give True or False')
     if self.learned_posemb:
       x = AddPositionEmbs(
         param_dtype=self.param_dtype, posemb_grid=self.posemb_grid, name='posembed_input'
@@ -218,7 +263,7 @@ class Encoder(precision.Precision):
     x, captured = self._blocks(x, train, capture, mask, queries)
     if capture and max(capture) < self.num_layers - 1:
       return None, captured
-    return self.norm('encoder_norm', self.layer_norm_epsilon)(x), captured
+    return self.norm('encoder_norm', self.layer_norm_epsilon, self.norm_bias)(x), captured
 
   def _blocks(
     self,
@@ -238,6 +283,7 @@ class Encoder(precision.Precision):
       'attention_impl': self.attention_impl,
       'gelu_approximate': self.gelu_approximate,
       'layer_norm_epsilon': self.layer_norm_epsilon,
+      **{option: getattr(self, option) for option in BLOCK_OPTIONS},
       **self.precision_fields(),
     }
     policy = REMAT_POLICIES[self.remat_policy]
@@ -327,7 +373,9 @@ class VisionTransformer(precision.Precision):
     patches: {'size': (ph, pw)}, the patch size on the image, or on the ResNet feature map.
     transformer: {'num_layers', 'mlp_dim', 'num_heads', 'dropout_rate',
       'attention_dropout_rate', optional 'drop_path_rate' (stochastic depth of the last
-      block, linear in depth)}; None gives the patch embedding alone.
+      block, linear in depth) and ViT-22B's block options 'parallel_block', 'qk_norm',
+      'qkv_bias', 'norm_bias' (`BLOCK_OPTIONS`, module docstring)}; None gives the patch
+      embedding alone.
     hidden_size: D, the token width.
     resnet: {'num_layers': units per stage, 'width_factor'} for hybrids, else None.
     representation_size: width of the `pre_logits` Dense + tanh layer, or None.
