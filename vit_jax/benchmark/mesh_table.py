@@ -300,7 +300,7 @@ def run_mesh_table(
   """Every model on every mesh of every device count, one child process per device count and
   model; JSON-ready, with the conditions and the run's seconds."""
   check(meshes, devices, batches)
-  start = time.perf_counter()
+  start, load = time.perf_counter(), os.getloadavg()[0]
   rows = []
   for n in devices:
     for name in models:
@@ -324,6 +324,8 @@ def run_mesh_table(
     'jax': jax.__version__,
     'date': datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds'),
     'run_s': time.perf_counter() - start,
+    'cpu_count': os.cpu_count(),
+    'load_average_start_end': [load, os.getloadavg()[0]],  # other processes' share of the cores
     'rows': rows,
   }
 

@@ -1,9 +1,9 @@
 """Large ViTs' training step on 8 and 64 simulated devices, per mesh: memory per device and
 the collectives per step: `python -m vit_jax.benchmark --mesh_table`.
 
-  python -m vit_jax.benchmark --mesh_table --model ViT-g_14,ViT-22B_14 --devices 8,64 \\
+  python -m vit_jax.benchmark --mesh_table --model ViT-giant_14,ViT-22B_14 --devices 8,64 \\
       --meshes 'fsdp:-1;fsdp:-1,model:2;fsdp:-1,model:4;fsdp:-1,model:8' \\
-      --per_device_batch 4,8 --json mesh_table.json
+      --per_device_batch 4,16 --json mesh_table.json
 
 Compiles the trainer's step (bfloat16 under the 'activations' precision policy, the encoder
 blocks as one `nn.scan`, `--remat`, `--optimizer`) at each `--per_device_batch` with nothing
@@ -27,7 +27,7 @@ from vit_jax.benchmark.variants import REMAT
 from vit_jax.models import MODEL_CONFIGS, unknown_model
 from vit_jax.optim import OPTIMIZERS
 
-DEFAULT_MODELS = 'ViT-g_14,ViT-G_14,ViT-e_14,ViT-22B_14'
+DEFAULT_MODELS = 'ViT-giant_14,ViT-gigantic_14,ViT-e_14,ViT-22B_14'
 DEFAULT_MESHES = 'fsdp:-1;fsdp:-1,model:2;fsdp:-1,model:4;fsdp:-1,model:8'
 
 
