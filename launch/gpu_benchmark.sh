@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# ViT training and inference at 224 px in bfloat16 on one NVIDIA GPU: one prepared call of at
-# most ~7 minutes on an H200 (TOTAL_BUDGET), in phases of priority order, so that a run cut
-# short still answers the first questions:
+# ViT training and inference at 224 px in bfloat16 on one NVIDIA GPU (training on a mesh of
+# several with --mesh): one prepared call of at most ~7 minutes on an H200 (TOTAL_BUDGET), in
+# phases of priority order, so that a run cut short still answers the first questions:
 #   1. policies   ViT-B/16 training, the two precision policies (matmul, activations) with the
 #                 fused attention call (cuDNN, padded to 64-token blocks) at batch $BATCH
 #   2. attention  the same with XLA's attention under the activations policy
@@ -18,7 +18,16 @@
 # past TOTAL_BUDGET seconds is skipped; the exit status says whether all ran.
 #
 # Usage, from the repository root:
-#   bash launch/gpu_benchmark.sh [OUT_DIR]        # default OUT_DIR: gpu_benchmark/
+#   bash launch/gpu_benchmark.sh [--dry-run] [--mesh SPEC] [--sharding RULE] [OUT_DIR]
+#   bash launch/gpu_benchmark.sh                  # default OUT_DIR: gpu_benchmark/
+#   bash launch/gpu_benchmark.sh --mesh data:-1,model:2 --sharding tp gpu_benchmark_tp
+# Options, before OUT_DIR:
+#   --mesh SPEC      every training phase on this mesh of the machine's GPUs (vit_jax.benchmark
+#                    --mesh, as config.mesh; default one GPU): img/s and TFLOP/s are then the
+#                    whole mesh's, MFU is against GPUs x PEAK_TFLOPS; inference stays on one GPU
+#   --sharding RULE  how the training state is placed on --mesh: replicate (default), fsdp, tp,
+#                    tp+fsdp
+#   --dry-run        print the phases' commands instead of installing and running them
 # Environment: PYTHON (default python3), PEAK_TFLOPS (default 989, the H200's bf16 dense peak;
 # H100 SXM: 989, A100: 312), BATCH (ViT-B/16 training batch, default 512), ROUNDS, STEPS,
 # PHASE_TIMEOUT (seconds per phase, default 100; 0: no limit), TOTAL_BUDGET (default 420),
@@ -32,6 +41,12 @@
 # input pipeline run here).
 set -uo pipefail
 
+# shellcheck source=launch/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+launch_options "$@"
+set -- "${ARGS[@]}"
+mesh_flags --
+
 OUT="${1:-gpu_benchmark}"
 PY="${PYTHON:-python3}"
 PEAK="${PEAK_TFLOPS:-989}"
@@ -42,11 +57,7 @@ PHASE_TIMEOUT="${PHASE_TIMEOUT:-100}"
 TOTAL_BUDGET="${TOTAL_BUDGET:-420}"
 export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
-mkdir -p "$OUT"
-
 OUT="$(realpath -m "$OUT")"
-work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
 
 install_project() {  # the core wheel into $work/venv, on the image's own jax and flax
   local pip=("$work/venv/bin/python" -m pip) wheel before after
@@ -69,15 +80,18 @@ install_project() {  # the core wheel into $work/venv, on the image's own jax an
   fi
   echo "installed $(basename "$wheel") on the image's ${before//$'\n'/, }"
 }
-if ! install_project 2>&1 | tee "$OUT/install.txt"; then
-  echo "vit_jax does not install on this image (above, $OUT/install.txt): carry the missing" \
-    "wheels in WHEELS=dir (pip download --no-deps NAME==VERSION -d dir)"
-  exit 1
-fi
-PY="$work/venv/bin/python"
-cd "$work" || exit 1  # the phases import the installed copy, not the checkout
-
-"$PY" - <<'PYEOF' 2>&1 | tee "$OUT/env.txt" || exit 1
+prepare() {  # the installed copy, its environment and the GPU; then cd to it (not the checkout)
+  mkdir -p "$OUT"
+  work="$(mktemp -d)"
+  trap 'rm -rf "$work"' EXIT
+  if ! install_project 2>&1 | tee "$OUT/install.txt"; then
+    echo "vit_jax does not install on this image (above, $OUT/install.txt): carry the missing" \
+      "wheels in WHEELS=dir (pip download --no-deps NAME==VERSION -d dir)"
+    exit 1
+  fi
+  PY="$work/venv/bin/python"
+  cd "$work" || exit 1
+  "$PY" - <<'PYEOF' 2>&1 | tee "$OUT/env.txt" || exit 1
 import importlib.metadata
 import importlib.util
 import sys
@@ -94,14 +108,19 @@ print('python', sys.version.split()[0], jax.devices())
 for name in ('jax', 'jaxlib', 'flax', 'optax', 'ml-collections', 'numpy'):
   print(name, importlib.metadata.version(name))
 PYEOF
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit \
-    --format=csv,noheader
-  date -u +'%Y-%m-%dT%H:%M:%SZ'
-} 2>&1 | tee -a "$OUT/env.txt"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit \
+      --format=csv,noheader
+    date -u +'%Y-%m-%dT%H:%M:%SZ'
+  } 2>&1 | tee -a "$OUT/env.txt"
+}
+if [[ "$DRY_RUN" != 1 ]]; then
+  prepare
+fi
 
 common=(--resolution=224 --dtype=bfloat16 "--peak_tflops=$PEAK" "--steps=$STEPS")
-b16=(--model=ViT-B_16 --train --noinference "--batch=$BATCH")
+train=(--train --noinference "${MESH_FLAGS[@]}")  # every training phase
+b16=(--model=ViT-B_16 "${train[@]}" "--batch=$BATCH")
 failed=()
 skipped=()
 start=$SECONDS
@@ -121,6 +140,9 @@ phase() {  # phase NAME [VAR=VALUE ...] -- ARGS...: one benchmark process, its t
     return
   fi
   echo "== $name: ${env[*]} python -m vit_jax.benchmark ${common[*]} $*"
+  if [[ "$DRY_RUN" == 1 ]]; then
+    return
+  fi
   if ! env "${env[@]}" timeout "$PHASE_TIMEOUT" "$PY" -m vit_jax.benchmark "${common[@]}" "$@" \
       "--json=$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"; then
     failed+=("$name")
@@ -137,10 +159,13 @@ phase lhs "XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" -- "${b16[@
 phase triton "XLA_FLAGS=--xla_gpu_enable_triton_gemm=true" -- "${b16[@]}" "${act[@]}" --rounds=1
 phase inference -- --model=ViT-B_16 --batch=1024 --precision=matmul,activations --attention=fused \
   "--rounds=$ROUNDS"
-phase vit_l -- --model=ViT-L_16 --train --noinference --batch=256 "${act[@]}" --rounds=2
-phase vit_h -- --model=ViT-H_14 --train --noinference --batch=64 "${act[@]}" --layers=scan \
-  --remat=full --rounds=2
+phase vit_l -- --model=ViT-L_16 "${train[@]}" --batch=256 "${act[@]}" --rounds=2
+phase vit_h -- --model=ViT-H_14 "${train[@]}" --batch=64 "${act[@]}" --layers=scan --remat=full \
+  --rounds=2
 
+if [[ "$DRY_RUN" == 1 ]]; then
+  exit 0
+fi
 echo "$((SECONDS - start)) s for the phases"
 if ((${#failed[@]} + ${#skipped[@]})); then
   echo "failed phases: ${failed[*]:-none}; skipped: ${skipped[*]:-none} (see $OUT/<phase>.txt)"

@@ -1,25 +1,66 @@
 # shellcheck shell=bash
-# Shared by launch/tpu_pod.sh and launch/slurm_gpu.sh, which source it from the repository
-# root (tpu_pod.sh's workers too): the help text, the lock that fits an interpreter and its jax
+# Shared by the launch scripts, which source it (tpu_pod.sh's workers too): the help text, the
+# options (--dry-run, --mesh, --sharding), the lock that fits an interpreter and its jax
 # version, and dry-runnable commands.
 
 usage() {  # the calling script's header comment, without its #SBATCH lines
   awk 'NR > 1 && !/^#/ { exit } NR > 1 && !/^#SBATCH/ { sub(/^# ?/, ""); print }' "$0"
 }
 
-dry_run_flag() {  # -h/--help: prints the usage, exits; --dry-run: sets DRY_RUN=1, returns 0
-  DRY_RUN="${DRY_RUN:-0}"
-  case "${1:-}" in
-    -h | --help)
-      usage
-      exit 0
-      ;;
-    --dry-run)
-      DRY_RUN=1
-      return 0
-      ;;
-  esac
-  return 1
+launch_options() {  # a launcher's own options, before its other arguments (into the array ARGS):
+  # -h/--help prints the usage and exits; --dry-run sets DRY_RUN=1; --mesh SPEC (or --mesh=SPEC)
+  # sets MESH, --sharding RULE sets SHARDING. One of them after the other arguments is an error:
+  # it would reach vit_jax.main as an unknown flag.
+  DRY_RUN="${DRY_RUN:-0}" MESH='' SHARDING=''
+  local value
+  while (($#)); do
+    case "$1" in
+      -h | --help)
+        usage
+        exit 0
+        ;;
+      --dry-run) DRY_RUN=1 ;;
+      --mesh | --sharding)  # as --mesh=SPEC
+        set -- "$1=${2:-}" "${@:3}"
+        continue
+        ;;
+      --mesh=* | --sharding=*)
+        value="${1#*=}"
+        if [[ -z "$value" || "$value" == -* ]]; then
+          options_error "${1%%=*} needs a value, e.g. --mesh data:-1,model:4 or --sharding tp"
+        fi
+        if [[ "$1" == --mesh=* ]]; then MESH="$value"; else SHARDING="$value"; fi
+        ;;
+      *) break ;;
+    esac
+    shift
+  done
+  # shellcheck disable=SC2034  # read by the script that calls this
+  ARGS=("$@")
+  for value in "$@"; do
+    case "$value" in
+      --dry-run | --mesh | --mesh=* | --sharding | --sharding=*)
+        options_error "${value%%=*} is an option of this script: put it before the other arguments"
+        ;;
+    esac
+  done
+}
+
+options_error() {  # the usage, then one line naming the problem; exit status 2
+  usage >&2
+  echo "error: $1" >&2
+  exit 2
+}
+
+mesh_flags() {  # MESH and SHARDING as the flags ${1}mesh= and ${1}sharding= (those given), into
+  # the array MESH_FLAGS: $1 is --config. for vit_jax.main, -- for vit_jax.benchmark
+  MESH_FLAGS=()
+  if [[ -n "$MESH" ]]; then
+    MESH_FLAGS+=("${1}mesh=$MESH")
+  fi
+  if [[ -n "$SHARDING" ]]; then
+    MESH_FLAGS+=("${1}sharding=$SHARDING")
+  fi
 }
 
 lock_end() {  # the end whose lock fits interpreter $1: oldest (3.11), newest (3.12, 3.13)

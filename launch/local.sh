@@ -5,8 +5,14 @@
 # through gloo; process 0 prints the progress, the others only errors (prefixed with their id).
 #
 # Usage, from the repository root:
-#   bash launch/local.sh [--dry-run] NUM_PROCESSES [vit_jax.main flags...]
+#   bash launch/local.sh [--dry-run] [--mesh SPEC] [--sharding RULE] NUM_PROCESSES [vit_jax.main flags...]
 #   bash launch/local.sh 2 --config=configs/digits.py --workdir=runs/digits_2x4
+#   bash launch/local.sh --mesh data:-1,model:2 --sharding tp 2 --config=configs/digits.py \
+#     --workdir=runs/digits_tp
+# Options, before the other arguments (docs/multihost.md):
+#   --mesh SPEC      --config.mesh=SPEC for every process: the device mesh as axis:size pairs of
+#                    data, fsdp and model, one size -1 (the rest); 'model' stays within a process
+#   --sharding RULE  --config.sharding=RULE for every process: replicate, fsdp, tp or tp+fsdp
 # Environment:
 #   PYTHON               interpreter (default: .venv/bin/python if present, else python3)
 #   DEVICES_PER_PROCESS  simulated CPU devices per process (default 4)
@@ -16,21 +22,14 @@
 #   DRY_RUN=1            print the commands instead of running them (same as --dry-run)
 set -euo pipefail
 
-usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+# shellcheck source=launch/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DRY_RUN="${DRY_RUN:-0}"
-if [[ "${1:-}" == "-h" || "${1:-}" == "--help" ]]; then
-  usage
-  exit 0
-fi
-if [[ "${1:-}" == "--dry-run" ]]; then
-  DRY_RUN=1
-  shift
-fi
+launch_options "$@"
+set -- "${ARGS[@]}"
+mesh_flags --config.
 if [[ $# -lt 1 || ! "$1" =~ ^[1-9][0-9]*$ ]]; then
-  usage >&2
-  echo "error: the first argument must be the number of processes, e.g. 2" >&2
-  exit 2
+  options_error "the first argument after the options must be the number of processes, e.g. 2"
 fi
 NUM_PROCESSES="$1"
 shift
@@ -57,14 +56,14 @@ process_command() {  # the command line of process $1, into the array `cmd`
   shift
   cmd=(env "JAX_PLATFORMS=${JAX_PLATFORMS-cpu}" "XLA_FLAGS=--xla_force_host_platform_device_count=$DEVICES"
     PYTHONUNBUFFERED=1 "$PY" -m vit_jax.main "--coordinator_address=127.0.0.1:$port"
-    "--num_processes=$NUM_PROCESSES" "--process_id=$i" "--distributed_timeout=$TIMEOUT" "$@")
+    "--num_processes=$NUM_PROCESSES" "--process_id=$i" "--distributed_timeout=$TIMEOUT" "$@"
+    "${MESH_FLAGS[@]}")
 }
 
 if [[ "$DRY_RUN" == 1 ]]; then
   for ((i = 0; i < NUM_PROCESSES; i++)); do
     process_command "$i" "$@"
-    printf '%q ' "${cmd[@]}"
-    echo '&'
+    echo "$(quoted "${cmd[@]}") &"
   done
   echo wait
   exit 0

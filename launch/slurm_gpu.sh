@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
-# Trains on a SLURM GPU cluster: one process per GPU, started by srun; jax.distributed reads
-# SLURM's variables (coordinator on the first node, process id, local GPU) by itself.
+# Trains on a SLURM GPU cluster: one process per GPU (per node with --mesh's model axis),
+# started by srun; jax.distributed reads SLURM's variables (coordinator on the first node,
+# process id, local GPU) by itself.
 #
 # Usage, from the repository root (edit the #SBATCH lines to your cluster first):
-#   sbatch launch/slurm_gpu.sh [vit_jax.main flags...]
+#   sbatch launch/slurm_gpu.sh [--mesh SPEC] [--sharding RULE] [vit_jax.main flags...]
 #   sbatch --nodes=4 launch/slurm_gpu.sh --config=configs/vit_h14_fsdp.py:imagenet2012 \
 #     --workdir=/shared/runs/h14
+#   sbatch --nodes=4 launch/slurm_gpu.sh --mesh data:-1,model:8 --sharding tp \
+#     --config=configs/vit.py:b16,imagenet2012 --workdir=/shared/runs/b16_tp
 #   DRY_RUN=1 bash launch/slurm_gpu.sh --config=configs/digits.py --workdir=runs/d   # print only
+# Options, before the other arguments (docs/multihost.md):
+#   --mesh SPEC      --config.mesh=SPEC for every process: the device mesh as axis:size pairs of
+#                    data, fsdp and model, one size -1 (the rest); with a model axis (at most
+#                    the GPUs of a node), one process per node instead of one per GPU
+#   --sharding RULE  --config.sharding=RULE for every process: replicate, fsdp, tp or tp+fsdp
 # The workdir must be on a file system every node sees (each process writes its share of
 # every checkpoint there). The venv (VENV, default .venv) is created on first use with the
 # lock of PYTHON's end (requirements/oldest.txt for Python 3.11, newest.txt for 3.12 and 3.13)
@@ -37,9 +45,9 @@ fi
 # shellcheck source=launch/lib.sh
 source launch/lib.sh
 
-if dry_run_flag "$@"; then
-  shift
-fi
+launch_options "$@"
+set -- "${ARGS[@]}"
+mesh_flags --config.
 if [[ "$DRY_RUN" != 1 && -z "${SLURM_JOB_ID:-}" ]]; then
   usage >&2
   echo "error: not inside a SLURM job: submit with sbatch (or DRY_RUN=1 to print the commands)" >&2
@@ -58,8 +66,18 @@ if [[ ! -x "$VENV/bin/python" || "$DRY_RUN" == 1 ]]; then
   run "$VENV/bin/pip" install -q -r "requirements/$END.txt" "jax[$CUDA_EXTRA]==$JAX_VERSION"
 fi
 
-# 2. One process per GPU on every node. No --gpus-per-task: every task sees the node's GPUs
-# and JAX picks GPU SLURM_LOCALID (binding one GPU per task would renumber it to 0).
+# 2. The processes: one per GPU on every node. No --gpus-per-task: every task sees the node's
+# GPUs and JAX picks GPU SLURM_LOCALID (binding one GPU per task would renumber it to 0). A mesh
+# with a model axis keeps that axis within a process (vit_jax/parallel.py): then one process
+# per node, with all the node's CPUs, that sees all its GPUs (JAX_LOCAL_DEVICE_IDS: else JAX
+# gives a node's one task GPU 0 alone).
 export PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
-run srun --kill-on-bad-exit=1 --cpu-bind=none "$VENV/bin/python" -m vit_jax.main --distributed=on "$@"
+per_node=()
+if [[ "$MESH" == *model:* && ! "$MESH" =~ model:\ *1\ *(,|$) ]]; then
+  gpus="${SLURM_GPUS_ON_NODE:-$(sed -n 's/^#SBATCH --gpus-per-node=//p' "$0")}"
+  per_node=("--ntasks=${SLURM_JOB_NUM_NODES:-NODES}" --ntasks-per-node=1
+    "--cpus-per-task=${SLURM_CPUS_ON_NODE:-CPUS}" env "JAX_LOCAL_DEVICE_IDS=$(seq -s, 0 $((gpus - 1)))")
+fi
+run srun --kill-on-bad-exit=1 --cpu-bind=none "${per_node[@]}" "$VENV/bin/python" -m vit_jax.main \
+  --distributed=on "$@" "${MESH_FLAGS[@]}"

@@ -7,9 +7,16 @@
 # itself on a TPU VM: no coordinator flags are needed.
 #
 # Usage, from the repository root:
-#   TPU_NAME=vit-pod ZONE=us-central2-b bash launch/tpu_pod.sh [--dry-run] [vit_jax.main flags...]
+#   TPU_NAME=vit-pod ZONE=us-central2-b bash launch/tpu_pod.sh [--dry-run] [--mesh SPEC] \
+#     [--sharding RULE] [vit_jax.main flags...]
 #   TPU_NAME=vit-pod ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 bash launch/tpu_pod.sh \
 #     --config=configs/vit.py:b16,cifar10 --workdir=/mnt/shared/runs/b16_cifar10
+#   TPU_NAME=vit-pod ZONE=us-central2-b ACCELERATOR_TYPE=v4-32 bash launch/tpu_pod.sh \
+#     --mesh data:-1,model:4 --sharding tp --config=configs/vit.py:l16,cifar10 --workdir=...
+# Options, before the other arguments (docs/multihost.md):
+#   --mesh SPEC      --config.mesh=SPEC on every worker: the device mesh as axis:size pairs of
+#                    data, fsdp and model, one size -1 (the rest); 'model' stays within a worker
+#   --sharding RULE  --config.sharding=RULE on every worker: replicate, fsdp, tp or tp+fsdp
 # The workdir must be a folder every worker sees (an NFS/Filestore or gcsfuse mount): each
 # worker writes its share of every checkpoint there. tfds data can live in a gs:// bucket
 # (--config.tfds_data_dir=gs://BUCKET/tensorflow_datasets).
@@ -34,9 +41,9 @@ fi
 # shellcheck source=launch/lib.sh
 source launch/lib.sh
 
-if dry_run_flag "$@"; then
-  shift
-fi
+launch_options "$@"
+set -- "${ARGS[@]}"
+mesh_flags --config.
 if [[ -z "${TPU_NAME:-}" || -z "${ZONE:-}" ]]; then
   usage >&2
   echo "error: set TPU_NAME and ZONE, e.g. TPU_NAME=vit-pod ZONE=us-central2-b" >&2
@@ -99,4 +106,4 @@ if [[ "${SKIP_SETUP:-0}" != 1 ]]; then
 fi
 
 # 4. The job, on all workers at once; jax.distributed finds the pod through the metadata server.
-on_all_workers "cd $(quoted "$CODE_DIR") && PYTHONUNBUFFERED=1 $(quoted .venv/bin/python -m vit_jax.main "$@")"
+on_all_workers "cd $(quoted "$CODE_DIR") && PYTHONUNBUFFERED=1 $(quoted .venv/bin/python -m vit_jax.main "$@" "${MESH_FLAGS[@]}")"

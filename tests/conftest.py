@@ -92,6 +92,23 @@ TINY = {
 }
 
 
+def process_env(devices: int) -> dict[str, str]:
+  """The environment of a child jax process (a launch script's) on `devices` simulated CPU
+  devices: this one's, less the coordinator settings of any run around it."""
+  from vit_jax import distributed
+
+  env = dict(os.environ)
+  env.update(
+    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
+    JAX_PLATFORMS='cpu',
+    TF_CPP_MIN_LOG_LEVEL='3',
+    PYTHONUNBUFFERED='1',
+  )
+  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    env.pop(key, None)
+  return env
+
+
 def tiny_config(**overrides):
   """configs/digits.py with TINY and `overrides` (keyword names use '__' for '.')."""
   from configs import digits

@@ -7,6 +7,7 @@ keep the numbers is tests/test_model_paths.py.)
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from absl import flags
 from jax.sharding import PartitionSpec as P
 from PIL import Image
 
@@ -309,6 +311,64 @@ def test_training_only_run_measures_peak_memory():
   assert row['mode'] == 'train' and row['img_per_s'] > 0
   assert row['peak_memory_bytes'] > row['xla_memory_bytes'] > 0
   assert row['peak_memory_kind'] == 'process peak RSS'
+
+
+def test_mesh_runs_the_training_step_tensor_parallel_and_counts_the_whole_mesh(monkeypatch):
+  """--mesh data:-1,model:2 --sharding tp on the 8 simulated devices: the state the step
+  trains is split over 'model' as Megatron's layout says (the MLP's first kernel by its
+  outputs, the second by its inputs); img/s and TFLOP/s count the whole mesh and MFU is
+  against 8 devices' peak."""
+  placed = {}
+  train_program = programs.train_program
+
+  def keeping_state(*args, **kwargs):
+    placed['state'] = args[4]  # the state dict that the training programs share
+    return train_program(*args, **kwargs)
+
+  monkeypatch.setattr(programs, 'train_program', keeping_state)
+  result = benchmark.run_benchmark(
+    'testing',  # heads 2, MLP width 10: both split over model:2
+    batch=8,
+    resolution=32,
+    inference=False,
+    train=True,
+    num_classes=10,
+    peak_tflops=1.0,
+    rounds=1,
+    steps=1,
+    mesh='data:-1,model:2',
+    sharding='tp',
+  )
+  assert (result['mesh'], result['mesh_devices'], result['sharding']) == ('data:4,model:2', 8, 'tp')
+  mlp = placed['state']['train']['params']['Transformer']['encoderblock_0']['MlpBlock_0']
+  assert mlp['Dense_0']['kernel'].sharding.spec == jax.sharding.PartitionSpec(None, 'model')
+  assert mlp['Dense_1']['kernel'].sharding.spec == jax.sharding.PartitionSpec('model', None)
+  assert mlp['Dense_0']['kernel'].sharding.mesh.shape == {'data': 4, 'model': 2}
+  (row,) = result['rows']
+  assert row['img_per_s_per_device'] == pytest.approx(row['img_per_s'] / 8)
+  assert row['achieved_tflops'] == pytest.approx(
+    row['model_flops_per_image'] * row['img_per_s'] / 1e12
+  )
+  assert row['mfu'] == pytest.approx(row['achieved_tflops'] / 8.0)  # of 8 x 1 TFLOP/s
+  assert 'mesh data:4,model:2 (8 devices), sharding tp' in benchmark_cli.format_table(result)
+  with pytest.raises(ValueError, match=r'--batch=6 does not split .* \(data:4\) x --accum_steps=1'):
+    benchmark.run_benchmark('testing', batch=6, inference=False, train=True, mesh='data:-1,model:2')
+  with pytest.raises(ValueError, match='--mesh places the training step alone: pass --noinference'):
+    benchmark.run_benchmark('testing', train=True, mesh='data:-1,model:2')
+
+
+def test_mesh_flags_are_usage_errors_when_config_mesh_would_refuse_them():
+  fv = flags.FlagValues()
+  benchmark_cli.define_flags(fv)
+  fv(['vit-benchmark', '--mesh=fsdp:4,model:2', '--sharding=tp+fsdp'])
+  assert (fv.mesh, fv.sharding) == ('fsdp:4,model:2', 'tp+fsdp')
+  for flag, said in (
+    ('--mesh=data:-1,tensor:2', "--mesh='data:-1,tensor:2': axes are ('data', 'fsdp', 'model')"),
+    ('--mesh=data:-1,model:-1', "--mesh='data:-1,model:-1': sizes are positive, one of them"),
+    ('--sharding=zero3', "--sharding='zero3': expected one of ['replicate', 'fsdp', 'tp',"),
+  ):
+    with pytest.raises(flags.IllegalFlagValueError, match=re.escape(said)):
+      fv(['vit-benchmark', flag])
 
 
 def _attention_run(**kwargs):

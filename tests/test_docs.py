@@ -735,7 +735,7 @@ def test_an_unknown_config_key_or_a_bad_value_is_reported(copy):
     f'docs/training.md:{line}' for line in (n + 1, n + 3, n + 4, n + 8, n + 10)
   ]
   assert 'eval_evry' in problems[0] and 'eval_every' in problems[0]  # absl's "Did you mean"
-  assert "expected 'vit', 'mixer', 'regularised' or 'deit'" in problems[1]
+  assert 'expected one of vit, mixer, regularised, deit, vit22b' in problems[1]
   assert "config.step='pmap'; expected one of ('jit', 'shard_map')" in problems[2]
   assert problems[3].endswith('shown failing, but loads and resolves')
   assert 'no key pp.crops' in problems[4]

@@ -219,7 +219,7 @@ def test_both_towers_split_over_model_train_like_data_parallel(lit_run, image_fi
   data-parallel run, to 1e-5."""
   ref_dir, reference = lit_run
   workdir = str(tmp_path / 'tp')
-  config = tiny_digits(image_file, mesh='data:4,model:2', sharding='tp')
+  config = tiny_digits(image_file, mesh='data:4,model:2', sharding='tp', evals={})  # no evals
   result = train.train_and_evaluate(config, workdir)
   specs = _flat(jax.tree.map(lambda x: 'model' in x.sharding.spec, result['params']))
   split = sorted(k for k, on_model in specs.items() if on_model)

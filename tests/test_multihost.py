@@ -24,7 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import TINY, assert_trained_params_close, digest, full_tmpfs
+from conftest import TINY, assert_trained_params_close, digest, full_tmpfs, process_env
 
 from configs import digits as digits_config
 from configs import vit_h14_fsdp
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow  # multi-process runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, 'launch')
-SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh')
+SCRIPTS = ('local.sh', 'tpu_pod.sh', 'slurm_gpu.sh', 'gpu_benchmark.sh')
 RUN_TIMEOUT_S = 300  # per launch; a hang fails the test instead of blocking the suite
 # conftest's tiny digits run: 6 steps of batch 32, evaluated, few-shot evaluated and checkpointed at
 # steps 3 and 6, with a Polyak average. The data is read as 2 shards, so the global batches do
@@ -72,22 +72,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-    JAX_PLATFORMS='cpu',
-    TF_CPP_MIN_LOG_LEVEL='3',
-    PYTHONUNBUFFERED='1',
-  )
-  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(key, None)
-  return env
-
-
 def _local_sh(workdir: str, processes: int = 2, devices: int = 4) -> subprocess.CompletedProcess:
   """launch/local.sh: `processes` processes of `devices` CPU devices each, on 127.0.0.1."""
-  env = _env(devices)
+  env = process_env(devices)
   env.update(PYTHON=sys.executable, DEVICES_PER_PROCESS=str(devices), TIMEOUT='120')
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, 'local.sh'), str(processes), *_flags(workdir)],
@@ -245,7 +232,7 @@ def _start(flags: list[str], workdir: str) -> subprocess.Popen:
   return subprocess.Popen(
     [sys.executable, '-m', 'vit_jax.main', *_flags(workdir), *flags],
     cwd=REPO,
-    env=_env(4),
+    env=process_env(4),
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
     text=True,
@@ -340,7 +327,7 @@ def test_the_private_coordination_client_takes_every_call_we_make():
   run = subprocess.run(
     [sys.executable, '-c', _CLIENT_CALLS, f'127.0.0.1:{_free_port()}'],
     cwd=REPO,
-    env=_env(1),
+    env=process_env(1),
     capture_output=True,
     text=True,
     timeout=RUN_TIMEOUT_S,
@@ -369,7 +356,7 @@ def test_cluster_scripts_refuse_to_run_outside_the_repository_root(script, tmp_p
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, script), '--dry-run'],
     cwd=tmp_path,
-    env={k: v for k, v in _env(4).items() if k != 'SLURM_SUBMIT_DIR'},
+    env={k: v for k, v in process_env(4).items() if k != 'SLURM_SUBMIT_DIR'},
     capture_output=True,
     text=True,
   )
@@ -381,7 +368,7 @@ def _dry_run(script: str, *args: str, **env: str) -> list[str]:
   run = subprocess.run(
     ['bash', os.path.join(LAUNCH, script), '--dry-run', *args],
     cwd=REPO,
-    env={**_env(4), **env},
+    env={**process_env(4), **env},
     capture_output=True,
     text=True,
     timeout=60,
@@ -426,6 +413,10 @@ def _fake_python(tmp_path, version: str) -> str:
   return str(path)
 
 
+MESH = ('--mesh', 'data:-1,model:2', '--sharding=tp')  # the launchers' options, both forms
+MESH_FLAGS = '--config.mesh=data:-1,model:2 --config.sharding=tp'  # what vit_jax.main gets
+
+
 def test_local_dry_run_prints_one_command_per_process():
   lines = _dry_run('local.sh', '3', '--config=configs/digits.py', '--workdir=runs/x', PORT='9999')
   assert lines[-1] == 'wait' and len(lines) == 4
@@ -433,11 +424,53 @@ def test_local_dry_run_prints_one_command_per_process():
     assert 'XLA_FLAGS=--xla_force_host_platform_device_count=4' in line
     assert '-m vit_jax.main --coordinator_address=127.0.0.1:9999 --num_processes=3' in line
     assert f'--process_id={i} ' in line and line.endswith('--workdir=runs/x &')
+  meshed = _dry_run('local.sh', *MESH, '2', '--config=configs/digits.py', '--workdir=runs/x')
+  assert len(meshed) == 3
+  for line in meshed[:2]:
+    assert line.endswith(f'--config=configs/digits.py --workdir=runs/x {MESH_FLAGS} &'), line
+
+
+def _launch(script: str, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    ['bash', os.path.join(LAUNCH, script), *args],
+    cwd=REPO,
+    env={**process_env(4), 'TPU_NAME': 'p', 'ZONE': 'z'},
+    capture_output=True,
+    text=True,
+  )
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_launcher_options_out_of_place_or_without_a_value_stop_with_one_line(script):
+  """After the arguments --mesh would reach vit_jax.main as an unknown flag; without a value
+  it would take the next argument."""
+  late = _launch(script, '--dry-run', '2', '--config=configs/digits.py', '--mesh=data:-1,model:2')
+  assert late.returncode == 2 and late.stdout == ''
+  said = 'error: --mesh is an option of this script: put it before the other arguments'
+  assert late.stderr.splitlines()[-1] == said
+  for args in (('--mesh',), ('--sharding', '--config=configs/digits.py'), ('--mesh=',)):
+    bare = _launch(script, '--dry-run', *args)
+    assert bare.returncode == 2 and bare.stdout == ''
+    name = args[0].rstrip('=')
+    said = f'error: {name} needs a value, e.g. --mesh data:-1,model:4 or --sharding tp'
+    assert bare.stderr.splitlines()[-1] == said
+
+
+def test_gpu_benchmark_dry_run_passes_the_mesh_to_every_training_phase():
+  lines = [x for x in _dry_run('gpu_benchmark.sh', *MESH, 'out') if x.startswith('== ')]
+  phases = {x.split(':')[0][3:]: x for x in lines}
+  training = ['policies', 'attention', 'profile', 'lhs', 'triton', 'vit_l', 'vit_h']
+  assert sorted(phases) == sorted([*training, 'inference'])
+  for name in training:
+    assert ' --train --noinference --mesh=data:-1,model:2 --sharding=tp ' in phases[name]
+  inference = phases['inference']
+  assert '--mesh' not in inference and '--sharding' not in inference
 
 
 def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   lines = _dry_run(
     'tpu_pod.sh',
+    *MESH,
     '--config=configs/vit.py:b16,cifar10',
     '--workdir=/mnt/runs/b16',
     TPU_NAME='vit-pod',
@@ -453,7 +486,7 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
   assert '--command=cd vit_jax && . launch/lib.sh && ' in ssh[1]
   assert 'python3 -m venv .venv' in ssh[1]  # the workers' python3 unless WORKER_PYTHON says
   assert ssh[2].endswith(
-    "-m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=/mnt/runs/b16'"
+    f"-m vit_jax.main --config=configs/vit.py:b16,cifar10 --workdir=/mnt/runs/b16 {MESH_FLAGS}'"
   )
   cloned = _dry_run('tpu_pod.sh', TPU_NAME='p', ZONE='z', REPO_URL='https://example.org/v.git')
   assert any('git clone -q --branch main https://example.org/v.git vit_jax' in x for x in cloned)
@@ -503,11 +536,31 @@ def test_slurm_dry_run_prints_srun_one_process_per_gpu(version, end, tmp_path):
   missing = subprocess.run(
     ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh')],
     cwd=REPO,
-    env={k: v for k, v in _env(4).items() if not k.startswith('SLURM')},
+    env={k: v for k, v in process_env(4).items() if not k.startswith('SLURM')},
     capture_output=True,
     text=True,
   )
   assert missing.returncode == 2 and 'not inside a SLURM job' in missing.stderr
+
+
+def test_slurm_dry_run_with_a_model_axis_starts_one_process_per_node(tmp_path):
+  """The model axis stays within a process: one per node, seeing all the node's GPUs and
+  CPUs; a mesh without one keeps one process per GPU."""
+  python = _fake_python(tmp_path, '3.11')
+  job = {'SLURM_JOB_NUM_NODES': '2', 'SLURM_GPUS_ON_NODE': '4', 'SLURM_CPUS_ON_NODE': '48'}
+  flags = ('--config=configs/digits.py', '--workdir=runs/x')
+  lines = _dry_run('slurm_gpu.sh', *MESH, *flags, PYTHON=python, **job)
+  assert lines[-1] == (
+    '+ srun --kill-on-bad-exit=1 --cpu-bind=none --ntasks=2 --ntasks-per-node=1 '
+    '--cpus-per-task=48 env JAX_LOCAL_DEVICE_IDS=0,1,2,3 .venv/bin/python -m vit_jax.main '
+    f'--distributed=on --config=configs/digits.py --workdir=runs/x {MESH_FLAGS}'
+  )
+  for mesh in ('fsdp:-1', 'data:-1,model:1'):
+    lines = _dry_run('slurm_gpu.sh', f'--mesh={mesh}', *flags, PYTHON=python, **job)
+    assert lines[-1] == (
+      '+ srun --kill-on-bad-exit=1 --cpu-bind=none .venv/bin/python -m vit_jax.main '
+      f'--distributed=on --config=configs/digits.py --workdir=runs/x --config.mesh={mesh}'
+    )
 
 
 def test_a_python_outside_the_ends_stops_the_scripts_with_one_line(tmp_path):
@@ -516,7 +569,7 @@ def test_a_python_outside_the_ends_stops_the_scripts_with_one_line(tmp_path):
     run = subprocess.run(
       ['bash', os.path.join(LAUNCH, 'slurm_gpu.sh'), '--dry-run'],
       cwd=REPO,
-      env={**_env(4), 'PYTHON': python},
+      env={**process_env(4), 'PYTHON': python},
       capture_output=True,
       text=True,
     )
@@ -592,7 +645,7 @@ def _start_processes(
           *own,
         ],
         cwd=REPO,
-        env={**_env(4), **(env or {})},
+        env={**process_env(4), **(env or {})},
         stdout=out,
         stderr=subprocess.STDOUT,
         text=True,

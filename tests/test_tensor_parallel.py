@@ -13,18 +13,23 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import TINY, assert_trained_params_close, tiny_config
+from conftest import TINY, assert_trained_params_close, process_env
 
-from vit_jax import distributed, rundir, train
+from configs import digits
+from vit_jax import rundir, train
+from vit_jax.checkpoint import orbax as orbax_format
+from vit_jax.train.spec import with_overrides
 
 pytestmark = pytest.mark.slow  # 10-step training runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 10
-# TINY with 8 heads and an MLP of 64 (both split 8 ways), 10 steps, checkpoints at 5 and 10,
-# one evaluation at the end, the data read as 2 shards (the same global batches on 1
-# process and on 2).
+# configs/digits.py:vit22b (ViT-22B's block: parallel attention and MLP, QK norm, no QKV or
+# norm biases) at TINY's sizes with 2 blocks of 8 heads and an MLP of 64 (both split 8 ways),
+# 10 steps, checkpoints at 5 and 10, one evaluation at the end, the data read as 2 shards (the
+# same global batches on 1 process and on 2).
 OVERRIDES = {
+  'model.transformer.num_layers': 2,
   'model.transformer.num_heads': 8,
   'total_steps': STEPS,
   'checkpoint_every': 5,
@@ -41,7 +46,7 @@ MESHES = {
 
 
 def _config(mesh: str = 'data:-1', sharding: str = 'replicate'):
-  config = tiny_config(**{k.replace('.', '__'): v for k, v in OVERRIDES.items()})
+  config = with_overrides(digits.get_config('vit22b'), {**TINY, **OVERRIDES})
   config.mesh, config.sharding = mesh, sharding
   return config
 
@@ -90,6 +95,7 @@ def test_mesh_trains_like_one_device(name, runs, one_device):
   split = _model_split(result['params'])
   assert any('MlpBlock_0/Dense_0/kernel' in p for p in split), split
   assert any('query/kernel' in p for p in split), split
+  assert not any('LayerNorm_1' in p or 'query/bias' in p for p in _flat(result['params']))
   assert len(_losses(workdir)) == STEPS
   np.testing.assert_allclose(_losses(workdir), _losses(one_dir), atol=1e-5, rtol=0)
   assert_trained_params_close(_flat(one['params']), _flat(result['params']), atol=1e-5)
@@ -110,35 +116,18 @@ def test_checkpoint_of_a_2x4_mesh_resumes_exactly_on_8x1(tmp_path, runs):
   assert_trained_params_close(_flat(done['params']), _flat(result['params']), atol=1e-6)
 
 
-def _env(devices: int) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(
-    XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}',
-    JAX_PLATFORMS='cpu',
-    TF_CPP_MIN_LOG_LEVEL='3',
-    PYTHONUNBUFFERED='1',
-    PYTHON=sys.executable,
-    DEVICES_PER_PROCESS=str(devices),
-    TIMEOUT='120',
-  )
-  for key in (distributed.ENV_ADDRESS, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
-    env.pop(key, None)
-  return env
-
-
 def test_two_processes_of_four_devices_on_2x4_train_like_one_process(tmp_path, runs):
-  """launch/local.sh, 2 processes x 4 devices, mesh data:2 x model:4 (each process one model
-  group): the losses and final parameters of the 1-process 2 x 4 run."""
+  """launch/local.sh --mesh data:2,model:4 --sharding tp, 2 processes x 4 devices (each process
+  one model group): the losses and final parameters of the 1-process 2 x 4 run."""
   reference, done = runs('2x4')
   workdir = str(tmp_path / 'run')
   mesh, sharding = MESHES['2x4']
   flags = [f'--config.{k}={v}' for k, v in {**TINY, **OVERRIDES}.items()]
-  command = ['bash', 'launch/local.sh', '2', '--config=configs/digits.py', f'--workdir={workdir}']
-  command += [*flags, f'--config.mesh={mesh}', f'--config.sharding={sharding}']
-  run = subprocess.run(command, cwd=REPO, env=_env(4), capture_output=True, text=True, timeout=300)
+  command = ['bash', 'launch/local.sh', '--mesh', mesh, '--sharding', sharding, '2']
+  command += ['--config=configs/digits.py:vit22b', f'--workdir={workdir}', *flags]
+  env = {**process_env(4), 'PYTHON': sys.executable, 'DEVICES_PER_PROCESS': '4', 'TIMEOUT': '120'}
+  run = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   np.testing.assert_allclose(_losses(workdir), _losses(reference), atol=1e-5, rtol=0)
-  from vit_jax.checkpoint import orbax as orbax_format
-
   tree, _ = orbax_format.read(os.path.join(workdir, 'checkpoints'))
   assert_trained_params_close(_flat(done['params']), _flat(tree), atol=1e-5)

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.sharding import Mesh
 
 from vit_jax import optim, parallel
 from vit_jax.benchmark import analysis
@@ -53,6 +54,8 @@ class Job:
   accum_steps: int
   analytic: float  # forward FLOPs per image of `models.stats`
   log: Callable[[str], None]
+  mesh: Mesh  # where the training programs run (`train_mesh`)
+  sharding: str = 'replicate'  # how their state is placed on it (config.sharding's rules)
 
   @property
   def batch(self) -> int:
@@ -115,26 +118,58 @@ def abstract(tree: Any) -> Any:
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def _compiled_step(model: Any, images: Any, accum_steps: int):
-  """(optimizer, the step compiled as the trainer compiles it, on a one-device mesh)."""
+def train_mesh(spec: str | None = None) -> Mesh:
+  """The training step's mesh: `spec` (the form of config.mesh, e.g. 'data:-1,model:2') over
+  this process's devices, or one device (None: the benchmark's default)."""
+  if spec is None:
+    return parallel.create_mesh(jax.local_devices()[:1])
+  try:
+    return parallel.create_mesh(jax.local_devices(), spec)
+  except ValueError as e:  # named as the benchmark's flag
+    raise ValueError(str(e).replace('config.mesh', '--mesh')) from None
+
+
+def _state_shardings(state: Any, mesh: Mesh, sharding: str) -> dict[str, Any]:
+  """The train state placed as the trainer places it (vit_jax/train/state.py): parameters and
+  optimizer state by the rule, the step and key replicated (too small for FSDP to split, and
+  no tensor-parallel pattern names them)."""
+  return {key: parallel.tree_shardings(tree, mesh, sharding) for key, tree in state.items()}
+
+
+def _lower_train(
+  model: Any,
+  params: Any,
+  images: Any,
+  labels: Any,
+  accum_steps: int,
+  mesh: Mesh | None = None,
+  sharding: str = 'replicate',
+):
+  """(optimizer, the lowered training step: the trainer's, compiled as it compiles it, on
+  `mesh` (default one device) with the state placed by `sharding`); arrays may be abstract."""
   tx, step = trainer(model, images.shape[0], accum_steps)
-  mesh = parallel.create_mesh(jax.local_devices()[:1])
-  replicated = parallel.replicated(mesh)  # the whole state: a prefix of its tree
-  return tx, train_steps.compile_train_step(step, replicated, parallel.batch_sharding(mesh), mesh)
-
-
-def _lower_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int):
-  """(optimizer, the lowered training step); arrays may be abstract."""
-  tx, f = _compiled_step(model, images, accum_steps)
+  mesh = train_mesh() if mesh is None else mesh
   state = jax.eval_shape(lambda p: train_state(p, tx), abstract(params))
+  shardings = _state_shardings(state, mesh, sharding)
+  f = train_steps.compile_train_step(step, shardings, parallel.batch_sharding(mesh), mesh)
   return tx, f.lower(state, {'image': abstract(images), 'label': abstract(labels)})
 
 
-def compile_train(model: Any, params: Any, images: Any, labels: Any, accum_steps: int = 1):
-  """(compiled step, compile seconds, flops per image, `analysis.compiled_facts`); arrays may
-  be abstract."""
+def compile_train(
+  model: Any,
+  params: Any,
+  images: Any,
+  labels: Any,
+  accum_steps: int = 1,
+  mesh: Mesh | None = None,
+  sharding: str = 'replicate',
+) -> tuple[Any, float, float, dict[str, Any]]:
+  """(compiled step, compile seconds, flops per image, `analysis.compiled_facts`) of the
+  training step on `mesh` (`_lower_train`); arrays may be abstract. The FLOPs are the whole
+  program's (XLA counts the program before it is split over the devices), the facts one
+  device's."""
   start = time.perf_counter()
-  _, lowered = _lower_train(model, params, images, labels, accum_steps)
+  _, lowered = _lower_train(model, params, images, labels, accum_steps, mesh, sharding)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
   flops = analysis.flops(lowered) / images.shape[0]
@@ -148,19 +183,25 @@ def train_program(
   labels: jax.Array,
   state: dict | None = None,
   accum_steps: int = 1,
+  mesh: Mesh | None = None,
+  sharding: str = 'replicate',
 ):
   """(run, compile seconds, flops per image, `analysis.compiled_facts`, the compiled
-  program's text); `run` steps `state` in place.
+  program's text); `run` steps `state` in place, on `mesh` (`compile_train`).
 
   Programs may share one `state` (the train state, donated and replaced at every step):
   they run one after another, and a large model is then held once, not once per variant.
   """
-  compiled, compile_s, flops, facts = compile_train(model, params, images, labels, accum_steps)
+  compiled, compile_s, flops, facts = compile_train(
+    model, params, images, labels, accum_steps, mesh, sharding
+  )
+  state_shardings, batch_shardings = compiled.input_shardings[0]
   state = {} if state is None else state
-  if not state:
+  if not state:  # placed where the step takes it; a copy of `params`, since it is donated
     tx, _ = trainer(model, images.shape[0], accum_steps)
-    state['train'] = train_state(jax.tree.map(jnp.array, params), tx)  # a copy: donated
-  batch = {'image': images, 'label': labels}
+    init = jax.jit(lambda p: train_state(p, tx), out_shardings=state_shardings)
+    state['train'] = init(params)
+  batch = jax.device_put({'image': images, 'label': labels}, batch_shardings)
 
   def run():
     state['train'], metrics = compiled(state['train'], batch)
@@ -177,12 +218,14 @@ def flops_reference(variant: Variant) -> Variant:
   return dataclasses.replace(variant, remat='none', layers='unrolled', attention='xla')
 
 
-def model_flops(config, num_classes, variant, mode, images, labels, params, accum_steps) -> float:
+def model_flops(job: 'Job', variant: Variant, mode: str, params: Any) -> float:
   """FLOPs per image of `flops_reference(variant)`'s program: the model FLOPs."""
-  model = build_model(config, num_classes, flops_reference(variant))
-  shapes = abstract(params)
+  model = build_model(job.config, job.num_classes, flops_reference(variant))
+  shapes, images = abstract(params), job.images
   if mode == 'inference':
     lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
   else:
-    lowered = _lower_train(model, shapes, images, labels, accum_steps)[1]
+    lowered = _lower_train(
+      model, shapes, images, job.labels, job.accum_steps, job.mesh, job.sharding
+    )[1]
   return analysis.flops(lowered) / images.shape[0]

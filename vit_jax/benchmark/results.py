@@ -1,6 +1,12 @@
 """The benchmark's result, JSON-ready: a row per program (speed, compile time, FLOPs, MFU,
 memory), ours over Hugging Face's and training over inference, and the conditions of the
-measurement."""
+measurement.
+
+A program on a mesh of N devices (`--mesh`) counts as one: img/s, TFLOP/s and the per-image
+figures (bytes accessed, temporaries) are the whole mesh's, MFU is against N x the peak, and
+`img_per_s_per_device` is img/s / N; XLA's memory is one device's (the measured peak: the
+first device's on an accelerator, the process's on CPU). On one device (the default) these
+are the same numbers."""
 
 import datetime
 import os
@@ -20,13 +26,20 @@ def _per(value: float | None, batch: int) -> float | None:
   return None if value is None else value / batch
 
 
-def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bool) -> dict:
+def mesh_spec(mesh) -> str:
+  """The mesh's axes and sizes in the form of config.mesh: 'data:4,model:2'."""
+  return ','.join(f'{axis}:{size}' for axis, size in mesh.shape.items())
+
+
+def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: bool, n: int) -> dict:
+  """The row of `p`, which ran on `n` devices."""
   timed = bool(p.wall)
   best = min(p.wall) if timed else None
   other = p.framework != 'jax'
   model_flops = p.model_flops_per_image
   achieved = model_flops * batch / best / 1e12 if timed and model_flops == model_flops else None
-  probe = probe_best.get(p.variant.dtype)
+  probe = probe_best.get(p.variant.dtype)  # one device's, as the peak
+  of_mesh = lambda x: None if x is None else x * n  # one device's figure, for all n
   return {
     'program': p.label,
     'framework': p.framework,
@@ -37,6 +50,7 @@ def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: boo
     'layers': None if other else p.variant.layers,
     'img_per_s': batch / best if timed else None,
     'img_per_s_median': batch / statistics.median(p.wall) if timed else None,
+    'img_per_s_per_device': batch / best / n if timed else None,
     'step_s': best,
     'step_s_all': p.wall,
     'cpu_per_wall': sum(p.cpu) / sum(p.wall) if on_cpu and timed else None,
@@ -46,11 +60,11 @@ def _row(p: Timed, batch: int, peak: float | None, probe_best: dict, on_cpu: boo
     'model_flops_per_image': _finite(model_flops),
     'achieved_tflops': achieved,
     'peak_tflops': peak,
-    'mfu': achieved / peak if achieved is not None and peak else None,
-    'of_matmul_probe': achieved / probe if achieved is not None and probe else None,
+    'mfu': achieved / (peak * n) if achieved is not None and peak else None,
+    'of_matmul_probe': achieved / (probe * n) if achieved is not None and probe else None,
     'xla_memory_bytes': p.facts.get('xla_memory_bytes'),
-    'bytes_accessed_per_image': _per(p.facts.get('bytes_accessed'), batch),
-    'temp_bytes_per_image': _per(p.facts.get('temp_bytes'), batch),
+    'bytes_accessed_per_image': _per(of_mesh(p.facts.get('bytes_accessed')), batch),
+    'temp_bytes_per_image': _per(of_mesh(p.facts.get('temp_bytes')), batch),
     'precision': None if other else p.variant.precision,
     'cudnn_attention': p.facts.get('cudnn_attention'),
     'peak_memory_bytes': p.peak_bytes,
@@ -87,7 +101,8 @@ def result(job: Job, programs: list[Timed], probe: dict, sizes, facts: dict) -> 
   probe_best = {d: max(v) for d, v in probe.items() if v}
   given = facts['peak_tflops_given']
   peak = lambda p: given if given is not None else probe_best.get(p.variant.dtype)
-  rows = [_row(p, job.batch, peak(p), probe_best, on_cpu) for p in programs]
+  n = job.mesh.size  # every program's devices: a mesh runs training programs alone
+  rows = [_row(p, job.batch, peak(p), probe_best, on_cpu, n) for p in programs]
   _add_ratios(rows)
   return {
     'model': facts['model'],
@@ -100,6 +115,9 @@ def result(job: Job, programs: list[Timed], probe: dict, sizes, facts: dict) -> 
     'platform': jax.default_backend(),
     'device': jax.devices()[0].device_kind,
     'device_count': jax.device_count(),
+    'mesh': mesh_spec(job.mesh),
+    'mesh_devices': n,
+    'sharding': job.sharding,
     'cpu_count': os.cpu_count(),
     'jax': jax.__version__,
     'huge_pages': hugepages.describe() if on_cpu else None,

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import families, profiling
+from vit_jax import families, parallel, profiling
 from vit_jax.benchmark import hugging_face, onnx_runtime, results, timing
 from vit_jax.benchmark import programs as programs_lib
 from vit_jax.benchmark.programs import Job, Timed
@@ -25,8 +25,13 @@ from vit_jax.benchmark.variants import (
 from vit_jax.models import blocks, precision
 
 
-def _check(model, config, batch, rounds, steps, accum_steps, modes, profile):
+def _check(model, config, batch, rounds, steps, accum_steps, modes, profile, mesh):
   inference, train, compare, compile_only, onnx = modes
+  if mesh is not None and (inference or compare or onnx):
+    raise ValueError(
+      '--mesh places the training step alone: pass --noinference (inference, --compare and'
+      ' --onnx run on one device)'
+    )
   if onnx and (compile_only or not inference):
     raise ValueError('--onnx times inference: leave --inference on, no --compile_only')
   if profile[0] and (compile_only or not profile[1]):
@@ -41,6 +46,17 @@ def _check(model, config, batch, rounds, steps, accum_steps, modes, profile):
     raise ValueError(f'batch={batch}, rounds={rounds}, steps={steps}: each must be >= 1')
   if accum_steps < 1 or batch % accum_steps:
     raise ValueError(f'--accum_steps={accum_steps} does not divide --batch={batch}')
+
+
+def _check_batch(batch: int, accum_steps: int, mesh) -> None:
+  """The batch splits over the mesh's batch shards, in each of its micro-batches."""
+  shards = parallel.data_parallel_size(mesh)
+  if batch % (shards * accum_steps):
+    axes = ' x '.join(f'{a}:{mesh.shape[a]}' for a in parallel.batch_axes(mesh))
+    raise ValueError(
+      f'--batch={batch} does not split over the batch axes of the mesh ({axes}) x'
+      f' --accum_steps={accum_steps}: use a multiple of {shards * accum_steps}'
+    )
 
 
 def _inputs(rng, batch: int, resolution: int, num_classes: int, abstract: bool):
@@ -60,14 +76,15 @@ def _initial_params(job: Job, resolution: int, seed: int) -> Any:
   return jax.eval_shape(lambda x: model.init(jax.random.key(0), x, train=False), images)['params']
 
 
-def _make_job(config, variants, rng, batch, resolution, num_classes, modes, log) -> Job:
-  """The job: random inputs (shapes only under compile_only) and the analytic FLOPs."""
+def _make_job(config, variants, rng, batch, resolution, num_classes, modes, log, placement) -> Job:
+  """The job: random inputs (shapes only under compile_only), the analytic FLOPs, and where
+  the training programs run (`placement`: the mesh, and the rule that places their state)."""
   inference, train, compile_only, accum_steps = modes
   images, labels = _inputs(rng, batch, resolution, num_classes, compile_only)
   analytic = families.forward_flops(config, resolution, num_classes)
   return Job(
     config, variants, num_classes, images, labels, inference, train, compile_only, accum_steps,
-    analytic, log,
+    analytic, log, *placement,
   )  # fmt: skip
 
 
@@ -84,17 +101,15 @@ def _program(job: Job, variant: Variant, mode: str, params_v: Any, params: Any, 
     run = lambda c=compiled, p=params_v: c(p, job.images)
   elif job.compile_only:
     _, compile_s, flops, facts = programs_lib.compile_train(
-      net, params_v, job.images, job.labels, job.accum_steps
+      net, params_v, job.images, job.labels, job.accum_steps, job.mesh, job.sharding
     )
   else:
     run, compile_s, flops, facts, hlo = programs_lib.train_program(
-      net, params_v, job.images, job.labels, state, job.accum_steps
+      net, params_v, job.images, job.labels, state, job.accum_steps, job.mesh, job.sharding
     )
   model_flops = flops
   if variant != programs_lib.flops_reference(variant):
-    model_flops = programs_lib.model_flops(
-      job.config, job.num_classes, variant, mode, job.images, job.labels, params, job.accum_steps
-    )
+    model_flops = programs_lib.model_flops(job, variant, mode, params)
   if model_flops != model_flops:  # XLA gave no count: the analytic one (a step is 3x)
     model_flops = job.analytic * (3 if mode == 'train' else 1)
   if variant.layers == 'scan':
@@ -214,6 +229,8 @@ def run_benchmark(
   accum_steps: int = 1,
   profile_steps: int = 0,
   profile_dir: str = '',
+  mesh: str | None = None,
+  sharding: str = 'replicate',
   log: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
   """Measures every variant; returns a JSON-ready dict (its figures: `vit-benchmark --help`).
@@ -223,18 +240,28 @@ def run_benchmark(
   compile time, FLOPs and XLA's memory of models that would not fit. `accum_steps` splits
   the batch into micro-batches (`--config.accum_steps`); `profile_steps`: see `_profile`.
   `onnx`, a directory `vit-export` wrote of these weights (`save_params`), adds its ONNX files
-  under onnxruntime (`onnx_runtime`).
+  under onnxruntime (`onnx_runtime`). `mesh` (the form of config.mesh, e.g. 'data:-1,model:2')
+  runs the training programs on a mesh of this process's devices, their state placed by the
+  rule `sharding` (config.sharding's); by default they run on one device.
   """
   variants = variants_from(dtypes, attentions, remats, layers, precisions)
   config = model_config(model, model_overrides)
   modes = (inference, train, compare, compile_only, onnx)
-  _check(model, config, batch, rounds, steps, accum_steps, modes, (profile_steps, profile_dir))
+  profile = (profile_steps, profile_dir)
+  _check(model, config, batch, rounds, steps, accum_steps, modes, profile, mesh)
+  parallel.parse_rules(sharding)  # a bad rule fails here, not at the first compile
+  train_mesh = programs_lib.train_mesh(mesh)
+  _check_batch(batch, accum_steps, train_mesh)
   load_start = os.getloadavg()
   rng = np.random.default_rng(seed)
   job_modes = (inference, train, compile_only, accum_steps)
-  job = _make_job(config, variants, rng, batch, resolution, num_classes, job_modes, log)
+  placement = (train_mesh, sharding)
+  job = _make_job(config, variants, rng, batch, resolution, num_classes, job_modes, log, placement)
   onnx_entry = onnx_runtime.model_entry(onnx, job) if onnx else None
-  log(f'{model} {resolution}px batch {batch} on {jax.devices()[0].device_kind}; initialising')
+  where = f'mesh {results.mesh_spec(train_mesh)} ({sharding}) of ' if mesh else ''
+  log(
+    f'{model} {resolution}px batch {batch} on {where}{jax.devices()[0].device_kind}; initialising'
+  )
   params = _initial_params(job, resolution, seed)
   programs, compiled_inference = _programs(job, params)
   hf_programs, hf_logits = (

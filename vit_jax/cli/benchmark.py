@@ -56,6 +56,13 @@ training images/s.
 program) with `jax.profiler` into `--profile_dir` and prints the top ops by time, with the
 matmul / attention / other shares (`vit_jax.profiling`).
 
+`--mesh data:-1,model:2 --sharding tp` runs the training programs on a mesh of this machine's
+devices (the form of config.mesh; default one device), the train state placed by the rule and
+the step compiled as the trainer places and compiles them; training only (`--noinference`).
+img/s, TFLOP/s and the per-image figures are then the whole mesh's, MFU is against the
+devices x the peak, XLA mem is one device's (JSON `mesh`, `mesh_devices`, `sharding`,
+`img_per_s_per_device`).
+
 `--compare` runs Hugging Face `ViTForImageClassification` (PyTorch eager) on the same weights
 (through `vit_jax.checkpoint.export_hf`) in the same rounds, and reports our speed over theirs
 and the largest logit difference; 16-bit variants compare against `torch.autocast`.
@@ -81,7 +88,7 @@ from typing import Any
 import jax
 from absl import flags
 
-from vit_jax import benchmark, cli, files, hugepages, profiling
+from vit_jax import benchmark, cli, files, hugepages, parallel, profiling
 from vit_jax.benchmark import onnx_runtime
 from vit_jax.benchmark.memory import GIB
 from vit_jax.benchmark.variants import ATTENTION, DTYPES, LAYERS, REMAT
@@ -158,6 +165,12 @@ def format_table(result: dict[str, Any]) -> str:
     profile = result['profile']
     out.append(f'{profile["program"]} {profile["mode"]}, {profile["steps"]} steps profiled:')
     out.append(profiling.format_summary(profile))
+  if result['mesh_devices'] > 1:
+    out.append(
+      f'mesh {result["mesh"]} ({result["mesh_devices"]} devices), sharding {result["sharding"]}:'
+      " img/s, TFLOP/s, MB acc/img and temp MB/img are the whole mesh's, MFU is of"
+      f" {result['mesh_devices']} x the peak; XLA mem is one device's"
+    )
   if result.get('huge_pages'):
     out.append(result['huge_pages'])
   out.append(
@@ -204,6 +217,8 @@ def _main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  if f.mesh and (f.memory_batches or f.max_batch):
+    raise ValueError('--memory_batches and --max_batch measure one device: leave out --mesh')
   if f.memory_batches:
     _memory_main(f, log)
     return
@@ -236,6 +251,8 @@ def _main(argv: Sequence[str]) -> None:
     accum_steps=f.accum_steps,
     profile_steps=f.profile_steps,
     profile_dir=f.profile_dir,
+    mesh=f.mesh,
+    sharding=f.sharding,
     log=log,
   )
   print(format_table(result))
@@ -334,6 +351,22 @@ def _define_program_flags(fv: flags.FlagValues) -> None:
     f'precision policies of the 16-bit dtypes, of {list(precision.POLICIES)}',
     flag_values=fv,
   )
+  flags.DEFINE_string(
+    'mesh',
+    None,
+    "the training step's device mesh over this machine's devices, as config.mesh (e.g."
+    ' data:-1,model:2); default: one device. Training only (--noinference); img/s and TFLOP/s'
+    " are then the whole mesh's, MFU is against devices x peak",
+    flag_values=fv,
+  )
+  flags.DEFINE_string(
+    'sharding',
+    'replicate',
+    f'how --mesh holds the train state, as config.sharding: one of {list(parallel.RULES)}',
+    flag_values=fv,
+  )
+  flags.register_validator('mesh', _mesh_spec, flag_values=fv)
+  flags.register_validator('sharding', _sharding_rule, flag_values=fv)
   flags.DEFINE_integer(
     'profile_steps', 0, 'trace this many more steps with jax.profiler (0: none)', flag_values=fv
   )
@@ -348,6 +381,20 @@ def _registered(models: str) -> bool:
   for name in models.split(','):
     if name not in MODEL_CONFIGS:
       raise flags.ValidationError(f'{unknown_model(name)} `vit-models` lists the registered ones.')
+  return True
+
+
+def _mesh_spec(spec: str | None) -> bool:
+  """--mesh parses as config.mesh does: a bad one is a usage error of one line."""
+  try:
+    return spec is None or bool(parallel.parse_mesh(spec))
+  except ValueError as e:
+    raise flags.ValidationError(str(e).replace('config.mesh', '--mesh')) from e
+
+
+def _sharding_rule(rule: str) -> bool:
+  if rule not in parallel.RULES:
+    raise flags.ValidationError(f'--sharding={rule!r}: expected one of {list(parallel.RULES)}')
   return True
 
 

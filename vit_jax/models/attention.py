@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import parallel
 from vit_jax.models import precision
 from vit_jax.models.precision import Dtype
 
@@ -154,6 +155,7 @@ class MultiHeadDotProductAttention(precision.Precision):
       dense(features=(self.num_heads, head_dim), use_bias=self.qkv_bias, name=n)(y)
       for n, y in (('query', x), ('key', kv), ('value', kv))
     )  # each (batch, tokens, heads, head_dim)
+    q, k, v = (parallel.constrain(t, 'batch', None, 'model', None) for t in (q, k, v))  # heads
     if self.qk_norm:
       q = self.norm('query_norm', self.layer_norm_epsilon, self.norm_bias)(q)
       k = self.norm('key_norm', self.layer_norm_epsilon, self.norm_bias)(k)

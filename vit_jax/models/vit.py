@@ -52,6 +52,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import parallel
 from vit_jax.models import precision, resnet
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.blocks import block_indices
@@ -88,6 +89,7 @@ class MlpBlock(precision.Precision):
     )
     out_dim = x.shape[-1]
     x = nn.gelu(dense(self.mlp_dim, name='Dense_0')(x), approximate=self.gelu_approximate)
+    x = parallel.constrain(x, 'batch', None, 'model')  # hidden units: tensor-parallel
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim, name='Dense_1')(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -151,6 +153,7 @@ class Encoder1DBlock(precision.Precision):
     # `mask` (batch, tokens): False for padding tokens, which no token attends to.
     # `queries`: only the first this many tokens come out, attending over all of them.
     rate = self.drop_path_rate if drop_path_rate is None else drop_path_rate
+    x = parallel.constrain(x, 'batch', None, None)  # the residual stream: whole on each model group
     y = self.norm('LayerNorm_0', self.layer_norm_epsilon, self.norm_bias)(x)
     kv = None if queries is None else y
     x, y = (x, y) if queries is None else (x[:, :queries], y[:, :queries])
