@@ -6,7 +6,7 @@ device, and the collectives XLA inserted, per step.
 JAX fixes the number of simulated CPU devices when it starts
 (`--xla_force_host_platform_device_count`), so `run_mesh_table` starts one child process per
 device count and model (`CHILD`, which calls `device_rows`) and gathers their rows. A child
-compiles the trainer's own step (`programs.trainer`: the run spec's classification step,
+compiles the trainer's own step (`programs.lower_train`: the run spec's classification step,
 `accum_steps=1`) of the model with `scan_layers=True` and the `Settings`' dtype, precision
 policy, remat policy and optimizer, its state placed as the trainer places it
 (`parallel.tree_shardings`: 'fsdp' on a mesh without a `model` axis, else 'tp+fsdp') and the
@@ -31,7 +31,6 @@ import jax.numpy as jnp
 from vit_jax import parallel
 from vit_jax.benchmark import programs
 from vit_jax.benchmark.variants import Variant, build_model, model_config
-from vit_jax.train import steps as train_steps
 
 GIB = 2**30
 COLLECTIVES = ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'collective-permute')
@@ -146,49 +145,31 @@ def sharding_rule(mesh: jax.sharding.Mesh) -> str:
   return 'tp+fsdp' if parallel.MODEL_AXIS in mesh.axis_names else 'fsdp'
 
 
-def device_bytes(tree: Any) -> int:
-  """Bytes of one device's shards of a tree of ShapeDtypeStructs with shardings."""
-  leaves = jax.tree.leaves(tree)
-  shards = (math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in leaves)
-  return int(sum(shards))
+def placed_bytes(compiled: Any) -> tuple[Any, Any]:
+  """Bytes of one device's shard of each argument leaf of a compiled `step(state, batch)`,
+  where the program takes it: (state tree, batch tree)."""
+  infos, shardings = compiled.args_info[0], compiled.input_shardings[0]
+  shard = lambda a, s: math.prod(s.shard_shape(a.shape)) * a.dtype.itemsize
+  return jax.tree.map(shard, infos, shardings)
 
 
-def _placed(tree: Any, shardings: Any) -> Any:
-  return jax.tree.map(
-    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings
-  )
-
-
-def compile_step(model: Any, mesh: jax.sharding.Mesh, batch: int, settings: Settings):
-  """(the compiled training step on `mesh` at a global `batch`, the placed abstract state)."""
-  tx, step = programs.trainer(model, batch, optimizer=settings.optimizer)
+def compile_step(model: Any, params: Any, mesh: jax.sharding.Mesh, batch: int, settings: Settings):
+  """The trainer's step on `mesh` at a global `batch` (`programs.lower_train`), compiled on
+  abstract arrays (`params`: the model's, abstract)."""
   side = settings.resolution
   images = jax.ShapeDtypeStruct((batch, side, side, 3), jnp.float32)
-  params = jax.eval_shape(lambda x: model.init(jax.random.key(0), x[:1], train=False), images)
-  state = jax.eval_shape(lambda p: programs.train_state(p, tx), params['params'])
-  rule = sharding_rule(mesh)
-  shardings = {
-    'params': parallel.tree_shardings(state['params'], mesh, rule),
-    'opt_state': parallel.tree_shardings(state['opt_state'], mesh, rule),
-    'step': parallel.replicated(mesh),
-    'rng': parallel.replicated(mesh),
-  }
-  rows = parallel.batch_sharding(mesh)
-  jitted = train_steps.compile_train_step(step, shardings, rows, mesh)
-  batch_shapes = {
-    'image': jax.ShapeDtypeStruct(images.shape, images.dtype, sharding=rows),
-    'label': jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
-  }
-  state = _placed(state, shardings)
-  return jitted.lower(state, batch_shapes).compile(), state, batch_shapes
+  labels = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  how = (mesh, sharding_rule(mesh), settings.optimizer)
+  return programs.lower_train(model, params, images, labels, 1, *how)[1].compile()
 
 
-def _at_batch(model: Any, mesh: jax.sharding.Mesh, per_device: int, settings: Settings):
-  """(XLA's memory and the collectives per step at `per_device` images per device, the placed
-  abstract state)."""
+def _at_batch(model: Any, params: Any, mesh: jax.sharding.Mesh, per_device: int, settings):
+  """(XLA's memory and the collectives per step at `per_device` images per device, the bytes
+  of each state leaf's shard on one device)."""
   start = time.perf_counter()
-  compiled, state, batch = compile_step(model, mesh, per_device * mesh.size, settings)
+  compiled = compile_step(model, params, mesh, per_device * mesh.size, settings)
   seconds = time.perf_counter() - start
+  state, batch = placed_bytes(compiled)
   m = compiled.memory_analysis()
   total = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
   measured = {
@@ -198,7 +179,7 @@ def _at_batch(model: Any, mesh: jax.sharding.Mesh, per_device: int, settings: Se
     'alias_bytes': int(m.alias_size_in_bytes),
     'temp_bytes': int(m.temp_size_in_bytes),
     'total_bytes': int(total + m.temp_size_in_bytes),
-    'batch_bytes': device_bytes(batch),
+    'batch_bytes': int(sum(jax.tree.leaves(batch))),
     'compile_s': seconds,
     'collectives': hlo_collectives(compiled.as_text()),
   }
@@ -213,18 +194,19 @@ def mesh_row(
   each batch (`at_batch`)."""
   mesh = parallel.create_mesh(jax.devices(), mesh_spec)
   model = build_model(model_config(name, overrides), settings.num_classes, settings.variant)
-  at = [_at_batch(model, mesh, b, settings) for b in batches]
+  image = jnp.zeros((1, settings.resolution, settings.resolution, 3))
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), image, train=False))['params']
+  at = [_at_batch(model, params, mesh, b, settings) for b in batches]
   state = at[0][1]
-  params = jax.tree.leaves(state['params'])
   return {
     'model': name,
     'devices': mesh.size,
     'mesh': mesh_spec,
     'mesh_shape': dict(mesh.shape),
     'rule': sharding_rule(mesh),
-    'parameters': int(sum(math.prod(x.shape) for x in params)),
-    'param_bytes': device_bytes(state['params']),
-    'optimizer_bytes': device_bytes(state['opt_state']),
+    'parameters': int(sum(math.prod(x.shape) for x in jax.tree.leaves(params))),
+    'param_bytes': int(sum(jax.tree.leaves(state['params']))),
+    'optimizer_bytes': int(sum(jax.tree.leaves(state['opt_state']))),
     'at_batch': [measured for measured, _ in at],
   }
 

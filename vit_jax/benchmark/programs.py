@@ -136,7 +136,7 @@ def _state_shardings(state: Any, mesh: Mesh, sharding: str) -> dict[str, Any]:
   return {key: parallel.tree_shardings(tree, mesh, sharding) for key, tree in state.items()}
 
 
-def _lower_train(
+def lower_train(
   model: Any,
   params: Any,
   images: Any,
@@ -144,10 +144,12 @@ def _lower_train(
   accum_steps: int,
   mesh: Mesh | None = None,
   sharding: str = 'replicate',
+  optimizer: str = 'sgd',
 ):
-  """(optimizer, the lowered training step: the trainer's, compiled as it compiles it, on
-  `mesh` (default one device) with the state placed by `sharding`); arrays may be abstract."""
-  tx, step = trainer(model, images.shape[0], accum_steps)
+  """(optimizer, the lowered training step: the trainer's with `optimizer`, compiled as it
+  compiles it, on `mesh` (default one device) with the state placed by `sharding`); arrays may
+  be abstract."""
+  tx, step = trainer(model, images.shape[0], accum_steps, optimizer)
   mesh = train_mesh() if mesh is None else mesh
   state = jax.eval_shape(lambda p: train_state(p, tx), abstract(params))
   shardings = _state_shardings(state, mesh, sharding)
@@ -165,11 +167,11 @@ def compile_train(
   sharding: str = 'replicate',
 ) -> tuple[Any, float, float, dict[str, Any]]:
   """(compiled step, compile seconds, flops per image, `analysis.compiled_facts`) of the
-  training step on `mesh` (`_lower_train`); arrays may be abstract. The FLOPs are the whole
+  training step on `mesh` (`lower_train`); arrays may be abstract. The FLOPs are the whole
   program's (XLA counts the program before it is split over the devices), the facts one
   device's."""
   start = time.perf_counter()
-  _, lowered = _lower_train(model, params, images, labels, accum_steps, mesh, sharding)
+  _, lowered = lower_train(model, params, images, labels, accum_steps, mesh, sharding)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
   flops = analysis.flops(lowered) / images.shape[0]
@@ -225,7 +227,7 @@ def model_flops(job: 'Job', variant: Variant, mode: str, params: Any) -> float:
   if mode == 'inference':
     lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
   else:
-    lowered = _lower_train(
+    lowered = lower_train(
       model, shapes, images, job.labels, job.accum_steps, job.mesh, job.sharding
     )[1]
   return analysis.flops(lowered) / images.shape[0]
