@@ -17,10 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
+from jax.sharding import PartitionSpec as P
 from PIL import Image
 
 from vit_jax import benchmark, checkpoint, families, parallel
-from vit_jax.benchmark import analysis, contrastive_loss, embedder, memory, programs, start
+from vit_jax.benchmark import (
+  analysis,
+  contrastive_loss,
+  embedder,
+  memory,
+  mesh_table,
+  programs,
+  start,
+)
 from vit_jax.benchmark.variants import build_model
 from vit_jax.cli import benchmark as benchmark_cli
 from vit_jax.models import get_model, stats
@@ -606,3 +615,161 @@ def test_contrastive_loss_mode_ring_memory_does_not_grow_with_the_devices(loss_m
   at = lambda logits, devices: loss_memory['shard_map', logits, devices, 64]
   assert at('chunked', 8) <= 1.3 * at('chunked', 2), loss_memory
   assert at('gathered', 8) >= 3.5 * at('gathered', 2), loss_memory
+
+
+# An HLO module as XLA prints one: a loop of 12 trips whose body gathers through a called
+# computation, reduces asynchronously and runs an inner loop of 3 trips that scatters; outside
+# the loop one all-reduce and one collective-permute.
+HLO = """HloModule step, is_scheduled=true, num_partitions=8
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+
+%gather (p: bf16[4,8]) -> bf16[32,8] {
+  %p = bf16[4,8]{1,0} parameter(0)
+  ROOT %ag = bf16[32,8]{1,0} all-gather(%p), channel_id=1, replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+%inner_body (q: (s32[], f32[16])) -> (s32[], f32[16]) {
+  %q = (s32[], f32[16]{0}) parameter(0)
+  %v = f32[16]{0} get-tuple-element(%q), index=1
+  %rs = f32[2]{0} reduce-scatter(%v), channel_id=2, replica_groups=[1,8]<=[8], dimensions={0}, to_apply=%add
+  ROOT %t = (s32[], f32[16]{0}) tuple(%i, %v)
+}
+
+%body (p.1: (s32[], bf16[4,8], f32[16])) -> (s32[], bf16[4,8], f32[16]) {
+  %p.1 = (s32[], bf16[4,8]{1,0}, f32[16]{0}) parameter(0)
+  %x = bf16[4,8]{1,0} get-tuple-element(%p.1), index=1
+  %g = bf16[32,8]{1,0} call(%x), to_apply=%gather, metadata={op_name="while/body/closed_call"}
+  %y = f32[16]{0} get-tuple-element(%p.1), index=2
+  %ars = f32[16]{0} all-reduce-start(%y), channel_id=3, to_apply=%add
+  %ard = f32[16]{0} all-reduce-done(%ars)
+  %w.1 = (s32[], f32[16]{0}) while(%u), condition=%cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %r = (s32[], bf16[4,8]{1,0}, f32[16]{0}) tuple(%i, %x, %ard)
+}
+
+ENTRY %main (x.1: bf16[4,8], y.1: f32[16]) -> f32[16] {
+  %x.1 = bf16[4,8]{1,0} parameter(0), sharding={devices=[8,1]<=[8]}
+  %w = (s32[], bf16[4,8]{1,0}, f32[16]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_induction_variable":{"tuple_index":"0"},"known_trip_count":{"n":"12"}}
+  %cp = f32[2,2]{1,0} collective-permute(%z), channel_id=4, source_target_pairs={{0,1},{1,0}}
+  ROOT %all = f32[16]{0} all-reduce(%y.1), channel_id=5, to_apply=%add
+}
+"""  # noqa: E501 (XLA's long lines)
+
+
+def test_collectives_count_loop_bodies_times_their_trips():
+  found = mesh_table.hlo_collectives(HLO)
+  assert found['all-gather'] == {'ops': 1, 'per_step': 12, 'bytes_per_step': 12 * 32 * 8 * 2}
+  # The asynchronous pair counts once, 12 times; the one outside once: 16 floats each.
+  assert found['all-reduce'] == {'ops': 2, 'per_step': 13, 'bytes_per_step': 13 * 64}
+  assert found['reduce-scatter'] == {'ops': 1, 'per_step': 36, 'bytes_per_step': 36 * 8}
+  assert found['collective-permute'] == {'ops': 1, 'per_step': 1, 'bytes_per_step': 16}
+  assert found['all-to-all'] == {'ops': 0, 'per_step': 0, 'bytes_per_step': 0}
+  assert mesh_table.array_bytes('(bf16[4,197]{1,0}, /*index=1*/pred[3], s32[])') == 1576 + 3 + 4
+
+
+def test_collectives_of_a_compiled_loop_with_a_known_all_reduce():
+  """A psum inside a 5-trip loop and one after it, on 8 devices: 6 all-reduces of 3 floats."""
+  mesh = parallel.create_mesh()
+
+  def per_device(x):
+    body = lambda i, c: jax.lax.pcast(jax.lax.psum(c, 'data'), 'data', to='varying') * 0.5
+    return jax.lax.psum(jax.lax.fori_loop(0, 5, body, x), 'data')
+
+  step = jax.shard_map(per_device, mesh=mesh, in_specs=P('data'), out_specs=P())
+  compiled = jax.jit(step).lower(jax.ShapeDtypeStruct((8, 3), jnp.float32)).compile()
+  found = mesh_table.hlo_collectives(compiled.as_text())
+  assert found['all-reduce'] == {'ops': 2, 'per_step': 6, 'bytes_per_step': 6 * 3 * 4}
+  assert sum(v['ops'] for v in found.values()) == 2
+
+
+# ViT-Ti/16 at 128 wide with 4 heads, 2 scanned blocks: its kernels are 2^14 elements or
+# more, with a dimension of 128 that splits over 8 devices; the rest is under 2^14.
+WIDE_TINY = {
+  'hidden_size': 128,
+  'transformer': {'num_layers': 2, 'mlp_dim': 512, 'num_heads': 4, 'dropout_rate': 0.0},
+}
+
+
+def test_fsdp_state_per_device_is_its_bytes_over_the_devices():
+  settings = mesh_table.Settings(resolution=32, num_classes=10)
+  row = mesh_table.mesh_row('ViT-Ti_16', 'fsdp:-1', [2], settings, WIDE_TINY)
+  model = build_model(benchmark.model_config('ViT-Ti_16', WIDE_TINY), 10, settings.variant)
+  image = jnp.zeros((1, 32, 32, 3))
+  params = jax.eval_shape(lambda: model.init(jax.random.key(0), image, train=False))
+  leaves = jax.tree.leaves(params['params'])
+  whole = sum(x.size * 4 for x in leaves)
+  split = sum(x.size * 4 for x in leaves if x.size >= 2**14)
+  assert split > 0.9 * whole
+  assert row['param_bytes'] == split // 8 + (whole - split)
+  assert row['parameters'] == sum(x.size for x in leaves)
+  # Adam's two float32 moments, and its and the schedule's int32 step counts.
+  assert row['optimizer_bytes'] == 2 * row['param_bytes'] + 2 * 4
+  # XLA's arguments: the state, the step and the key (4 + 8 bytes) and 2 images and labels.
+  memory = row['at_batch'][0]
+  assert memory['batch_bytes'] == 2 * (32 * 32 * 3 * 4 + 4)
+  state = row['param_bytes'] + row['optimizer_bytes'] + 4 + 8
+  assert memory['argument_bytes'] == state + memory['batch_bytes']
+  assert memory['alias_bytes'] == state  # the state is donated
+  assert row['rule'] == 'fsdp' and row['mesh_shape'] == {'fsdp': 8}
+
+
+def test_mesh_table_shows_gib_per_device_and_the_batches_that_fit():
+  gib = mesh_table.GIB
+  none = {k: {'ops': 0, 'per_step': 0, 'bytes_per_step': 0} for k in mesh_table.COLLECTIVES}
+  gathers = {**none, 'all-gather': {'ops': 3, 'per_step': 120, 'bytes_per_step': 40 * gib}}
+  at = lambda b, total, fits: {
+    'per_device_batch': b, 'temp_bytes': total - 3 * gib, 'total_bytes': total, 'fits': fits,
+    'compile_s': 10.0, 'collectives': gathers,
+  }  # fmt: skip
+  row = {
+    'devices': 64, 'model': 'ViT-22B_14', 'mesh': 'fsdp:-1', 'param_bytes': gib,
+    'optimizer_bytes': 2 * gib, 'at_batch': [at(4, 70 * gib, True), at(16, 90 * gib, False)],
+  }  # fmt: skip
+  result = {'device_gib': 80.0, 'rows': [row]}
+  memory, collectives = mesh_table.format_tables(result).split('\n\n')
+  assert memory.splitlines()[0] == (
+    '| devices | model | mesh | params | optimizer | temp @4 | total @4 | temp @16 | total @16'
+    ' | fits 80 GiB at | compile s |'
+  )
+  assert memory.splitlines()[2] == (
+    '| 64 | ViT-22B_14 | fsdp:-1 | 1.00 | 2.00 | 67.00 | 70.00 | 87.00 | 90.00 | 4 | 20 |'
+  )
+  assert collectives.splitlines()[2] == (
+    '| 64 | ViT-22B_14 | fsdp:-1 | 0 (0) | 120 (3) | 0 (0) | 0 (0) | 0 (0) | 0.00 | 40.00 | 40.00 |'
+  )
+  with pytest.raises(ValueError, match='fsdp:3'):
+    mesh_table.check(['fsdp:-1', 'fsdp:3'], [8], [4])
+  with pytest.raises(ValueError, match='increasing'):
+    mesh_table.check(['fsdp:-1'], [8], [8, 4])
+
+
+@pytest.mark.slow
+def test_mesh_table_command_compiles_each_device_count_in_its_own_process(tmp_path):
+  out = tmp_path / 'mesh.json'
+  flags = [
+    '--mesh_table', '--model=ViT-Ti_16', '--devices=2,4', '--meshes=fsdp:-1;fsdp:-1,model:2',
+    '--per_device_batch=1', '--resolution=32', '--num_classes=10', f'--json={out}',
+  ]  # fmt: skip
+  root = Path(__file__).resolve().parents[1]
+  done = subprocess.run(
+    [sys.executable, '-m', 'vit_jax.benchmark', *flags], capture_output=True, text=True, cwd=root
+  )
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = json.loads(out.read_text())['rows']
+  shapes = [(r['devices'], r['mesh_shape'], r['rule']) for r in rows]
+  assert shapes == [
+    (2, {'fsdp': 2}, 'fsdp'),
+    (2, {'fsdp': 1, 'model': 2}, 'tp+fsdp'),
+    (4, {'fsdp': 4}, 'fsdp'),
+    (4, {'fsdp': 2, 'model': 2}, 'tp+fsdp'),
+  ]
+  # Twice the devices, half the parameters' bytes on each (nearly all of them are split).
+  assert 1.8 < rows[0]['param_bytes'] / rows[2]['param_bytes'] <= 2
+  # FSDP gathers the parameters where the fsdp axis has more than one device.
+  gathers = [r['at_batch'][0]['collectives']['all-gather']['per_step'] > 0 for r in rows]
+  assert gathers == [r['mesh_shape']['fsdp'] > 1 for r in rows] == [True, False, True, True]
+  assert '| 4 | ViT-Ti_16 | fsdp:-1,model:2 |' in done.stdout

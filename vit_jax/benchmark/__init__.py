@@ -13,6 +13,8 @@
                        `largest_batch`, `memory_line`, `accum_steps_to_fit`
   input_pipeline.py    `--pipeline`: the input pipeline's speed (imports TensorFlow)
   contrastive_loss.py  `--contrastive_loss`: the sigmoid loss's memory per device
+  mesh_table.py        `--mesh_table`: the training step per mesh on N simulated devices, one
+                       child process per device count: memory per device, collectives per step
 
 The names below are loaded on first use, so that importing the package imports no TensorFlow:
 the benchmark runs on accelerator machines that have JAX but no TensorFlow.

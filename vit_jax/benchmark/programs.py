@@ -90,20 +90,22 @@ def compile_inference(
 SCHEDULE_STEPS = 10_000
 
 
-def _trainer(model: Any, batch: int, accum_steps: int = 1):
+def trainer(model: Any, batch: int, accum_steps: int = 1, optimizer: str = 'sgd'):
   """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec's
-  classification, with `accum_steps` micro-batches; step(state, {'image', 'label'}) ->
+  classification, with `accum_steps` micro-batches and `optimizer` ('sgd' with momentum, the
+  default recipe, or 'adam', the pretraining one); step(state, {'image', 'label'}) ->
   (state, metrics)."""
   from vit_jax.tasks import classification
 
   data = spec_lib.Data(batch=batch, num_classes=model.num_classes)
-  run = spec_lib.RunSpec(data=data, step=spec_lib.Step(accum_steps=accum_steps))
+  step = spec_lib.Step(accum_steps=accum_steps)
+  run = spec_lib.RunSpec(data=data, step=step, optim=optim.Optim(optimizer=optimizer))
   tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)
   task = classification.Task(run, model)
   return tx, train_steps.make_train_step(task, tx, schedule, run)
 
 
-def _train_state(params: Any, tx: Any) -> dict[str, Any]:
+def train_state(params: Any, tx: Any) -> dict[str, Any]:
   return {
     'params': params,
     'opt_state': tx.init(params),
@@ -134,7 +136,7 @@ def _state_shardings(state: Any, mesh: Mesh, sharding: str) -> dict[str, Any]:
   return {key: parallel.tree_shardings(tree, mesh, sharding) for key, tree in state.items()}
 
 
-def _lower_train(
+def lower_train(
   model: Any,
   params: Any,
   images: Any,
@@ -142,12 +144,14 @@ def _lower_train(
   accum_steps: int,
   mesh: Mesh | None = None,
   sharding: str = 'replicate',
+  optimizer: str = 'sgd',
 ):
-  """(optimizer, the lowered training step: the trainer's, compiled as it compiles it, on
-  `mesh` (default one device) with the state placed by `sharding`); arrays may be abstract."""
-  tx, step = _trainer(model, images.shape[0], accum_steps)
+  """(optimizer, the lowered training step: the trainer's with `optimizer`, compiled as it
+  compiles it, on `mesh` (default one device) with the state placed by `sharding`); arrays may
+  be abstract."""
+  tx, step = trainer(model, images.shape[0], accum_steps, optimizer)
   mesh = train_mesh() if mesh is None else mesh
-  state = jax.eval_shape(lambda p: _train_state(p, tx), abstract(params))
+  state = jax.eval_shape(lambda p: train_state(p, tx), abstract(params))
   shardings = _state_shardings(state, mesh, sharding)
   f = train_steps.compile_train_step(step, shardings, parallel.batch_sharding(mesh), mesh)
   return tx, f.lower(state, {'image': abstract(images), 'label': abstract(labels)})
@@ -163,11 +167,11 @@ def compile_train(
   sharding: str = 'replicate',
 ) -> tuple[Any, float, float, dict[str, Any]]:
   """(compiled step, compile seconds, flops per image, `analysis.compiled_facts`) of the
-  training step on `mesh` (`_lower_train`); arrays may be abstract. The FLOPs are the whole
+  training step on `mesh` (`lower_train`); arrays may be abstract. The FLOPs are the whole
   program's (XLA counts the program before it is split over the devices), the facts one
   device's."""
   start = time.perf_counter()
-  _, lowered = _lower_train(model, params, images, labels, accum_steps, mesh, sharding)
+  _, lowered = lower_train(model, params, images, labels, accum_steps, mesh, sharding)
   compiled = lowered.compile()
   compile_s = time.perf_counter() - start
   flops = analysis.flops(lowered) / images.shape[0]
@@ -196,8 +200,8 @@ def train_program(
   state_shardings, batch_shardings = compiled.input_shardings[0]
   state = {} if state is None else state
   if not state:  # placed where the step takes it; a copy of `params`, since it is donated
-    tx, _ = _trainer(model, images.shape[0], accum_steps)
-    init = jax.jit(lambda p: _train_state(p, tx), out_shardings=state_shardings)
+    tx, _ = trainer(model, images.shape[0], accum_steps)
+    init = jax.jit(lambda p: train_state(p, tx), out_shardings=state_shardings)
     state['train'] = init(params)
   batch = jax.device_put({'image': images, 'label': labels}, batch_shardings)
 
@@ -223,7 +227,7 @@ def model_flops(job: 'Job', variant: Variant, mode: str, params: Any) -> float:
   if mode == 'inference':
     lowered = jax.jit(lambda p, x: model.apply({'params': p}, x, train=False)).lower(shapes, images)
   else:
-    lowered = _lower_train(
+    lowered = lower_train(
       model, shapes, images, job.labels, job.accum_steps, job.mesh, job.sharding
     )[1]
   return analysis.flops(lowered) / images.shape[0]
