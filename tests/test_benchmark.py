@@ -748,10 +748,12 @@ def test_mesh_table_shows_gib_per_device_and_the_batches_that_fit():
 
 
 @pytest.mark.slow
-def test_mesh_table_command_compiles_each_device_count_in_its_own_process(tmp_path):
+def test_mesh_table_command_compiles_in_a_process_of_its_device_count(tmp_path):
+  """The command end to end: a child process of 2 simulated devices compiles both meshes
+  (the arithmetic of the rows is checked in this process, above)."""
   out = tmp_path / 'mesh.json'
   flags = [
-    '--mesh_table', '--model=ViT-Ti_16', '--devices=2,4', '--meshes=fsdp:-1;fsdp:-1,model:2',
+    '--mesh_table', '--model=ViT-Ti_16', '--devices=2', '--meshes=fsdp:-1;fsdp:-1,model:2',
     '--per_device_batch=1', '--resolution=32', '--num_classes=10', f'--json={out}',
   ]  # fmt: skip
   root = Path(__file__).resolve().parents[1]
@@ -761,15 +763,8 @@ def test_mesh_table_command_compiles_each_device_count_in_its_own_process(tmp_pa
   assert done.returncode == 0, done.stderr[-3000:]
   rows = json.loads(out.read_text())['rows']
   shapes = [(r['devices'], r['mesh_shape'], r['rule']) for r in rows]
-  assert shapes == [
-    (2, {'fsdp': 2}, 'fsdp'),
-    (2, {'fsdp': 1, 'model': 2}, 'tp+fsdp'),
-    (4, {'fsdp': 4}, 'fsdp'),
-    (4, {'fsdp': 2, 'model': 2}, 'tp+fsdp'),
-  ]
-  # Twice the devices, half the parameters' bytes on each (nearly all of them are split).
-  assert 1.8 < rows[0]['param_bytes'] / rows[2]['param_bytes'] <= 2
+  assert shapes == [(2, {'fsdp': 2}, 'fsdp'), (2, {'fsdp': 1, 'model': 2}, 'tp+fsdp')]
   # FSDP gathers the parameters where the fsdp axis has more than one device.
   gathers = [r['at_batch'][0]['collectives']['all-gather']['per_step'] > 0 for r in rows]
-  assert gathers == [r['mesh_shape']['fsdp'] > 1 for r in rows] == [True, False, True, True]
-  assert '| 4 | ViT-Ti_16 | fsdp:-1,model:2 |' in done.stdout
+  assert gathers == [True, False]
+  assert '| 2 | ViT-Ti_16 | fsdp:-1,model:2 |' in done.stdout
