@@ -49,14 +49,13 @@ def _check(model, config, batch, rounds, steps, accum_steps, modes, profile, mes
 
 
 def _check_batch(batch: int, accum_steps: int, mesh) -> None:
-  """The batch splits over the mesh's batch shards, in each of its micro-batches."""
-  shards = parallel.data_parallel_size(mesh)
-  if batch % (shards * accum_steps):
-    axes = ' x '.join(f'{a}:{mesh.shape[a]}' for a in parallel.batch_axes(mesh))
-    raise ValueError(
-      f'--batch={batch} does not split over the batch axes of the mesh ({axes}) x'
-      f' --accum_steps={accum_steps}: use a multiple of {shards * accum_steps}'
-    )
+  """The trainer's check that the batch splits over the mesh's batch shards and micro-batches
+  (`parallel.check_batch`), its keys named as this benchmark's flags."""
+  try:
+    parallel.check_batch(batch, mesh, accum_steps)
+  except ValueError as e:
+    message = str(e).replace('config.batch', '--batch').replace('accum_steps', '--accum_steps')
+    raise ValueError(message) from None
 
 
 def _inputs(rng, batch: int, resolution: int, num_classes: int, abstract: bool):
