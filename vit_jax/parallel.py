@@ -14,7 +14,7 @@ the gradient of a replicated parameter is the true global gradient (the mesh axe
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -247,6 +247,20 @@ def tree_shardings(tree: Any, mesh: Mesh, rules: Any = 'replicate') -> Any:
     return NamedSharding(mesh, leaf_spec(name, tuple(np.shape(x)), rule, mesh))
 
   return jax.tree_util.tree_map_with_path(leaf, tree)
+
+
+# The train state's entries that the sharding rules place (vit_jax/train/state.py): the
+# parameters, their optimizer state and their Polyak average; the step and the dropout key
+# are replicated whatever the rules say.
+RULED_STATE = ('params', 'opt_state', 'polyak')
+
+
+def state_shardings(state: Mapping[str, Any], mesh: Mesh, rules: Any) -> dict[str, Any]:
+  """NamedShardings of a train state (`RULED_STATE` by `rules`, the rest replicated)."""
+  return {
+    key: tree_shardings(tree, mesh, rules if key in RULED_STATE else 'replicate')
+    for key, tree in state.items()
+  }
 
 
 def constrain(x: jax.Array, *axes: str | None) -> jax.Array:

@@ -129,13 +129,6 @@ def train_mesh(spec: str | None = None) -> Mesh:
     raise ValueError(str(e).replace('config.mesh', '--mesh')) from None
 
 
-def _state_shardings(state: Any, mesh: Mesh, sharding: str) -> dict[str, Any]:
-  """The train state placed as the trainer places it (vit_jax/train/state.py): parameters and
-  optimizer state by the rule, the step and key replicated (too small for FSDP to split, and
-  no tensor-parallel pattern names them)."""
-  return {key: parallel.tree_shardings(tree, mesh, sharding) for key, tree in state.items()}
-
-
 def lower_train(
   model: Any,
   params: Any,
@@ -152,7 +145,7 @@ def lower_train(
   tx, step = trainer(model, images.shape[0], accum_steps, optimizer)
   mesh = train_mesh() if mesh is None else mesh
   state = jax.eval_shape(lambda p: train_state(p, tx), abstract(params))
-  shardings = _state_shardings(state, mesh, sharding)
+  shardings = parallel.state_shardings(state, mesh, sharding)  # as the trainer places it
   f = train_steps.compile_train_step(step, shardings, parallel.batch_sharding(mesh), mesh)
   return tx, f.lower(state, {'image': abstract(images), 'label': abstract(labels)})
 

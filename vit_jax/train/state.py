@@ -43,15 +43,9 @@ def layout(setup: Setup, tx, init_rng: jax.Array) -> Layout:
     'step': jax.ShapeDtypeStruct((), jnp.int32),
     'rng': jax.eval_shape(jax.random.key_data, init_rng),
   }
-  rules = setup.spec.step.sharding
-  shardings = {
-    'params': parallel.tree_shardings(abstract['params'], mesh, rules),
-    'opt_state': parallel.tree_shardings(abstract['opt_state'], mesh, rules),
-    'step': parallel.replicated(mesh),
-    'rng': parallel.replicated(mesh),
-  }
   if setup.spec.step.polyak_decay:
-    abstract['polyak'], shardings['polyak'] = abstract['params'], shardings['params']
+    abstract['polyak'] = abstract['params']
+  shardings = parallel.state_shardings(abstract, mesh, setup.spec.step.sharding)
   placed = jax.tree.map(
     lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
   )
