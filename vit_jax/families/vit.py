@@ -297,8 +297,8 @@ def unlike_hugging_face(config: Config) -> str | None:
   """Why Hugging Face's ViTForImageClassification cannot hold the model, or None."""
   if config.get('distilled'):
     return 'is distilled (DeiT: two heads)'
-  if block_phrases(config['transformer']):
-    return f'has ViT-22B block options ({", ".join(block_phrases(config["transformer"]))})'
+  if phrases := block_phrases(config['transformer']):
+    return f'has ViT-22B block options ({", ".join(phrases)})'
   if (
     config['resnet'] is not None
     or config['classifier'] != 'token'
