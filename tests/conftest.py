@@ -196,7 +196,7 @@ ZERO_GRADIENT = re.compile(r'MultiHeadDotProductAttention_0/key/bias$')
 
 def assert_trained_params_close(a: dict, b: dict, atol: float) -> None:
   """Flat {path: array} trees of two training runs: equal to `atol`, zero-gradient leaves aside."""
-  assert a.keys() == b.keys() and len(a) > 20
+  assert a.keys() == b.keys() and len(a) > 15  # whole models (a one-block ViT-22B-style: 18)
   for k in a:
     if ZERO_GRADIENT.search(k):
       assert np.abs(a[k]).max() < 1e-3 and np.abs(b[k]).max() < 1e-3, k  # noise, not signal
