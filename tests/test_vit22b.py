@@ -21,11 +21,12 @@ from vit_jax.models import attention, blocks, get_model, model_from_config
 OFF = {'parallel_block': False, 'qk_norm': False, 'qkv_bias': True, 'norm_bias': True}
 VIT22B = {'parallel_block': True, 'qk_norm': True, 'qkv_bias': False, 'norm_bias': False}
 # A tiny ViT: 16 px images in patches of 4 (16 tokens and the class token), width 32, 4 heads
-# of 8, MLP 96 (not a multiple of the width's other splits, so a wrong split shows).
-D, HEADS, MLP, PATCH, SIZE, CLASSES = 32, 4, 96, 4, 16, 5
+# of 8, MLP 96 (not a multiple of the width's other splits, so a wrong split shows), one block
+# (the options are the block's; a second one only costs compile time).
+D, HEADS, MLP, PATCH, SIZE, CLASSES, LAYERS = 32, 4, 96, 4, 16, 5, 1
 
 
-def _tiny(options: dict, layers: int = 2, **fields):
+def _tiny(options: dict, layers: int = LAYERS, **fields):
   return model_from_config(
     {
       'patches': {'size': (PATCH, PATCH)},
@@ -58,23 +59,24 @@ def _flat(tree) -> dict:
 def test_options_off_are_the_released_block_bit_for_bit():
   """The defaults given explicitly build the tree of the registry config and its logits."""
   images = np.random.default_rng(1).uniform(-1, 1, (3, 32, 32, 3)).astype(np.float32)
-  plain = get_model('ViT-Ti_16', num_classes=7, transformer={'num_layers': 2})
-  explicit = get_model('ViT-Ti_16', num_classes=7, transformer={'num_layers': 2, **OFF})
+  plain = get_model('ViT-Ti_16', num_classes=7, transformer={'num_layers': LAYERS})
+  explicit = get_model('ViT-Ti_16', num_classes=7, transformer={'num_layers': LAYERS, **OFF})
   shapes = families.param_shapes(plain, 32)
   assert jax.tree.structure(shapes) == jax.tree.structure(families.param_shapes(explicit, 32))
   params = randomize(shapes)
-  np.testing.assert_array_equal(
-    explicit.apply({'params': params}, images, train=False),
-    plain.apply({'params': params}, images, train=False),
-  )
+
+  def logits(model):  # one program: run op by op, Ti/16's shapes (this test's alone) compile each
+    return jax.jit(model.apply, static_argnames='train')({'params': params}, images, train=False)
+
+  np.testing.assert_array_equal(logits(explicit), logits(plain))
 
 
 def test_options_name_their_parameters():
   flat = _flat(families.param_shapes(_tiny(VIT22B), SIZE))
-  attn = 'Transformer/encoderblock_1/MultiHeadDotProductAttention_0'
+  attn = 'Transformer/encoderblock_0/MultiHeadDotProductAttention_0'
   assert flat[f'{attn}/query_norm/scale'].shape == (D // HEADS,)
   assert flat[f'{attn}/key_norm/scale'].shape == (D // HEADS,)
-  assert f'{attn}/out/bias' in flat and 'Transformer/encoderblock_1/MlpBlock_0/Dense_0/bias' in flat
+  assert f'{attn}/out/bias' in flat and 'Transformer/encoderblock_0/MlpBlock_0/Dense_0/bias' in flat
   for gone in ('query/bias', 'key/bias', 'value/bias', 'query_norm/bias'):
     assert f'{attn}/{gone}' not in flat, gone
   assert not [k for k in flat if 'LayerNorm_1' in k]
@@ -91,7 +93,7 @@ def _timm_vit(parallel: bool, qk_norm: bool, qkv_bias: bool, rms: bool, fuse_out
   kwargs = {'block_fn': block} if parallel else {}
   model = timm.create_model(
     'vit_tiny_patch16_224',
-    img_size=SIZE, patch_size=PATCH, embed_dim=D, depth=2, num_heads=HEADS, mlp_ratio=MLP / D,
+    img_size=SIZE, patch_size=PATCH, embed_dim=D, depth=LAYERS, num_heads=HEADS, mlp_ratio=MLP / D,
     qkv_bias=qkv_bias, qk_norm=qk_norm, num_classes=CLASSES, act_layer='gelu_tanh',
     norm_layer=RmsNorm if rms else LayerNorm, **kwargs,
   ).eval()  # fmt: skip
@@ -180,7 +182,7 @@ def _ours(model, parallel: bool) -> dict:
     'cls': s['cls_token'],
     'Transformer': {
       'posembed_input': {'pos_embedding': s['pos_embed']},
-      **{f'encoderblock_{i}': block(s, f'blocks.{i}') for i in range(2)},
+      **{f'encoderblock_{i}': block(s, f'blocks.{i}') for i in range(LAYERS)},
       'encoder_norm': _norm(s, 'norm'),
     },
     'head': _dense(s['head.weight'], s['head.bias']),
@@ -221,10 +223,11 @@ def test_qk_norm_in_the_masked_attention_ignores_the_padding():
   x = jnp.asarray(np.random.default_rng(2).normal(size=(2, 9, D)), jnp.float32)
   params = randomize(jax.eval_shape(lambda: layer.init(jax.random.key(0), x, True))['params'], 3)
   mask = jnp.arange(9)[None, :] < jnp.asarray([[6], [9]])  # the first example: 6 real tokens
-  out = layer.apply({'params': params}, x, True, mask=mask)
-  alone = layer.apply({'params': params}, x[:1, :6], True)
-  np.testing.assert_allclose(out[0, :6], alone[0], atol=1e-5)
-  np.testing.assert_allclose(out[1], layer.apply({'params': params}, x[1:], True)[0], atol=1e-5)
+  # Compiled: op by op, each of the three shapes would compile every operation.
+  attend = jax.jit(lambda x, mask=None: layer.apply({'params': params}, x, True, mask=mask))
+  out = attend(x, mask)
+  np.testing.assert_allclose(out[0, :6], attend(x[:1, :6])[0], atol=1e-5)
+  np.testing.assert_allclose(out[1], attend(x[1:])[0], atol=1e-5)
 
 
 def test_scanned_and_rematerialised_blocks_equal_the_unrolled_ones():
@@ -253,7 +256,7 @@ def test_a_training_step_moves_the_new_norm_scales():
   grads = _flat(jax.jit(jax.grad(loss))(params))
   new = [k for k in grads if k.endswith(('query_norm/scale', 'key_norm/scale'))]
   new += [k for k in grads if k.endswith('LayerNorm_0/scale') or 'encoder_norm' in k]
-  assert len(new) == 2 * 3 + 1
+  assert len(new) == LAYERS * 3 + 1
   for key in new:
     g = np.asarray(grads[key])
     assert np.all(np.isfinite(g)) and np.abs(g).max() > 1e-6, key
