@@ -1,5 +1,6 @@
-"""Shared test set-up: 8 simulated CPU devices, random weights for oracle comparisons, and the
-comparison of trained parameters between runs that differ only in summation order."""
+"""Shared test set-up: 8 simulated CPU devices, random weights for oracle comparisons, the
+comparison of trained parameters between runs that differ only in summation order, and a
+console script run in this process (`command`)."""
 
 import contextlib
 import hashlib
@@ -181,6 +182,41 @@ def dot_types(hlo_text: str) -> list[tuple[str, str, str]]:
   dims = r'(?:(?:\d+|\?)x)*'
   types = rf'\(tensor<{dims}(\w+)>, tensor<{dims}(\w+)>\) -> tensor<{dims}(\w+)>'
   return re.findall(r'stablehlo\.dot_general.*?:\s*' + types, hlo_text)
+
+
+# absltest defines it when chex is imported, as vit-embed and vit-benchmark import it.
+LIBRARY_FLAG = 'test_srcdir'
+
+
+@pytest.fixture
+def command(monkeypatch, capsys):
+  """`command(entry, *args)` runs `entry`'s console script in this process: its `run_cli()`
+  on a fresh FLAGS (with absl's --verbosity and a library's flag in it), absl's `app.run`
+  reduced to parsing and `main`. Returns (exit status, stdout, stderr)."""
+  import importlib
+  import sys
+
+  from absl import app, flags
+
+  from vit_jax import cli, hugepages
+
+  def run(entry: cli.EntryPoint, *args: str) -> tuple[int, str, str]:
+    program_flags = flags.FlagValues()
+    flags.DEFINE_string(LIBRARY_FLAG, '', "absltest's", flag_values=program_flags)
+    flags.DEFINE_integer('verbosity', -1, "absl.logging's", flag_values=program_flags)
+    monkeypatch.setattr(flags, 'FLAGS', program_flags)
+    monkeypatch.setattr(sys, 'argv', [entry.script, *args])
+    monkeypatch.setattr(sys.modules['__main__'], '__spec__', None)  # not `python -m`
+    monkeypatch.setattr(hugepages, 'reexec_with_huge_pages', lambda: None)
+    monkeypatch.setattr(
+      app, 'run', lambda main, flags_parser: sys.exit(main(flags_parser(sys.argv)))
+    )
+    with pytest.raises(SystemExit) as exit:
+      importlib.import_module(cli.entry_point(entry.script).cli).run_cli()  # the script's
+    out, err = capsys.readouterr()
+    return exit.value.code, out, err
+
+  return run
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from absl import app, flags
+from absl import flags
+from conftest import LIBRARY_FLAG
 
-from vit_jax import cli, hugepages
+from vit_jax import cli
 from vit_jax.cli import convert
 
 REPO = Path(__file__).parent.parent
-# absltest defines it when chex is imported, as vit-embed and vit-benchmark import it.
-LIBRARY_FLAG = 'test_srcdir'
 # A command line of each command that lacks a required flag, and that flag.
 MISSING = {
   'vit-train': (['--workdir=w'], 'config'),
@@ -34,31 +33,6 @@ MISSING = {
 def _hint(entry: cli.EntryPoint) -> str:
   program = f'{entry.script} {entry.mode}'.strip()
   return f"Try '{program} --help' for more information."
-
-
-@pytest.fixture
-def command(monkeypatch, capsys):
-  """`command(entry, *args)` runs `entry`'s console script in this process: its `run_cli()`
-  on a fresh FLAGS (with absl's --verbosity and a library's flag in it), absl's `app.run`
-  reduced to parsing and `main`. Returns (exit status, stdout, stderr)."""
-
-  def run(entry: cli.EntryPoint, *args: str) -> tuple[int, str, str]:
-    program_flags = flags.FlagValues()
-    flags.DEFINE_string(LIBRARY_FLAG, '', "absltest's", flag_values=program_flags)
-    flags.DEFINE_integer('verbosity', -1, "absl.logging's", flag_values=program_flags)
-    monkeypatch.setattr(flags, 'FLAGS', program_flags)
-    monkeypatch.setattr(sys, 'argv', [entry.script, *args])
-    monkeypatch.setattr(sys.modules['__main__'], '__spec__', None)  # not `python -m`
-    monkeypatch.setattr(hugepages, 'reexec_with_huge_pages', lambda: None)
-    monkeypatch.setattr(
-      app, 'run', lambda main, flags_parser: sys.exit(main(flags_parser(sys.argv)))
-    )
-    with pytest.raises(SystemExit) as exit:
-      importlib.import_module(cli.entry_point(entry.script).cli).run_cli()  # the script's
-    out, err = capsys.readouterr()
-    return exit.value.code, out, err
-
-  return run
 
 
 def _own_flags(entry: cli.EntryPoint) -> set[str]:
