@@ -33,6 +33,19 @@ class Pp:
   # (`flip`), nothing else. 0: the model's own inputs (square `crop` x `crop` images, or
   # patch sequences of the model's own number, SigLIP 2's 256).
   max_patches: int = 0
+  # NaViT's Patch n' Pack (vit_jax/data/packing.py, docs/naflex-packing.md), training only:
+  # rows of `pack_tokens` tokens holding at most `pack_images` images each (0: one image per
+  # row); a batch of R rows reads R * `pack_read` images and leaves out those that fit no row.
+  pack_tokens: int = 0
+  pack_images: int = 8
+  pack_read: int = 3
+  # Resolution sampling: each training image's patch budget drawn uniformly from these
+  # (NaViT's (64, 80, ..., 256)); (): the model's or `max_patches`.
+  pack_budgets: tuple = ()
+  # Token dropping: this fraction of each training image's patches dropped at random (the
+  # bottom-right patch kept); drawn per image uniformly up to `token_drop_max` if larger.
+  token_drop: float = 0.0
+  token_drop_max: float = 0.0
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
@@ -93,8 +106,35 @@ def check(data: Data) -> None:
     raise ValueError(
       f"config.pp.max_patches={data.pp.max_patches}; expected >= 0 (0: the model's own inputs)."
     )
+  _check_packing(data.pp)
   if data.input_threads < 0:
     raise ValueError(f'config.input_threads={data.input_threads}; expected >= 0 (0: all cores).')
   for key in ('batch', 'batch_eval'):
     if getattr(data, key) < 1:
       raise ValueError(f'config.{key}={getattr(data, key)}; expected a positive integer.')
+
+
+def _check_packing(pp: Pp) -> None:
+  """Patch n' Pack's fields (vit_jax/data/packing.py): one-line ValueErrors naming the key."""
+  budgets = tuple(pp.pack_budgets)
+  if any(not isinstance(b, int) or b < 1 for b in budgets):
+    raise ValueError(f'config.pp.pack_budgets={budgets}; expected positive patch counts.')
+  longest = max(budgets, default=pp.max_patches)  # 0: the model's own, checked by the pipeline
+  if pp.pack_tokens < 0 or 0 < pp.pack_tokens < longest:
+    raise ValueError(
+      f'config.pp.pack_tokens={pp.pack_tokens}; expected 0 (one image per row) or at least '
+      f'the patches of an image, {longest}.'
+    )
+  for key in ('pack_images', 'pack_read'):
+    if getattr(pp, key) < 1:
+      raise ValueError(f'config.pp.{key}={getattr(pp, key)}; expected a positive integer.')
+  if not (0 <= pp.token_drop < 1 and 0 <= pp.token_drop_max < 1):
+    raise ValueError(
+      f'config.pp.token_drop={pp.token_drop}, token_drop_max={pp.token_drop_max}; expected '
+      'fractions in [0, 1).'
+    )
+  if 0 < pp.token_drop_max < pp.token_drop:
+    raise ValueError(
+      f'config.pp.token_drop_max={pp.token_drop_max} is below config.pp.token_drop='
+      f'{pp.token_drop}: give a larger maximum, or 0 for a fixed fraction.'
+    )
