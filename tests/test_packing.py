@@ -3,10 +3,168 @@ its properties on random lengths, host rows == tf.data rows, token dropping, res
 sampling, the padding on the issue's distribution, and the packed training stream: exact
 resume, the packed batch equal to the unpacked images packed on the host, shards concatenated."""
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from vit_jax import data
+from vit_jax.data import packing
 from vit_jax.data import spec as data_spec
+
+# ----------------------------------------------------------------------------------------
+# The plan.
+# ----------------------------------------------------------------------------------------
+
+
+def test_plan_is_first_fit_decreasing_worked_by_hand():
+  """Lengths 3 5 2 5 4 1 into rows of 8 tokens, at most 3 images: 5 (image 1) opens row 0,
+  5 (image 3, the tie after image 1) row 1, 4 row 2; 3 fills row 0 from token 5; 2 goes to
+  row 1 at 5, and 1 to row 1 at 7 (row 0 is full). At most 2 images, 1 goes to row 2 at 4."""
+  lengths = [3, 5, 2, 5, 4, 1]
+  row, offset, slot = packing.plan(lengths, 8, 3)
+  assert row.tolist() == [0, 0, 1, 1, 2, 1]
+  assert offset.tolist() == [5, 0, 5, 0, 0, 7]
+  assert slot.tolist() == [1, 0, 1, 0, 0, 2]
+  row, offset, slot = packing.plan(lengths, 8, 2)
+  assert row.tolist() == [0, 0, 1, 1, 2, 2]
+  assert offset.tolist() == [5, 0, 5, 0, 0, 4]
+  assert slot.tolist() == [1, 0, 1, 0, 0, 1]
+  # Two rows: the fullest two (8 and 8 tokens) are kept, image 4 (row 2, 4 tokens) left out.
+  row, offset, slot = packing.plan(lengths, 8, 3, rows=2)
+  assert row.tolist() == [0, 0, 1, 1, -1, 1]
+  assert offset.tolist() == [5, 0, 5, 0, -1, 7] and slot.tolist() == [1, 0, 1, 0, -1, 2]
+
+
+def test_plan_keeps_the_fullest_rows_and_leaves_out_what_fits_none():
+  """6 4 4 in rows of 8: 6 opens row 0, the 4s fill row 1; one row kept: row 1 (8 tokens,
+  not the 6 that first-fit into one row would give), image 0 left out. An image longer than
+  a row is left out, or with rows=None an error."""
+  row, offset, slot = packing.plan([6, 4, 4], 8, 8, rows=1)
+  assert row.tolist() == [-1, 0, 0] and offset.tolist() == [-1, 0, 4]
+  assert slot.tolist() == [-1, 0, 1]
+  assert packing.plan([9, 2], 8, 8, rows=1).row.tolist() == [-1, 0]
+  with pytest.raises(ValueError, match='an image of 9 patches fits no row of 8 tokens'):
+    packing.plan([9, 2], 8, 8)
+
+
+def _check_plan(lengths, where, tokens, max_images, rows):
+  """No two tokens in one place, every image within its row, at most `max_images` images a
+  row in slots 0 ... n - 1, at most `rows` rows."""
+  count = rows or len(lengths)
+  occupied = np.zeros((count, tokens), int)
+  images = [[] for _ in range(count)]
+  for n, r, o, s in zip(lengths, *where, strict=True):
+    if r < 0:
+      assert o == s == -1
+      continue
+    assert o >= 0 and o + n <= tokens
+    occupied[r, o : o + n] += 1
+    images[r].append(s)
+  assert occupied.max() <= 1
+  for slots in images:
+    assert sorted(slots) == list(range(len(slots))) and len(slots) <= max_images
+
+
+@pytest.mark.parametrize('rows', [None, 3, 7])
+def test_plan_properties_on_random_lengths(rows):
+  rng = np.random.default_rng(rows or 0)
+  for _ in range(20):
+    lengths = rng.integers(1, 33, rng.integers(1, 25))
+    where = packing.plan(lengths, 32, 4, rows)
+    _check_plan(lengths, where, 32, 4, rows)
+    if rows is None:
+      assert (where.row >= 0).all()
+    else:  # a row left empty or unused while an image that fits is left out: never
+      used = np.bincount(where.row[where.row >= 0], minlength=rows)
+      assert (where.row >= 0).all() or used.min() > 0
+
+
+# ----------------------------------------------------------------------------------------
+# Packed rows: the host's and tf.data's.
+# ----------------------------------------------------------------------------------------
+
+
+def _sequences(rng, lengths, width=16, values=5):
+  """Unpacked sequences (C, width, values + 3) of `lengths` patches of random values and a
+  3-column grid (ptype 1, yidx, xidx), zeros after."""
+  out = np.zeros((len(lengths), width, values + 3), np.float32)
+  for i, n in enumerate(lengths):
+    out[i, :n, :values] = rng.standard_normal((n, values))
+    out[i, :n, values:] = np.stack([np.ones(n), np.arange(n) // 3, np.arange(n) % 3], -1)
+  return out
+
+
+def test_packed_rows_hold_each_image_in_its_slot():
+  """Each placed image's patches, yidx and xidx in its row from its offset, ptype its slot + 1;
+  its label and text in its slot; every other token zeros."""
+  rng = np.random.default_rng(1)
+  lengths = [7, 16, 3, 9, 12, 5, 6, 16]
+  seqs = _sequences(rng, lengths)
+  labels, text = np.arange(10, 18, dtype=np.int32), rng.integers(1, 99, (8, 4)).astype(np.int32)
+  out = packing.pack_rows(seqs, 24, 3, rows=3, label=labels, text=text)
+  where = packing.plan(lengths, 24, 3, rows=3)
+  assert out['image'].shape == (3, 24, 8) and out['label'].shape == (3, 3)
+  assert out['text'].shape == (3, 3, 4) and out['slots'].shape == (3, 3)
+  assert out['dropped'].tolist() == (where.row < 0).astype(int).tolist()
+  filled = np.zeros((3, 24), bool)
+  for i, (n, r, o, s) in enumerate(zip(lengths, *where, strict=True)):
+    if r < 0:
+      continue
+    tokens = out['image'][r, o : o + n]
+    np.testing.assert_array_equal(tokens[:, :5], seqs[i, :n, :5])
+    np.testing.assert_array_equal(tokens[:, 6:], seqs[i, :n, 6:])
+    assert (tokens[:, 5] == s + 1).all()
+    assert out['label'][r, s] == 10 + i and (out['text'][r, s] == text[i]).all()
+    filled[r, o : o + n] = True
+  assert (out['image'][~filled] == 0).all()
+  # 74 tokens in 3 rows of 24: rows of 16 + 7, 16 + 6, 12 + 9 + 3; the 5 opens a 4th, left out.
+  assert out['dropped'].tolist() == [0, 0, 0, 0, 0, 1, 0, 0] and out['slots'].sum() == 7
+
+
+def test_host_and_tf_data_pack_equal_rows():
+  """pack_batch (tf.data) == pack_rows (numpy) exactly, on random chunks; 'bad' and 'name'
+  pass through, one per image read."""
+  rng = np.random.default_rng(2)
+  for _ in range(5):
+    lengths = rng.integers(1, 17, 12)
+    seqs = _sequences(rng, lengths)
+    label = rng.integers(0, 10, 12).astype(np.int32)
+    text = rng.integers(0, 99, (12, 3)).astype(np.int32)
+    bad = rng.integers(0, 2, 12).astype(np.int32)
+    names = np.array([f'f{i}'.encode() for i in range(12)])
+    batch = {'image': seqs, 'label': label, 'text': text, 'bad': bad, 'name': names}
+    tf_out = packing.pack_batch({k: tf.constant(v) for k, v in batch.items()}, 32, 4, 4)
+    host = packing.pack_rows(seqs, 32, 4, rows=4, label=label, text=text)
+    assert set(tf_out) == {*host, 'bad', 'name'}
+    for key, value in host.items():
+      np.testing.assert_array_equal(tf_out[key].numpy(), value, err_msg=key)
+    np.testing.assert_array_equal(tf_out['bad'].numpy(), bad)
+    np.testing.assert_array_equal(tf_out['name'].numpy(), names)
+
+
+# ----------------------------------------------------------------------------------------
+# Token dropping.
+# ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+  ('grid', 'rate', 'kept'),
+  [((3, 4), 0.5, 6), ((3, 4), 0.75, 3), ((1, 5), 0.5, 2), ((1, 3), 0.9, 1), ((4, 4), 0.0, 16)],
+)
+def test_token_dropping_keeps_the_bottom_right_patch_and_the_rounded_count(grid, rate, kept):
+  """n patches keep max(1, round(n (1 - rate))) of them (5 x 0.5 = 2.5 rounds to even, 2), in
+  their order, the last (bottom-right) always among them; the padding stays zeros."""
+  rows, cols = grid
+  n = rows * cols
+  seq = _sequences(np.random.default_rng(0), [n], width=20)
+  seq[0, :n, 5:] = np.stack([np.ones(n), np.arange(n) // cols, np.arange(n) % cols], -1)
+  for s in range(4):
+    out = packing.drop_tokens(tf.constant(seq[0]), rate, tf.constant([s, 1], tf.int64)).numpy()
+    assert (out[kept:] == 0).all() and (out[:kept, 5] == 1).all()
+    original = [int(np.flatnonzero((seq[0, :n] == row).all(-1))[0]) for row in out[:kept]]
+    assert original == sorted(original) and original[-1] == n - 1
+    assert out[:kept, 6].max() == rows - 1 and out[:kept, 7].max() == cols - 1
+
 
 # ----------------------------------------------------------------------------------------
 # Configuration.
