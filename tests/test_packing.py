@@ -3,6 +3,8 @@ its properties on random lengths, host rows == tf.data rows, token dropping, res
 sampling, the padding on the issue's distribution, and the packed training stream: exact
 resume, the packed batch equal to the unpacked images packed on the host, shards concatenated."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -10,6 +12,7 @@ import tensorflow as tf
 from vit_jax import data
 from vit_jax.data import packing
 from vit_jax.data import spec as data_spec
+from vit_jax.families import preprocessing
 
 # ----------------------------------------------------------------------------------------
 # The plan.
@@ -143,7 +146,7 @@ def test_host_and_tf_data_pack_equal_rows():
 
 
 # ----------------------------------------------------------------------------------------
-# Token dropping.
+# Token dropping and resolution sampling.
 # ----------------------------------------------------------------------------------------
 
 
@@ -164,6 +167,39 @@ def test_token_dropping_keeps_the_bottom_right_patch_and_the_rounded_count(grid,
     original = [int(np.flatnonzero((seq[0, :n] == row).all(-1))[0]) for row in out[:kept]]
     assert original == sorted(original) and original[-1] == n - 1
     assert out[:kept, 6].max() == rows - 1 and out[:kept, 7].max() == cols - 1
+
+
+SPEC = preprocessing.patches(2, 16)  # the digits (8 x 8) as 2 x 2 patches: 4 x 4 at 16
+
+
+def _stream(pp, rows, position=0, count=2, source=None, tokenizer=None, **kwargs):
+  ds = data.train_dataset(
+    source or data.DigitsSource(),
+    'train',
+    data.Data(pp=pp),
+    local_batch=rows,
+    seed=3,
+    position=position,
+    preprocessing=SPEC,
+    tokenizer=tokenizer,
+    **kwargs,
+  )
+  it = ds.as_numpy_iterator()
+  return [next(it) for _ in range(count)]
+
+
+def test_resolution_sampling_and_token_dropping_in_the_stream():
+  """Budgets 4 and 16 give the 8 x 8 digits 2 x 2 or 4 x 4 patches (both drawn), padded to
+  16; dropping half keeps 2 or 8 of them, each image's grid extents unchanged."""
+  pp = data.Pp(pack_budgets=(4, 16))
+  (batch,) = _stream(pp, 32, count=1)
+  grids = batch['image'][..., -3:]
+  lengths = (grids[..., 0] > 0).sum(-1)
+  assert batch['image'].shape == (32, 16, 15) and set(lengths) == {4, 16}
+  (dropped,) = _stream(dataclasses.replace(pp, token_drop=0.5), 32, count=1)
+  np.testing.assert_array_equal((dropped['image'][..., -3] > 0).sum(-1), lengths // 2)
+  extents = dropped['image'][..., -2:].max(1)
+  np.testing.assert_array_equal(extents, np.where(lengths == 4, 1, 3)[:, None] * [1, 1])
 
 
 # ----------------------------------------------------------------------------------------

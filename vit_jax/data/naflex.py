@@ -44,13 +44,16 @@ def sequence_size(height: int, width: int, patch: int, max_len: int) -> tuple[in
   return int(h), int(w)
 
 
-def resize_to_sequence(image: tf.Tensor, patch: int, max_len: int) -> tf.Tensor:
-  """`image` (H, W, C) resized (antialiased bilinear, float32) to `sequence_size`."""
+def resize_to_sequence(image: tf.Tensor, patch: int, max_len: int | tf.Tensor) -> tf.Tensor:
+  """`image` (H, W, C) resized (antialiased bilinear, float32) to `sequence_size`; `max_len`
+  may be a tensor (an image's own budget: resolution sampling)."""
 
-  def target(shape: np.ndarray) -> np.ndarray:
-    return np.array(sequence_size(int(shape[0]), int(shape[1]), patch, max_len), np.int32)
+  def target(shape: np.ndarray, max_len: np.ndarray) -> np.ndarray:
+    size = sequence_size(int(shape[0]), int(shape[1]), patch, int(max_len))
+    return np.array(size, np.int32)
 
-  size = tf.numpy_function(target, [tf.shape(image)[:2]], tf.int32, stateful=False)
+  args = [tf.shape(image)[:2], tf.cast(max_len, tf.int32)]
+  size = tf.numpy_function(target, args, tf.int32, stateful=False)
   size.set_shape([2])
   resized = tf.image.resize(image, size, method='bilinear', antialias=True)
   return tf.ensure_shape(resized, [None, None, image.shape[-1]])
@@ -86,10 +89,16 @@ def pack(patchified: dict[str, tf.Tensor]) -> tf.Tensor:
 
 
 def packed_sequence(
-  image: tf.Tensor, patch: int, max_len: int, offset: float = 127.5, scale: float = 127.5
+  image: tf.Tensor,
+  patch: int,
+  max_len: int,
+  offset: float = 127.5,
+  scale: float = 127.5,
+  budget: tf.Tensor | None = None,
 ) -> tf.Tensor:
   """Decoded pixels (H, W, C) -> the packed sequence (max_len, patch * patch * C + 3): resized
-  at their aspect ratio (`resize_to_sequence`), values (x - offset) / scale, `patchify`,
-  `pack`."""
-  resized = resize_to_sequence(tf.cast(image, tf.float32), patch, max_len)
+  at their aspect ratio (`resize_to_sequence`) to at most `budget` patches (a tensor at most
+  `max_len`; None: `max_len`), values (x - offset) / scale, `patchify`, `pack`."""
+  size = max_len if budget is None else budget
+  resized = resize_to_sequence(tf.cast(image, tf.float32), patch, size)
   return pack(patchify((resized - offset) / scale, patch, max_len))

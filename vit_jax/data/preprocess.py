@@ -7,7 +7,8 @@ RandAugment (on the resized image rounded to uint8, as big_vision's
 `inception_crop|flip_lr|randaug`), pixels to [-1, 1].
 Evaluation: resize to `crop` x `crop`, pixels to [-1, 1].
 Patch sequences (a model whose preprocessing spec says so): the whole image at its aspect
-ratio as a sequence of patches (vit_jax/data/naflex.py), flipped at random in training.
+ratio as a sequence of patches (vit_jax/data/naflex.py), flipped at random in training, and
+there with NaViT's resolution sampling and token dropping (vit_jax/data/packing.py) if `pp` asks.
 
 One image on the host, decoded and made a model's input: vit_jax/data/images.py, which
 computes the same numbers without TensorFlow where it can.
@@ -16,19 +17,21 @@ Every random op takes an explicit seed, so the same example at the same stream p
 gets the same augmentation in an uninterrupted and in a resumed run.
 """
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import tensorflow as tf
 
 from vit_jax import data
-from vit_jax.data import naflex, randaugment
+from vit_jax.data import naflex, packing, randaugment
 from vit_jax.data.spec import Pp
 from vit_jax.families import preprocessing
 from vit_jax.families.preprocessing import Preprocessing
 
-# fold_in data of an example's RandAugment seed (its crop and flip seeds are split off).
-_RANDAUG_SEED = 7
+# fold_in data of an example's RandAugment, patch budget and token dropping seeds (its crop
+# and flip seeds are split off).
+_RANDAUG_SEED, _BUDGET_SEED, _DROP_SEED = 7, 8, 9
 # Whichever path brought TensorFlow in (a command that decodes most images without it too).
 data.hide_accelerators_from_tensorflow()
 
@@ -176,15 +179,41 @@ def train_image_from_bytes(
   return _finish(tf.image.resize(image, [pp.crop, pp.crop]), seed, flip_seed, pp)
 
 
+def train_sequences(pp: Pp, spec: Preprocessing) -> Preprocessing:
+  """The model's `spec` of patch sequences as training pads them: to the largest of
+  `pp.pack_budgets` where resolution sampling draws each image's budget from them."""
+  if not pp.pack_budgets:
+    return spec
+  return dataclasses.replace(spec, max_patches=max(pp.pack_budgets))
+
+
 def train_patch_sequence(
   image: tf.Tensor, seed: tf.Tensor, pp: Pp, spec: Preprocessing
 ) -> tf.Tensor:
   """A training input of patch sequences: the image flipped at random (`pp.flip`), then as
   the model's `spec` says (no crop: the sequence keeps the whole image at its aspect
-  ratio; the patch size and their number are the spec's)."""
+  ratio; the patch size is the spec's), at most as many patches as its budget (one of
+  `pp.pack_budgets` drawn at random, else the spec's number), padded to `train_sequences`;
+  then NaViT's token dropping (`pp.token_drop`, up to `pp.token_drop_max`)."""
   if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, _seeds(seed)[1])
-  return input_op(spec, image)
+  budget = None
+  if pp.pack_budgets:
+    budget_seed = tf.random.experimental.stateless_fold_in(seed, _BUDGET_SEED)
+    pick = tf.random.stateless_uniform([], budget_seed, 0, len(pp.pack_budgets), tf.int32)
+    budget = tf.gather(tf.constant(pp.pack_budgets, tf.int32), pick)
+  sequence = input_op(train_sequences(pp, spec), image, budget)
+  if not (pp.token_drop or pp.token_drop_max):
+    return sequence
+  drop_seed, rate_seed = tf.unstack(
+    tf.random.experimental.stateless_split(
+      tf.random.experimental.stateless_fold_in(seed, _DROP_SEED), num=2
+    )
+  )
+  rate = pp.token_drop
+  if pp.token_drop_max > pp.token_drop:
+    rate = tf.random.stateless_uniform([], rate_seed, pp.token_drop, pp.token_drop_max)
+  return packing.drop_tokens(sequence, rate, drop_seed)
 
 
 def of_pp(pp: Pp) -> Preprocessing:
@@ -217,14 +246,15 @@ def _central_crop(image: tf.Tensor, fraction: float) -> tf.Tensor:
   return image[begin[0] : begin[0] + keep[0], begin[1] : begin[1] + keep[1]]
 
 
-def input_op(spec: Preprocessing, image: tf.Tensor) -> tf.Tensor:
+def input_op(spec: Preprocessing, image: tf.Tensor, budget: tf.Tensor | None = None) -> tf.Tensor:
   """Decoded pixels (H, W, 3) -> the model's image input, as the spec states: THE
   implementation of a model's preprocessing (the pipeline maps it; vit_jax/data/images.py
-  computes it on the host)."""
+  computes it on the host). `budget`: a patch sequence's own number of patches (at most the
+  spec's, which it is padded to: resolution sampling)."""
   if spec.crop < 1:
     image = _central_crop(image, spec.crop)
   if spec.kind == preprocessing.PATCHES:
-    args = (spec.patch_size, spec.max_patches, spec.offset, spec.scale)
+    args = (spec.patch_size, spec.max_patches, spec.offset, spec.scale, budget)
     return naflex.packed_sequence(image, *args)
   resized = tf.image.resize(image, spec.size, method=spec.method, antialias=spec.antialias)
   if spec.round_to_uint8:  # the original LiT code's: the resized image cast to uint8
