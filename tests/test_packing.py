@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 from vit_jax import data
-from vit_jax.data import packing
+from vit_jax.data import captions, packing, pipeline
 from vit_jax.data import spec as data_spec
 from vit_jax.families import preprocessing
+from vit_jax.train import steps
 
 # ----------------------------------------------------------------------------------------
 # The plan.
@@ -203,6 +204,76 @@ def test_resolution_sampling_and_token_dropping_in_the_stream():
 
 
 # ----------------------------------------------------------------------------------------
+# The packed training stream.
+# ----------------------------------------------------------------------------------------
+
+PACKED = data.Pp(
+  pack_tokens=16, pack_images=4, pack_read=3, pack_budgets=(4, 8, 16), token_drop=0.1,
+  token_drop_max=0.5,
+)  # fmt: skip
+
+
+class Bytes:
+  """A tokenizer: a caption's bytes, padded to 8."""
+
+  def preprocess_tf(self, text):
+    ids = tf.cast(tf.io.decode_raw(text, tf.uint8)[:8], tf.int32)
+    return tf.ensure_shape(tf.pad(ids, [[0, 8 - tf.shape(ids)[0]]]), [8])
+
+
+def test_the_packed_stream_resumes_equals_the_host_packing_and_concatenates_shards():
+  """Shard 0 of 2 of captioned digits, 4 rows of 16 tokens reading 12 images a batch: the
+  stream from position 12 (step 1) is the tail of the stream from 0; each batch is the same
+  12 images read unpacked, packed on the host (captions (R, K, L) in their images' slots);
+  host_train_dataset's batch at step 1 begins with it (its second shard's after)."""
+  source = captions.ClassCaptions(data.DigitsSource(), ['digit {}'])
+  kwargs = {'source': source, 'tokenizer': Bytes(), 'process_count': 2}
+  full = _stream(PACKED, 4, count=3, **kwargs)
+  resumed = _stream(PACKED, 4, position=12, **kwargs)
+  for a, b in zip(resumed, full[1:], strict=True):
+    assert a.keys() == b.keys() == {'image', 'label', 'text', 'slots', 'bad', 'name', 'dropped'}
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  unpacked = _stream(dataclasses.replace(PACKED, pack_tokens=0), 12, count=3, **kwargs)
+  for packed, chunk in zip(full, unpacked, strict=True):
+    host = packing.pack_rows(chunk['image'], 16, 4, 4, label=chunk['label'], text=chunk['text'])
+    for key, value in host.items():
+      np.testing.assert_array_equal(packed[key], value, err_msg=key)
+    assert packed['bad'].shape == packed['name'].shape == (12,)
+    occupied = packed['slots'] > 0
+    digit = packed['text'][..., 6]  # 'digit N': byte 6 is N
+    np.testing.assert_array_equal(digit[occupied] - ord('0'), packed['label'][occupied])
+  assert sum(b['dropped'].sum() for b in full) > 0  # 12 images of 2 to 16 patches, 4 x 16
+  whole = data.Data(pp=PACKED, batch=8)
+  ds = pipeline.host_train_dataset(
+    source, whole, data_shards=2, seed=3, step=1, tokenizer=Bytes(), preprocessing=SPEC
+  )
+  both = next(ds.as_numpy_iterator())
+  for key, value in resumed[0].items():
+    assert len(both[key]) == 2 * len(value)
+    np.testing.assert_array_equal(both[key][: len(value)], value, err_msg=key)
+
+
+def test_the_training_step_counts_images_unreadable_and_left_out():
+  """bad_images and dropped_images: the sums of the batch's per-image flags; the task sees
+  its own keys alone; an unpacked batch has no dropped_images."""
+  seen = []
+
+  def task_step(state, batch):
+    seen.append(set(batch))
+    return state, {'loss': 0.0}
+
+  step = steps.counting_bad_examples(task_step, ('image', 'label', 'slots'))
+  batch = {'image': np.zeros((2, 4, 7)), 'label': np.zeros((2, 3)), 'slots': np.ones((2, 3))}
+  flags = {'bad': np.array([0, 1, 0, 1, 1, 0]), 'dropped': np.array([1, 0, 0, 0, 1, 0])}
+  _, metrics = step(None, {**batch, **flags})
+  assert (metrics['bad_images'], metrics['dropped_images']) == (3, 2)
+  assert seen == [{'image', 'label', 'slots'}]
+  _, metrics = step(None, {**batch, 'bad': flags['bad']})
+  assert 'dropped_images' not in metrics
+
+
+# ----------------------------------------------------------------------------------------
 # Configuration.
 # ----------------------------------------------------------------------------------------
 
@@ -222,3 +293,13 @@ def test_resolution_sampling_and_token_dropping_in_the_stream():
 def test_packing_options_are_checked(fields, message):
   with pytest.raises(ValueError, match=message):
     data_spec.check(data.Data(pp=data.Pp(**fields)))
+
+
+def test_packing_takes_a_model_of_patch_sequences_that_fit_a_row():
+  square = data.Data(pp=data.Pp(pack_tokens=64))
+  with pytest.raises(ValueError, match='packs patch sequences: train a model that takes them'):
+    data.train_dataset(data.DigitsSource(), 'train', square, local_batch=4, seed=0)
+  short = data.Data(pp=data.Pp(pack_tokens=8))
+  with pytest.raises(ValueError, match='shorter than an image of 16 patches'):
+    data.train_dataset(data.DigitsSource(), 'train', short, local_batch=4, seed=0,
+                       preprocessing=SPEC)  # fmt: skip

@@ -30,6 +30,7 @@ each builder takes whole; the defaults are there.
 """
 
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.data import captions, default_threads, preprocess
+from vit_jax.data import captions, default_threads, packing, preprocess
 from vit_jax.data.sources import Reader, Records, Source, per_host_max
 from vit_jax.data.spec import Data, Pp
 from vit_jax.families.preprocessing import PATCHES, Preprocessing
@@ -269,18 +270,26 @@ def train_dataset(
   threads; with a `tokenizer` (of an image-text task), also `'text': int32 (B, max_len)`, a
   caption of each image.
 
-  `position` counts the examples this shard has already given (step x local batch, a
-  multiple of `local_batch`); the dataset yields exactly what an uninterrupted stream would
-  from there on. `bad` flags the rows that replace an unreadable example, named in `name`
-  ('' elsewhere). `data.shuffle_buffer` applies to sources read in order only.
+  With `data.pp.pack_tokens` (NaViT's Patch n' Pack, vit_jax/data/packing.py) a batch is B
+  packed rows of the C = B * `pp.pack_read` images read: 'image' (B, pack_tokens, P + 3),
+  'label' (B, K) and 'text' (B, K, max_len) per slot, 'slots' (B, K), and per image read
+  'bad', 'name' and 'dropped' (C,), 1 for an image that no row holds.
+
+  `position` counts the examples this shard has already read (step x `images_per_batch`);
+  the dataset yields exactly what an uninterrupted stream would from there on. `bad` flags
+  the rows that replace an unreadable example, named in `name` ('' elsewhere).
+  `data.shuffle_buffer` applies to sources read in order only.
   """
   n = source.num_examples(split, process_index, process_count)
   if n == 0:
     raise ValueError(f'Split {split!r} of {source.name!r} is empty on host {process_index}.')
-  if position % local_batch:
-    raise ValueError(f'position={position} is not a multiple of local_batch={local_batch}.')
+  images = images_per_batch(data.pp, local_batch)
+  if position % images:
+    raise ValueError(f'position={position} is not a multiple of the {images} images a batch reads.')
+  if data.pp.pack_tokens:
+    _check_packing(data.pp, preprocessing)
   threads = _threads(data)
-  size = group_size(local_batch)
+  size = group_size(images)
   first = position // size
   reader = source.reader(split, process_index, process_count)
   if reader is not None:
@@ -301,8 +310,35 @@ def train_dataset(
     decoded = _decoded(raw, g * size, process, size)
     return decoded.map(lambda good: _replace_unreadable(good, raw['name'], size))
 
-  ds = _batches(groups, to_batch, local_batch, size, threads)
+  ds = _batches(groups, to_batch, images, size, threads)
+  if data.pp.pack_tokens:
+    pp = data.pp
+    pack = functools.partial(
+      packing.pack_batch, tokens=pp.pack_tokens, max_images=pp.pack_images, rows=local_batch
+    )
+    ds = ds.map(_graph_fn(pack), num_parallel_calls=threads)
   return ds.prefetch(data.prefetch).with_options(_options(threads))
+
+
+def images_per_batch(pp: Pp, rows: int) -> int:
+  """The examples a batch of `rows` reads: `rows`, or `rows * pp.pack_read` packed."""
+  return rows * pp.pack_read if pp.pack_tokens else rows
+
+
+def _check_packing(pp: Pp, images: Preprocessing | None) -> None:
+  """Packing takes patch sequences that fit a row: one-line ValueErrors."""
+  sequences = _sequences(pp, images)
+  if sequences is None:
+    raise ValueError(
+      f'config.pp.pack_tokens={pp.pack_tokens} packs patch sequences: train a model that '
+      'takes them (a NaFlex model), or set config.pp.pack_tokens=0.'
+    )
+  longest = preprocess.train_sequences(pp, sequences).max_patches
+  if longest > pp.pack_tokens:
+    raise ValueError(
+      f'config.pp.pack_tokens={pp.pack_tokens} is shorter than an image of {longest} patches: '
+      f'use at least {longest}.'
+    )
 
 
 def check_data_shards(data_shards: int, global_batch: int, process_count: int) -> None:
@@ -338,8 +374,9 @@ def host_train_dataset(
   each giving `data.batch // data_shards` consecutive rows of every global batch. Host p
   of P reads only its shards, p * S/P ... (p + 1) * S/P - 1, and concatenates their rows. So
   two hosts reading one shard each feed the step exactly the batches that one host reading
-  both would, and a run resumes at `step` on any number of hosts that divides S. The
-  host's `data.input_threads` are shared by its shards.
+  both would, and a run resumes at `step` on any number of hosts that divides S: each shard
+  from position step x `images_per_batch` (its rows, or its rows x `pp.pack_read` packed).
+  The host's `data.input_threads` are shared by its shards.
   """
   check_data_shards(data_shards, data.batch, process_count)
   per_host = data_shards // process_count
@@ -353,7 +390,7 @@ def host_train_dataset(
       shard_data,
       local_batch=rows,
       seed=seed,
-      position=step * rows,
+      position=step * images_per_batch(data.pp, rows),
       process_index=k,
       process_count=data_shards,
       tokenizer=tokenizer,

@@ -144,12 +144,14 @@ def make_shard_map_train_step(
 def counting_bad_examples(fn: StepFn, keys: tuple[str, ...]) -> StepFn:
   """`fn` on the batch's arrays of `keys` (the task's), with the metric `bad_images`: how
   many of its rows replace an unreadable example (the input pipeline's `bad` flags), if it
-  has them."""
+  has them; and of a packed batch `dropped_images`: the images read that no row holds."""
 
   def train_step(state, batch, *inputs):
     state, metrics = fn(state, {k: v for k, v in batch.items() if k in keys}, *inputs)
     if 'bad' in batch:
       metrics = {**metrics, 'bad_images': jnp.sum(batch['bad'])}
+    if 'dropped' in batch:
+      metrics = {**metrics, 'dropped_images': jnp.sum(batch['dropped'])}
     return state, metrics
 
   return train_step
