@@ -204,6 +204,24 @@ def test_resolution_sampling_and_token_dropping_in_the_stream():
 
 
 # ----------------------------------------------------------------------------------------
+# The padding on the issue's distribution.
+# ----------------------------------------------------------------------------------------
+
+
+def test_packed_padding_on_navits_distribution_is_at_most_3_percent():
+  """Budgets 64 ... 256 of 16-pixel patches, aspect ratios in [1/4, 4], rows of 256 tokens
+  and at most 8 images, 32 rows a batch at the default pack_read: padding <= 3% (one image
+  per row: 1 - mean length / 256, over a third)."""
+  lengths = packing.navit_lengths(768, seed=1)
+  assert lengths.min() >= 1 and lengths.max() <= 256
+  alone = packing.padding_of_stream(lengths, 256, 1, 32, 1)
+  assert alone.left_out == 0 and alone.padding == pytest.approx(1 - lengths.mean() / 256)
+  assert alone.padding > 1 / 3
+  packed = packing.padding_of_stream(lengths, 256, 8, 32, data.Pp().pack_read)
+  assert packed.padding <= 0.03, packed
+
+
+# ----------------------------------------------------------------------------------------
 # The packed training stream.
 # ----------------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@
   pack_rows(sequences, tokens, max_images, rows, **fields)   the packed rows, numpy (the host)
   pack_batch(batch, tokens, max_images, rows)   the same in tf.data (the training stream)
   drop_tokens(sequence, rate, seed)          NaViT's token dropping, one image, in tf
+  navit_lengths, padding_of_stream           the padding measurement of docs/naflex-packing.md
 
 A packed row keeps the layout of one image's sequence (vit_jax/data/naflex.py `pack`): T slots
 of (P + 3) floats, each a patch's values, then ptype, yidx, xidx. The ptype column becomes
@@ -18,7 +19,7 @@ fixed number of rows R, the R fullest rows are kept and the images of the others
 (`dropped`): so R rows hold any chunk, and they are a function of the chunk alone (the stream
 stays index-addressed). Keeping the fullest rows, not filling R rows first-fit, is what brings
 the padding down: first-fit into R rows fills them with the longest images, whatever room
-they leave.
+they leave (docs/naflex-packing.md).
 """
 
 from typing import NamedTuple
@@ -26,10 +27,14 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from vit_jax.data import naflex
+
 # The ptype (segment id) column of a sequence's (P + 3) values.
 PTYPE = -3
 # The fields of a chunk that stay one per image READ (not per slot): its unreadable images.
 PER_IMAGE_READ = ('bad', 'name')
+# NaViT's resolution sampling as the issue measures it: budgets of patches of 16 pixels.
+NAVIT_BUDGETS = tuple(range(64, 257, 16))
 
 
 class Plan(NamedTuple):
@@ -150,3 +155,56 @@ def drop_tokens(sequence: tf.Tensor, rate: tf.Tensor | float, seed: tf.Tensor) -
   kept = tf.sort(tf.concat([drawn, [n - 1]], 0))
   out = tf.pad(tf.gather(sequence, kept), [[0, size - keep], [0, 0]])
   return tf.ensure_shape(out, sequence.shape)
+
+
+# ----------------------------------------------------------------------------------------
+# The padding measurement (docs/naflex-packing.md).
+# ----------------------------------------------------------------------------------------
+
+
+def navit_lengths(
+  count: int,
+  seed: int = 0,
+  budgets: tuple[int, ...] = NAVIT_BUDGETS,
+  ratios: tuple[float, float] = (1 / 4, 4),
+  patch: int = 16,
+) -> np.ndarray:
+  """Patches of `count` synthetic images under NaViT's resolution sampling: each a 512 x 512
+  pixel area at an aspect ratio (width / height) log-uniform in `ratios`, resized by
+  `naflex.sequence_size` to a budget drawn uniformly from `budgets`."""
+  rng = np.random.default_rng(seed)
+  budget = rng.choice(budgets, count)
+  ratio = np.exp(rng.uniform(np.log(ratios[0]), np.log(ratios[1]), count))
+  heights = np.maximum(1, np.round(512 / np.sqrt(ratio))).astype(int)
+  widths = np.maximum(1, np.round(512 * np.sqrt(ratio))).astype(int)
+  images = zip(heights, widths, budget, strict=True)
+  sizes = [naflex.sequence_size(h, w, patch, b) for h, w, b in images]
+  return np.array([h * w // patch**2 for h, w in sizes], np.int64)
+
+
+class Padding(NamedTuple):
+  """A packed stream's padding tokens / all tokens, images left out / images read, and the
+  mean patches of an image kept (of one read: `navit_lengths`' mean)."""
+
+  padding: float
+  left_out: float
+  kept_patches: float
+
+
+def padding_of_stream(
+  lengths: np.ndarray, tokens: int, max_images: int, rows: int, read: int
+) -> Padding:
+  """The `Padding` of a stream of images of `lengths` patches packed as the pipeline packs
+  it: chunks of `rows * read` consecutive images into `rows` rows (whole chunks only)."""
+  chunk = rows * read
+  chunks = len(lengths) // chunk
+  kept = []
+  for c in range(chunks):
+    part = np.asarray(lengths[c * chunk : (c + 1) * chunk])
+    kept.append(part[plan(part, tokens, max_images, rows).row >= 0])
+  kept = np.concatenate(kept)
+  return Padding(
+    padding=float(1 - kept.sum() / (chunks * rows * tokens)),
+    left_out=float(1 - len(kept) / (chunks * chunk)),
+    kept_patches=float(kept.mean()),
+  )
