@@ -34,10 +34,13 @@ def _attention_weights(
   q: jnp.ndarray, k: jnp.ndarray, dtype: Dtype, mask: jnp.ndarray | None = None
 ) -> jnp.ndarray:
   """softmax(q k^T) over the keys, in float32, heads-major (batch, heads, queries, keys);
-  `mask` (batch, keys): the keys to attend to (False: padding, no weight)."""
+  `mask` (batch, keys): the keys to attend to (False: padding, no weight); (batch, queries,
+  keys): each query's own keys (packed NaFlex rows: its image's). A query with no key to
+  attend to weighs every key alike: finite, never NaN."""
   logits = precision.einsum('bhqd,bhkd->bhqk', q, k, dtype).astype(jnp.float32)
   if mask is not None:
-    logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(logits)
 
 
@@ -137,7 +140,10 @@ class MultiHeadDotProductAttention(precision.Precision):
     mask: jnp.ndarray | None = None,
   ) -> jnp.ndarray:
     """Attention of the queries from `x` over the keys and values from `kv` (default: `x`);
-    `mask` (batch, keys): False for padding keys (NaFlex), which get no weight."""
+    `mask` (batch, keys): False for padding keys (NaFlex), which get no weight; or (batch,
+    queries, keys): False where a query does not attend to a key (packed NaFlex rows, each
+    token its own image's). Masked attention takes the explicit softmax under every
+    `attention_impl` ('fused' too)."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by num_heads={self.num_heads}')

@@ -323,6 +323,9 @@ class Encoder(precision.Precision):
 class MAPHead(precision.Precision):
   """Multihead attention pooling (big_vision `MAPHead`): a learned probe token attends over
   the encoder's tokens (no LayerNorm first), then y + MLP(LN(y)); returns the probe (batch, D).
+  With a mask of (batch, probes, tokens) the one probe reads each row's tokens `probes` times,
+  each time those of its mask row (packed NaFlex rows: one image's), and returns (batch,
+  probes, D).
   """
 
   num_heads: int
@@ -333,10 +336,13 @@ class MAPHead(precision.Precision):
 
   @nn.compact
   def __call__(self, x: jnp.ndarray, mask: jnp.ndarray | None = None) -> jnp.ndarray:
-    """`mask` (batch, tokens): False for padding tokens, which the probe does not read."""
+    """`mask` (batch, tokens): False for padding tokens, which the probe does not read;
+    (batch, probes, tokens): which tokens each probe reads."""
     n, _, d = x.shape
+    per_slot = mask is not None and mask.ndim == 3
+    probes = mask.shape[1] if per_slot else 1
     probe = self.param('probe', nn.initializers.xavier_uniform(), (1, 1, d), self.param_dtype)
-    probe = jnp.tile(probe.astype(x.dtype), (n, 1, 1))
+    probe = jnp.tile(probe.astype(x.dtype), (n, probes, 1))
     y = MultiHeadDotProductAttention(
       num_heads=self.num_heads,
       attention_impl=self.attention_impl,
@@ -350,7 +356,8 @@ class MAPHead(precision.Precision):
       **self.precision_fields(),
       name='MlpBlock_0',
     )
-    return (y + mlp(z, deterministic=True))[:, 0]
+    y = y + mlp(z, deterministic=True)
+    return y if per_slot else y[:, 0]
 
 
 def map_head(tower: Any) -> MAPHead:
