@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from vit_jax.models.naflex import NaFlexViT
+from vit_jax.models.two_towers import TwoTowerModel, image_inputs
 
 PATCH, WIDTH, CLASSES = 4, 16, 5
 TRANSFORMER = {'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2}
@@ -154,8 +155,47 @@ def test_gradients_with_empty_slots_are_finite(map_classifier):
     assert np.isfinite(g).all() and np.abs(g).max() > 0, jax.tree_util.keystr(path)
 
 
-def test_a_negative_images_per_row_is_refused():
-  """images_per_row is 0 or more: a one-line ValueError."""
+def _normalized(z):
+  return z / np.linalg.norm(z, axis=-1, keepdims=True)
+
+
+def test_a_packed_two_tower_call_embeds_each_image_as_unpacked(map_classifier):
+  """A NaFlex image-text model with the MAP tower as its image tower: zimg of packed rows
+  is (rows, K, D), each slot the image's zimg one a row (its tower output, normalised) to
+  1e-5, the empty slots' finite; its family's image features of the rows are the head's
+  input, and the NaFlex classifier family's too."""
+  from vit_jax import families
+
+  classifier, params, out = map_classifier
+  image = {'patch_size': PATCH, 'hidden_size': WIDTH, 'transformer': TRANSFORMER}
+  image |= {'posemb_grid': 4, 'posemb_canvas': 8}
+  text = {'width': 16, 'num_layers': 1, 'mlp_dim': 32, 'num_heads': 2, 'vocab_size': 64}
+  two_towers = TwoTowerModel(image, text, 'text_transformer', 'naflex', out_dim=(CLASSES, 8))
+  both = {'img': params, 't': np.zeros(1, np.float32)}
+  features = families.of_module(two_towers).image_features(two_towers)
+  classifier_features = families.of_module(classifier).image_features(classifier)
+
+  @jax.jit
+  def packed(p, x):
+    zimg = two_towers.apply({'params': p}, images=x, images_per_row=K)[0]
+    return zimg, features(p, x, K), classifier_features(p['img'], x, images_per_row=K)
+
+  zimg, pre_logits, same = (np.asarray(a) for a in packed(both, _packed(_images())))
+  assert zimg.shape == (len(ROWS), K, CLASSES) and pre_logits.shape == (len(ROWS), K, WIDTH)
+  assert np.isfinite(zimg).all()
+  np.testing.assert_array_equal(same, pre_logits)
+  for i, (r, k) in enumerate(_slots()):
+    np.testing.assert_allclose(zimg[r, k], _normalized(out['alone'][i]), atol=1e-5, rtol=0)
+  head = params['head']
+  np.testing.assert_allclose(
+    zimg, _normalized(pre_logits @ head['kernel'] + head['bias']), atol=1e-5, rtol=0
+  )
+
+
+def test_packing_a_vit_tower_or_a_negative_count_is_refused():
+  """images_per_row needs a NaFlex tower, and is 0 or more: one-line ValueErrors."""
+  with pytest.raises(ValueError, match="packs NaFlex images; image_model='vit'"):
+    image_inputs('vit', np.zeros((1, 8, 8, 3)), 2)
   model = NaFlexViT(None, PATCH, WIDTH, TRANSFORMER, posemb_grid=4)
   with pytest.raises(ValueError, match='images_per_row=-1'):
     model.init(jax.random.key(0), _unpacked(_images()), images_per_row=-1)

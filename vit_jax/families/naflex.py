@@ -7,11 +7,12 @@ Its tree is big_vision's NaFlex layout (`naflex_vit.Model`): a 2-D patch embeddi
 `embedding/kernel` (p * p * 3, D) over flattened patches, a top-level (G, G, D)
 `pos_embedding` grid, this project's encoder and MAP head, an optional `head`. It has no
 image size of its own: images come as sequences of at most `max_patches` patches, each at
-its own aspect ratio (`preprocessing`).
+its own aspect ratio (`preprocessing`), one image a row, or packed several a row (`NaFlexViT`'s
+`images_per_row`; `image_features` takes it too).
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -152,6 +153,17 @@ def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str
   """The classifier of a run's model fields: a head of `num_classes` (0 or None: the pooled
   features), computing in `dtype` under the precision policy `precision`."""
   return model_from_config(fields, num_classes=num_classes, dtype=dtype, precision_policy=precision)
+
+
+def image_features(model: nn.Module) -> Callable[..., jax.Array]:
+  """(params, images, images_per_row=0) -> the pooled features: the model without its head,
+  in inference mode; `images_per_row` K > 0: packed rows of up to K images, (B, K, D)."""
+  headless = model.clone(num_classes=0)
+
+  def features(params: Any, images: Any, images_per_row: int = 0) -> jax.Array:
+    return headless.apply({'params': params}, images, train=False, images_per_row=images_per_row)
+
+  return features
 
 
 def image_input(config: Config, max_patches: int) -> dict[str, jax.ShapeDtypeStruct]:

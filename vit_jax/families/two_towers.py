@@ -330,12 +330,13 @@ def build(fields: Config, *, num_classes: int | None, dtype: Any, precision: str
 
 def image_features(model: TwoTowerModel):
   """(params, images) -> the image tower's pre-logits (its head's input), as big_vision's
-  few-shot evaluation of LiT and SigLIP reads them (`img/pre_logits`)."""
+  few-shot evaluation of LiT and SigLIP reads them (`img/pre_logits`); a NaFlex tower's
+  take `images_per_row` K > 0 too: packed rows of up to K images, (B, K, D)."""
   tower_class = tower_classes({'image_model': model.image_model})['image']
   tower = tower_class(**{**model.image, 'num_classes': 0})
 
-  def features(params, images):
-    inputs = image_inputs(model.image_model, images)
+  def features(params, images, images_per_row: int = 0):
+    inputs = image_inputs(model.image_model, images, images_per_row)
     return tower.apply({'params': params['img']}, **inputs, train=False)
 
   return features

@@ -32,7 +32,7 @@ def _normalized(z: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
   """(z / (|z| + 1e-8), |z|): the original's normalisation, the epsilon outside the norm.
   The norm's gradient at a zero vector is 0, not NaN (sqrt's derivative at 0 is infinite):
   the square root is taken of 1 there, and its result not used."""
-  squares = jnp.sum(z * z, axis=1, keepdims=True)
+  squares = jnp.sum(z * z, axis=-1, keepdims=True)
   nonzero = squares > 0
   norm = jnp.where(nonzero, jnp.sqrt(jnp.where(nonzero, squares, 1.0)), 0.0)
   return z / (norm + 1e-8), norm
@@ -57,10 +57,18 @@ def tower_classes(config: Mapping[str, Any]) -> dict[str, type[nn.Module]]:
   return {'image': IMAGE_MODELS[image_model], 'text': TEXT_MODELS[text_model]}
 
 
-def image_inputs(image_model: str, images: Any) -> dict[str, Any]:
+def image_inputs(image_model: str, images: Any, images_per_row: int = 0) -> dict[str, Any]:
   """The image tower's call's keyword arguments: a ViT's NHWC `inputs`, a NaFlex tower's
-  patch sequences (a dict, or packed as the input pipeline gives them)."""
-  return naflex.inputs(images) if image_model == 'naflex' else {'inputs': images}
+  patch sequences (a dict, or packed as the input pipeline gives them), with
+  `images_per_row` K > 0 rows of up to K images each (`NaFlexViT`)."""
+  if image_model != 'naflex':
+    if images_per_row:
+      raise ValueError(
+        f'images_per_row={images_per_row} packs NaFlex images; image_model={image_model!r}'
+        " takes one image an example: use image_model='naflex' or images_per_row=0"
+      )
+    return {'inputs': images}
+  return {**naflex.inputs(images), 'images_per_row': images_per_row}
 
 
 class TwoTowerModel(nn.Module):
@@ -99,11 +107,13 @@ class TwoTowerModel(nn.Module):
     images: jnp.ndarray | Mapping[str, jnp.ndarray] | None = None,
     tokens: jnp.ndarray | None = None,
     train: bool = False,
+    images_per_row: int = 0,
   ) -> tuple[jnp.ndarray | None, jnp.ndarray | None, dict[str, Any]]:
     """(zimg, ztxt, out): L2-normalised (B, D) embeddings of NHWC images in [-1, 1] (a NaFlex
     tower's: patch sequences, `naflex.inputs`) and of int32 tokens (B, L), each None when its
     input is; `out['t']` = exp(t), `out['b']` the logit bias (SigLIP), and the towers'
-    intermediate values (`txt/pre_logits`, ...)."""
+    intermediate values (`txt/pre_logits`, ...). `images_per_row` K > 0 (NaFlex): rows of
+    up to K images packed (`NaFlexViT`), zimg (B, K, D), an empty slot's finite."""
     image_dim, text_dim = out_dims(self.out_dim)
     classes = tower_classes({'text_model': self.text_model, 'image_model': self.image_model})
     zimg = ztxt = None
@@ -118,7 +128,7 @@ class TwoTowerModel(nn.Module):
       fields = {'head_zeroinit': False, **self.image, 'num_classes': image_dim}
       image = classes['image'](**fields, name='img')
       zimg, out['img/norm'] = _normalized(
-        image(**image_inputs(self.image_model, images), train=train)
+        image(**image_inputs(self.image_model, images, images_per_row), train=train)
       )
     log_t = jnp.log(self.temperature_init)
     t = self.param('t', lambda _, shape: jnp.full(shape, log_t, jnp.float32), (1,))
