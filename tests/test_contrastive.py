@@ -334,3 +334,105 @@ def test_a_chunked_softmax_is_a_one_line_config_error():
     with pytest.raises(ValueError, match=match) as stop:
       check(variant, logits)
     assert '\n' not in str(stop.value)
+
+
+# ----- packed batches: the pairs' validity (`valid`) -----
+
+MASKED_FORMS = [
+  ('softmax', 'gathered', 'jit'),
+  ('softmax', 'gathered', 'shard_map'),
+  ('sigmoid', 'gathered', 'jit'),
+  ('sigmoid', 'gathered', 'shard_map'),
+  ('sigmoid', 'chunked', 'jit'),
+  ('sigmoid', 'chunked', 'shard_map'),
+]
+
+
+@functools.cache
+def _masked(name, logits, kind):
+  """(loss, metrics) and the gradient w.r.t. (zimg, ztxt, t, b) of the loss with a validity
+  `valid` (the 5th argument), on 8 devices (chunked: tiles of `CHUNK`), in one program."""
+  axis = parallel.DATA_AXIS if kind == 'shard_map' else None
+
+  def fn(zimg, ztxt, t, b, valid):
+    if logits == 'chunked':
+      return contrastive_losses.chunked_sigmoid_loss(
+        zimg, ztxt, t, b, axis=axis, chunk=CHUNK, valid=valid
+      )
+    return contrastive_losses.loss(name, zimg, ztxt, t, b, axis=axis, valid=valid)
+
+  if kind == 'shard_map':
+    specs = (P(axis), P(axis), P(), P(), P(axis))
+    fn = jax.shard_map(fn, mesh=parallel.create_mesh(), in_specs=specs, out_specs=P())
+  return jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2, 3), has_aux=True))
+
+
+@functools.cache
+def _alone(name):
+  """The loss without a mask under jit, (loss, metrics) and gradient: the reference."""
+  fn = functools.partial(contrastive_losses.loss, name)
+  return jax.jit(jax.value_and_grad(fn, argnums=(0, 1, 2, 3), has_aux=True))
+
+
+def _packed_pairs() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`_pairs` with 23 of the 64 invalid (empty slots): all 8 of device 3's, 15 elsewhere,
+  holding what an empty slot may hold: large values, and a NaN."""
+  zimg, ztxt = _pairs()
+  rng = np.random.default_rng(5)
+  valid = np.ones(BATCH, bool)
+  valid[24:32] = False
+  valid[rng.choice(np.flatnonzero(valid), 15, replace=False)] = False
+  for z in (zimg, ztxt):
+    z[~valid] = 50 * rng.standard_normal(((~valid).sum(), DIM))
+  zimg[np.flatnonzero(~valid)[0]] = np.nan
+  return zimg, ztxt, valid
+
+
+def _masked_args(zimg, ztxt, valid, name):
+  mesh = parallel.create_mesh()
+  return (*_on_mesh(mesh, zimg, ztxt, name), jax.device_put(valid, parallel.batch_sharding(mesh)))
+
+
+@pytest.mark.parametrize('name, logits, kind', MASKED_FORMS)
+def test_a_masked_batch_equals_its_valid_pairs_alone(name, logits, kind):
+  """The loss, metrics and gradients of a batch whose invalid pairs (empty slots: NaN and
+  large values) are masked equal those of the valid pairs alone, the batch of 41 without a
+  mask under jit (1e-6); the invalid pairs' embeddings get no gradient; a batch without a
+  valid pair gives 0 and no NaN."""
+  zimg, ztxt, valid = _packed_pairs()
+  fn = _masked(name, logits, kind)
+  (loss, metrics), grads = fn(*_masked_args(zimg, ztxt, valid, name))
+  alone = (zimg[valid], ztxt[valid], np.float32(T), None if name == 'softmax' else np.float32(B))
+  (want_loss, want), want_grads = _alone(name)(*alone)
+  _assert_same((loss, metrics), (want_loss, want), 1e-6)
+  for i, (g, w) in enumerate(zip(grads, want_grads, strict=True)):
+    if i < 2:  # the embeddings': the valid pairs' rows, none at the others
+      np.testing.assert_array_equal(np.asarray(g)[~valid], 0.0)
+      g = np.asarray(g)[valid]
+    if w is not None:
+      np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6, err_msg=str(i))
+  assert np.abs(want_grads[0]).max() > 1e-3 and abs(float(want_grads[2])) > 1e-2
+  (loss, metrics), grads = fn(*_masked_args(zimg, ztxt, np.zeros(BATCH, bool), name))
+  assert float(loss) == 0.0 and all(np.isfinite(m) for m in metrics.values())
+  assert all(not np.any(g) for g in jax.tree.leaves(grads))
+
+
+@pytest.mark.parametrize('name, logits, kind', MASKED_FORMS)
+def test_every_pair_valid_is_no_mask(name, logits, kind):
+  """A mask of ones gives the same form's numbers without a mask (the tests above pin them)
+  to 1e-6: not bit for bit, as XLA fuses the masks into the sums, which round apart by an ulp
+  (without a mask the masks are no operation at all, bit for bit the losses before masks)."""
+  mesh = parallel.create_mesh()
+  zimg, ztxt = _pairs()
+  got, got_grads = _masked(name, logits, kind)(
+    *_masked_args(zimg, ztxt, np.ones(BATCH, bool), name)
+  )
+  args = _on_mesh(mesh, zimg, ztxt, name)
+  if logits == 'chunked':
+    want, want_grads = _chunked(kind, 8)[1](*args)
+  else:
+    want, want_grads = _form(kind, name, mesh)(*args), _grads(_form(kind, name, mesh))(*args)
+  _assert_same(got, want, 1e-6)
+  for g, w in zip(got_grads, want_grads, strict=True):
+    if w is not None:
+      np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6)

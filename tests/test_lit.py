@@ -268,7 +268,7 @@ def test_jit_and_shard_map_steps_equal_a_numpy_loss_on_8_devices(variant, image_
   sigmoid loss also the shard_map step with `config.contrastive.logits='chunked'`, which
   then calls the chunked loss (its jit form: tests/test_contrastive.py)."""
   chunked, axes = contrastive_losses.chunked_sigmoid_loss, set()
-  spy = lambda *args, axis: axes.add(axis) or chunked(*args, axis=axis)
+  spy = lambda *args, axis, **kw: axes.add(axis) or chunked(*args, axis=axis, **kw)
   monkeypatch.setattr(contrastive_losses, 'chunked_sigmoid_loss', spy)
   config = tiny_digits(image_file, variant, **LINEAR_UPDATES)
   state, batch, s, tx, lay = _first_step(config, jax.devices())
