@@ -22,7 +22,8 @@ What differs from classification, each in one method here:
                and the loss over every device's embeddings, with its metrics. The towers run
                without dropout (`train=False`), as LiT's and SigLIP's recipes train them: a
                locked tower is in inference mode anyway, and the jit and shard_map steps then
-               compute the same numbers;
+               compute the same numbers. A packed batch (NaFlex Patch n' Pack, `slots`
+               (R, K) beside it) holds R * K pairs, its empty slots out of the loss;
   reduce       inside `jax.shard_map` the loss is already the global one on every device;
                the gradients of each device's own terms are summed (`lax.psum`), and the
                metrics' `lax.pmean` types them replicated;
@@ -128,9 +129,13 @@ def _check_text_file(spec: Any, path: str, pretrained_path: str | None) -> None:
 
 
 class Task(common.Task):
-  """Image-text pairs; the step's batch `{'image': f32 (B, H, W, 3), 'text': int32 (B, L)}`."""
+  """Image-text pairs; the step's batch `{'image': f32 (B, H, W, 3), 'text': int32 (B, L)}`,
+  or packed (`pp.pack_tokens` > 0): `{'image': f32 (R, T, P + 3) rows of up to K NaFlex
+  images, 'text': int32 (R, K, L) slot k's caption, 'slots': int32 (R, K) 1 where slot k
+  holds an image}`."""
 
-  batch_keys = ('image', 'text')
+  # 'slots' where the batch holds it (packed): a key the batch lacks is not passed.
+  batch_keys = ('image', 'text', 'slots')
   # No class logits: no test-split pass; few-shot, zero-shot and retrieval evaluate it.
   class_logits = False
   # The BERT file of the text tower (`config.text_pretrained_path`), None: none or resumed.
@@ -239,10 +244,28 @@ class Task(common.Task):
     (`axis`: the mesh axis inside `jax.shard_map`)."""
     c = self.spec.step.contrastive
     params = frozen(params, c)
-    inputs = {'images': batch['image'], 'tokens': batch['text']}
-    zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
+    zimg, ztxt, valid = self.embed(params, batch)
     t, b = params['t'], params.get('b')
-    return contrastive_losses.loss(c.loss, zimg, ztxt, t, b, axis=axis, logits=c.logits)
+    return contrastive_losses.loss(
+      c.loss, zimg, ztxt, t, b, axis=axis, logits=c.logits, valid=valid
+    )
+
+  def embed(self, params, batch) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """(zimg, ztxt, valid): the (B, D) embeddings of the batch's B pairs and which count:
+    all (None) of B images and texts; of a packed batch's R rows of K slots, B = R * K in
+    row-major order (a device's rows are a block of the global batch's, as unpacked), the
+    empty slots' (`slots` 0) invalid: out of the loss (the towers give them finite values,
+    as a NaN there would reach the parameters' gradient as 0 * NaN)."""
+    if 'slots' not in batch:
+      inputs = {'images': batch['image'], 'tokens': batch['text']}
+      zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
+      return zimg, ztxt, None
+    slots = batch['slots']
+    rows, per_row = slots.shape
+    texts = batch['text'].reshape(rows * per_row, -1)
+    inputs = {'images': batch['image'], 'tokens': texts, 'images_per_row': per_row}
+    zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
+    return zimg.reshape(rows * per_row, -1), ztxt, slots.reshape(-1)
 
   def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
     del rng, first_id, inputs  # no dropout, no inputs
