@@ -41,13 +41,24 @@ def one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
 
 
 def check_image_inputs(spec: Any) -> None:
-  """`config.pp.max_patches` asks for patch sequences: of a model that takes them (its family
-  says), whose patch they take; every other model takes `crop` x `crop` images."""
+  """`config.pp.max_patches` asks for patch sequences (`pp.pack_tokens`, several a row): of a
+  model that takes them (its family says), whose patch they take; every other model takes
+  `crop` x `crop` images."""
   fields, pp = spec.model.fields, spec.data.pp
   if pp.max_patches and not families.takes_patch_sequences(fields):
     raise ValueError(
       f'config.pp.max_patches={pp.max_patches}: patch sequences, but this model takes'
       ' config.pp.crop x config.pp.crop images: set it to 0.'
+    )
+  if pp.pack_tokens and not families.takes_patch_sequences(fields):
+    raise ValueError(
+      f'config.pp.pack_tokens={pp.pack_tokens} packs patch sequences, and this model takes'
+      ' config.pp.crop x config.pp.crop images: set it to 0.'
+    )
+  if pp.pack_tokens and spec.step.distill.enabled:
+    raise ValueError(
+      f"config.pp.pack_tokens={pp.pack_tokens}: packed rows have no teacher's pixel images:"
+      ' set it to 0 to distil.'
     )
 
 
