@@ -321,3 +321,24 @@ def test_packing_takes_a_model_of_patch_sequences_that_fit_a_row():
   with pytest.raises(ValueError, match='shorter than an image of 16 patches'):
     data.train_dataset(data.DigitsSource(), 'train', short, local_batch=4, seed=0,
                        preprocessing=SPEC)  # fmt: skip
+
+
+def test_a_stretched_image_keeps_its_area_at_aspect_ratios_within_the_range():
+  """`preprocess.stretched` at aspect_range 2 on an 8 x 8 image over 40 seeds: the sides'
+  ratio (width / height) lies in [1/2, 2] up to rounding a side, the area stays 64 pixels up
+  to that rounding, both wider and taller images come out, and a constant image stays
+  constant (a resize, no other change)."""
+  from vit_jax.data import preprocess
+
+  image = tf.fill([8, 8, 3], 100.0)
+  sizes = []
+  for s in range(40):
+    out = preprocess.stretched(image, tf.constant([s, 1], tf.int64), 2.0).numpy()
+    np.testing.assert_allclose(out, 100.0, atol=1e-3)
+    h, w = out.shape[:2]
+    assert (w + 0.5) / max(h - 0.5, 1) >= 1 / 2 and (w - 0.5) / (h + 0.5) <= 2, (h, w)
+    assert abs(h * w - 64) <= 0.5 * (h + w) + 0.25, (h, w)
+    sizes.append((h, w))
+  assert any(w > h for h, w in sizes) and any(h > w for h, w in sizes)
+  with pytest.raises(ValueError, match=r'aspect_range=0\.5'):
+    data_spec.check(data_spec.Data(pp=data_spec.Pp(aspect_range=0.5)))

@@ -31,7 +31,7 @@ from vit_jax.families.preprocessing import Preprocessing
 
 # fold_in data of an example's RandAugment, patch budget and token dropping seeds (its crop
 # and flip seeds are split off).
-_RANDAUG_SEED, _BUDGET_SEED, _DROP_SEED = 7, 8, 9
+_RANDAUG_SEED, _BUDGET_SEED, _DROP_SEED, _ASPECT_SEED = 7, 8, 9, 10
 # Whichever path brought TensorFlow in (a command that decodes most images without it too).
 data.hide_accelerators_from_tensorflow()
 
@@ -187,16 +187,31 @@ def train_sequences(pp: Pp, spec: Preprocessing) -> Preprocessing:
   return dataclasses.replace(spec, max_patches=max(pp.pack_budgets))
 
 
+def stretched(image: tf.Tensor, seed: tf.Tensor, most: float) -> tf.Tensor:
+  """`image` resized (antialiased bilinear) to its aspect ratio (width / height) times r, log r
+  uniform in [-log most, log most], its area kept: sides h / sqrt(r), w * sqrt(r), rounded,
+  at least a pixel."""
+  log_r = tf.random.stateless_uniform([], seed, -math.log(most), math.log(most))
+  scale = tf.exp(tf.stack([-log_r, log_r]) / 2)
+  sides = tf.round(tf.cast(tf.shape(image)[:2], tf.float32) * scale)
+  size = tf.maximum(tf.cast(sides, tf.int32), 1)
+  return tf.image.resize(tf.cast(image, tf.float32), size, method='bilinear', antialias=True)
+
+
 def train_patch_sequence(
   image: tf.Tensor, seed: tf.Tensor, pp: Pp, spec: Preprocessing
 ) -> tf.Tensor:
-  """A training input of patch sequences: the image flipped at random (`pp.flip`), then as
-  the model's `spec` says (no crop: the sequence keeps the whole image at its aspect
+  """A training input of patch sequences: the image flipped at random (`pp.flip`) and
+  stretched to another aspect ratio (`pp.aspect_range`, `stretched`), then as the model's
+  `spec` says (no crop: the sequence keeps the whole image at its aspect
   ratio; the patch size is the spec's), at most as many patches as its budget (one of
   `pp.pack_budgets` drawn at random, else the spec's number), padded to `train_sequences`;
   then NaViT's token dropping (`pp.token_drop`, up to `pp.token_drop_max`)."""
   if pp.flip:
     image = tf.image.stateless_random_flip_left_right(image, _seeds(seed)[1])
+  if pp.aspect_range > 1:
+    aspect_seed = tf.random.experimental.stateless_fold_in(seed, _ASPECT_SEED)
+    image = stretched(image, aspect_seed, pp.aspect_range)
   budget = None
   if pp.pack_budgets:
     budget_seed = tf.random.experimental.stateless_fold_in(seed, _BUDGET_SEED)

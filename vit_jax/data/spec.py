@@ -46,6 +46,9 @@ class Pp:
   # bottom-right patch kept); drawn per image uniformly up to `token_drop_max` if larger.
   token_drop: float = 0.0
   token_drop_max: float = 0.0
+  # Training patch sequences: each image's aspect ratio times r, log r uniform in
+  # [-log aspect_range, log aspect_range] (its area kept), before its sequence; 1: none.
+  aspect_range: float = 1.0
   # Training decodes only the inception crop's window of a JPEG (big_vision's
   # `decode_jpeg_and_inception_crop`); False: the whole image, then the crop.
   decode_window: bool = True
@@ -133,6 +136,8 @@ def _check_packing(pp: Pp) -> None:
       f'config.pp.token_drop={pp.token_drop}, token_drop_max={pp.token_drop_max}; expected '
       'fractions in [0, 1).'
     )
+  if pp.aspect_range < 1:
+    raise ValueError(f'config.pp.aspect_range={pp.aspect_range}; expected >= 1 (1: none).')
   if 0 < pp.token_drop_max < pp.token_drop:
     raise ValueError(
       f'config.pp.token_drop_max={pp.token_drop_max} is below config.pp.token_drop='
