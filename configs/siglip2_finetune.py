@@ -6,6 +6,9 @@ r"""Fine-tuning SigLIP 2 on image-text pairs: both towers start from a released 
   python -m vit_jax.main --config=configs/siglip2_finetune.py:B16-naflex \
     --workdir=runs/siglip2_naflex_coco --config.pretrained_path=siglip2_b16_naflex.npz \
     --config.pp.vocab=gemma_tokenizer.model [--config.pp.max_patches=256]
+  python -m vit_jax.main --config=configs/siglip2_finetune.py:B16-naflex-packed \
+    --workdir=runs/siglip2_naflex_packed --config.pretrained_path=siglip2_b16_naflex.npz \
+    --config.pp.vocab=gemma_tokenizer.model
 
 The argument is a SigLIP 2 model of the registry without its prefix (`B16-256`,
 `So400m14-384`, `B16-naflex`, ...; `vit-models` lists them), the file its `siglip2_*.npz`
@@ -24,6 +27,13 @@ The loss's logits are gathered (`config.contrastive.logits`, the default): at ba
 take 1 MiB; `--config.contrastive.logits=chunked` gives the same loss in memory linear in the
 batch, for batches of tens of thousands (docs/benchmarks.md).
 
+`B16-naflex-packed` (any NaFlex model with `-packed`) trains on NaViT's packed rows
+(vit_jax/data/packing.py, docs/naflex-packing.md): rows of 256 patch slots holding up to 8
+images each, every image's patch budget drawn uniformly from {64, 80, ..., 256} (NaViT's
+resolution sampling), 256 rows a batch (about 400 images: the rows read 3 images each and
+leave out those that fit no row); the sigmoid loss runs over the images in the batch, and
+evaluation takes each image alone as at most `pp.max_patches` patches, as unpacked.
+
 Expected result: not measured in this project (no COCO, no SigLIP 2 file and no
 accelerator here); the tests run it on mock data with tiny towers.
 """
@@ -38,8 +48,14 @@ from vit_jax.models import get_config as model_config
 PREFIX = 'SigLIP2-'
 
 
+PACKED = '-packed'
+
+
 def get_config(variant: str = 'B16-256') -> ml_collections.ConfigDict:
-  """SigLIP 2 `variant` (e.g. 'B16-256', 'B16-naflex') fine-tuned on COCO captions."""
+  """SigLIP 2 `variant` (e.g. 'B16-256', 'B16-naflex', 'B16-naflex-packed') fine-tuned on
+  COCO captions."""
+  packed = variant.endswith('naflex' + PACKED)  # packed rows are NaFlex's
+  variant = variant.removesuffix(PACKED) if packed else variant
   name = PREFIX + variant
   if name not in MODEL_CONFIGS:
     known = [n.removeprefix(PREFIX) for n in MODEL_CONFIGS if n.startswith(PREFIX)]
@@ -78,4 +94,8 @@ def get_config(variant: str = 'B16-256') -> ml_collections.ConfigDict:
   config.progress_every = 50
   config.checkpoint_every = 1_000
   config.evals = {'retrieval_coco': dict(lit_coco.RETRIEVAL_COCO)}
+  if packed:
+    config.pp.pack_tokens, config.pp.pack_images, config.pp.pack_read = 256, 8, 3
+    config.pp.pack_budgets = tuple(range(64, 257, 16))
+    config.batch = 256  # rows
   return config
