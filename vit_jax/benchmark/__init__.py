@@ -15,6 +15,8 @@
   contrastive_loss.py  `--contrastive_loss`: the sigmoid loss's memory per device
   mesh_table.py        `--mesh_table`: the training step per mesh on N simulated devices, one
                        child process per device count: memory per device, collectives per step
+  packing.py           `--packing`: the training step on packed NaFlex rows against one image
+                       a row (imports TensorFlow: the pipeline's packing)
 
 The names below are loaded on first use, so that importing the package imports no TensorFlow:
 the benchmark runs on accelerator machines that have JAX but no TensorFlow.

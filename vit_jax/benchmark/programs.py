@@ -15,6 +15,7 @@ from jax.sharding import Mesh
 from vit_jax import optim, parallel
 from vit_jax.benchmark import analysis
 from vit_jax.benchmark.variants import Variant, build_model
+from vit_jax.data import spec as data_spec
 from vit_jax.train import spec as spec_lib
 from vit_jax.train import steps as train_steps
 
@@ -90,14 +91,16 @@ def compile_inference(
 SCHEDULE_STEPS = 10_000
 
 
-def trainer(model: Any, batch: int, accum_steps: int = 1, optimizer: str = 'sgd'):
+def trainer(model: Any, batch: int, accum_steps: int = 1, optimizer: str = 'sgd', pack: tuple = ()):
   """(optimizer, step fn): `vit_jax.train.steps.make_train_step` of the default run spec's
   classification, with `accum_steps` micro-batches and `optimizer` ('sgd' with momentum, the
   default recipe, or 'adam', the pretraining one); step(state, {'image', 'label'}) ->
-  (state, metrics)."""
+  (state, metrics). `pack`: (tokens, images) of packed NaFlex rows, whose batch also holds
+  'slots'."""
   from vit_jax.tasks import classification
 
-  data = spec_lib.Data(batch=batch, num_classes=model.num_classes)
+  pp = data_spec.Pp(pack_tokens=pack[0], pack_images=pack[1]) if pack else data_spec.Pp()
+  data = spec_lib.Data(batch=batch, num_classes=model.num_classes, pp=pp)
   step = spec_lib.Step(accum_steps=accum_steps)
   run = spec_lib.RunSpec(data=data, step=step, optim=optim.Optim(optimizer=optimizer))
   tx, schedule = optim.for_training(run.optim, SCHEDULE_STEPS)

@@ -11,6 +11,7 @@
                    vit_jax.benchmark --embedder  benchmark_embed  vit-embed beside its model
                    vit_jax.benchmark --start     benchmark_start  a command's cold and warm start
                    vit_jax.benchmark --mesh_table  benchmark_mesh  memory and collectives per mesh
+                   vit_jax.benchmark --packing   benchmark_packing  packed NaFlex rows in training
   vit-reproduce    vit_jax.reproduce            reproduce   the paper's tables
   vit-models       vit_jax.models               models      the model zoo (Table 1)
   vit-zeroshot     vit_jax.zeroshot             zeroshot    image-text zero-shot classes
@@ -70,6 +71,7 @@ ENTRY_POINTS: tuple[EntryPoint, ...] = (
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_embed', '--embedder'),
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_start', '--start'),
   EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_mesh', '--mesh_table'),
+  EntryPoint('vit_jax.benchmark', 'vit-benchmark', 'vit_jax.cli.benchmark_packing', '--packing'),
   EntryPoint('vit_jax.reproduce', 'vit-reproduce', 'vit_jax.cli.reproduce'),
   EntryPoint('vit_jax.models', 'vit-models', 'vit_jax.cli.models'),
   EntryPoint('vit_jax.zeroshot', 'vit-zeroshot', 'vit_jax.cli.zeroshot'),
