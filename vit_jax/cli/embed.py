@@ -10,7 +10,11 @@ image-text model (LiT, SigLIP) its normalised image embeddings (preprocessed as
 `vit-zeroshot` does), or with `--texts` (one text a line) or `--captions` (`IMAGE<TAB>CAPTION`
 lines: the captions) its normalised text embeddings. A directory `vit-export` wrote (with
 export.json) is run from its StableHLO, preprocessed as export.json states
-(`vit_jax.export.load_artifact`).
+(`vit_jax.export.load_artifact`). A NaFlex model (SigLIP 2's) with `--pack=T` runs its
+images packed several to a row of T patch slots (at most `--images_per_row`; NaViT's Patch
+n' Pack, vit_jax/data/packing.py): each image attends to and is pooled over its own patches
+alone, so its embedding is its unpacked one to float rounding, and the rows carry less
+padding.
 
 The inputs are numbered: a folder's image files (recursively, by sorted relative path), a
 split's examples by index, a file's non-empty lines. Shard i holds inputs
@@ -73,6 +77,8 @@ def _usage(o: dict[str, Any], image_text: bool, exported: bool = False) -> str |
     return '--vocab and --max_patches are for an image-text model'
   if exported and (o['vocab'] or o['max_patches'] or o['model'] or o['resolution']):
     return 'an exported model (export.json) takes no --model, --resolution, --vocab, --max_patches'
+  if o['pack'] and (exported or given[0] in ('texts', 'captions') or o['images_per_row'] < 1):
+    return '--pack packs the images of a NaFlex model, --images_per_row >= 1 of them a row'
   return None
 
 
@@ -82,7 +88,7 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
   o = {'folder': '', 'dataset': '', 'split': 'test', 'texts': '', 'captions': ''}
   o |= {'model': None, 'resolution': None, 'vocab': None, 'max_patches': 0, 'wait_s': 3600.0}
   o |= {'shard_size': 10_000, 'batch_size': 32, 'tfds_data_dir': None, 'progress': False}
-  o |= {'dtype': 'float32'}
+  o |= {'dtype': 'float32', 'pack': 0, 'images_per_row': 8}
   o |= {'process_index': None, 'process_count': None} | options
   paths = [checkpoint, *(o[k] for k in ('folder', 'texts', 'captions') if o[k])]
   if cli.said_missing(paths):  # before jax loads
@@ -104,7 +110,8 @@ def run(checkpoint: str, out: str, options: dict[str, Any]) -> int:
       checkpoint, model=o['model'], resolution=o['resolution'], vocab=o['vocab'],
       max_patches=o['max_patches'], batch_size=o['batch_size'], dtype=o['dtype'],
     )  # fmt: skip
-    embedder = embed.embedder(model, texts=bool(o['texts'] or o['captions']))
+    pack = (o['pack'], o['images_per_row']) if o['pack'] else (0, 0)
+    embedder = embed.embedder(model, texts=bool(o['texts'] or o['captions']), pack=pack)
     process = (o['process_index'], o['process_count'])
     manifest = embed.run(
       embedder, _inputs(o), out, checkpoint, o['shard_size'], o['batch_size'], process,
@@ -140,6 +147,13 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.DEFINE_integer(
     'max_patches', 0, 'Patches an image of a patch-sequence model (0: its own).', flag_values=fv
   )
+  flags.DEFINE_integer(
+    'pack',
+    0,
+    'A NaFlex model: patch slots a row packed with several images (0: one a row).',
+    flag_values=fv,
+  )
+  flags.DEFINE_integer('images_per_row', 8, 'With --pack: the most images a row.', flag_values=fv)
   flags.DEFINE_integer('shard_size', 10_000, 'Inputs a shard.', flag_values=fv)
   flags.DEFINE_integer('batch_size', 32, 'Inputs per forward pass.', flag_values=fv)
   flags.DEFINE_integer(
@@ -167,7 +181,7 @@ def main(argv: Sequence[str]) -> None:
   signal.signal(signal.SIGTERM, _stop)
   keys = ('folder', 'dataset', 'split', 'tfds_data_dir', 'texts', 'captions', 'vocab')
   keys += ('max_patches', 'shard_size', 'batch_size', 'process_index', 'process_count', 'wait_s')
-  keys += ('dtype',)
+  keys += ('dtype', 'pack', 'images_per_row')
   options = {k: f[k].value for k in keys} | {'model': f.model, 'resolution': f.resolution}
   options['progress'] = sys.stderr.isatty() if f.progress is None else f.progress
   sys.exit(run(f.checkpoint, f.out, options))

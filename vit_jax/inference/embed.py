@@ -26,6 +26,7 @@ import numpy as np
 
 from vit_jax import data, files
 from vit_jax.data import embeddings as store
+from vit_jax.inference import model as inference_model
 from vit_jax.inference.model import Model, run_padded
 
 # Image files of a folder: the input pipeline's formats, and those Pillow reads besides.
@@ -44,13 +45,22 @@ class Embedder:
   apply: Callable[[np.ndarray], np.ndarray]
 
 
-def embedder(model: Model, texts: bool = False) -> Embedder:
+def embedder(model: Model, texts: bool = False, pack: tuple[int, int] = (0, 0)) -> Embedder:
   """What `model` embeds: with `texts` an image-text model's text embeddings, else its
   normalised image embeddings, a classifier's pre-logits features (an exported classifier's
   outputs: its logits, or its features where it was exported without a head); each batch
-  padded to the model's `batch_size`, one compiled shape."""
+  padded to the model's `batch_size`, one compiled shape. `pack`: (tokens, images) of a
+  NaFlex model's rows packed with up to `images` patch sequences (`packed`); (0, 0): one
+  image a row."""
+  from vit_jax.data import images as images_lib
+
   size = model.batch_size
   padded = lambda fn: lambda batch: run_padded(fn, batch, size)
+  if pack[0]:
+    describe = f'{model.preprocessing.describe()}, packed {pack[1]} a row of {pack[0]}'
+    prepare = lambda image: images_lib.host_input(model.preprocessing, image)
+    kind = 'image' if model.image_text else 'pre-logits'
+    return Embedder(model.name, kind, describe, prepare, packed(model, *pack))
   if texts:
     return Embedder(
       model.name,
@@ -59,16 +69,36 @@ def embedder(model: Model, texts: bool = False) -> Embedder:
       lambda text: model.tokenize([text])[0],
       padded(model.embed_texts),
     )
-  from vit_jax.data import images
-
   if model.image_text:
     kind, fn = 'image', model.embed_images
   elif model.module is None:  # exported: its one function's output
     kind, fn = ('logits', model.logits) if model.num_classes else ('features', model.features)
   else:
     kind, fn = 'pre-logits', model.features
-  prepare = lambda image: images.host_input(model.preprocessing, image)
+  prepare = lambda image: images_lib.host_input(model.preprocessing, image)
   return Embedder(model.name, kind, model.preprocessing.describe(), prepare, padded(fn))
+
+
+def packed(model: Model, tokens: int, images: int) -> Callable[[np.ndarray], np.ndarray]:
+  """A NaFlex model's `embed_images` of a batch of patch sequences (n, N, P + 3), computed
+  on rows of `tokens` slots holding up to `images` of them each (`packing.pack_rows`, every
+  image placed): each image attends to itself alone and is pooled alone, so its embedding
+  is the one it has alone in a row, to float rounding; one compiled shape, `batch_size`
+  rows."""
+  from vit_jax.data import packing
+
+  rows_of = inference_model.packed_image_program(model, images)
+
+  def apply(batch: np.ndarray) -> np.ndarray:
+    order = np.arange(len(batch), dtype=np.int32)
+    rows = packing.pack_rows(batch, tokens, images, index=order)
+    out = run_padded(rows_of, rows['image'], model.batch_size)  # (R, K, D)
+    held = rows['slots'] > 0
+    result = np.empty((len(batch), out.shape[-1]), np.float32)
+    result[rows['index'][held]] = out[held]
+    return result
+
+  return apply
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import families
-from vit_jax.families.preprocessing import Preprocessing
+from vit_jax.families.preprocessing import PATCHES, Preprocessing
 from vit_jax.models import precision
 
 TOP_K = 5
@@ -389,3 +389,18 @@ def image_text_programs(
     text=_program(lambda p, t: module.apply({'params': p}, tokens=t)[1], params),
   )
   return programs, params
+
+
+def packed_image_program(model: Model, images_per_row: int) -> Callable[[np.ndarray], Any]:
+  """A NaFlex model's `embed_images` on rows packed with up to `images_per_row` patch
+  sequences (R, T, P + 3) -> (R, K, D) float32: an image-text model's normalised image
+  embeddings, a classifier's pooled features (vit_jax/data/packing.py)."""
+  if model.module is None or model.preprocessing.kind != PATCHES:
+    raise ValueError(f'{model.name} takes no patch sequences: only a NaFlex model packs them')
+  if model.image_text:
+    module = model.module
+    fn = lambda p, x: module.apply({'params': p}, images=x, images_per_row=images_per_row)[0]
+  else:
+    features = families.of_module(model.module).image_features(model.module)
+    fn = lambda p, x: features(p, x, images_per_row)
+  return _program(fn, model.params)
