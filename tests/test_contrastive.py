@@ -8,7 +8,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 from scipy.special import expit, log_expit, logsumexp
@@ -437,66 +436,3 @@ def test_every_pair_valid_is_no_mask(name, logits, kind):
   for g, w in zip(got_grads, want_grads, strict=True):
     if w is not None:
       np.testing.assert_allclose(g, w, atol=1e-6, rtol=1e-6)
-
-
-class _LinearTowers:
-  """A stand-in two-tower model with the NaFlex tower's packed call (`images_per_row` K:
-  (R, K, D) out): linear maps, normalised; its 'images' (R, K, 5) packed, one row of 5
-  features a slot, or (B, 5), its 'tokens' (B, 7) floats."""
-
-  def apply(self, variables, *, images, tokens, train, images_per_row=0):
-    del train
-    assert images.ndim == (3 if images_per_row else 2)
-    params = variables['params']
-    unit = lambda z: z / jnp.linalg.norm(z, axis=-1, keepdims=True)
-    return unit(images @ params['img']), unit(tokens @ params['txt']), {}
-
-
-def _contrastive_task(loss: str):
-  """The contrastive task of the stand-in towers, both trained, SGD at lr 1 in its steps."""
-  from types import SimpleNamespace
-
-  from vit_jax.tasks import contrastive
-
-  c = contrastive.Contrastive(loss=loss, lock_image=False)
-  step = SimpleNamespace(contrastive=c, polyak_decay=0.0, accum_steps=1)
-  task = object.__new__(contrastive.Task)  # its checks and files are not under test
-  task.spec, task.model = SimpleNamespace(step=step, data=SimpleNamespace(batch=8)), _LinearTowers()
-  return task
-
-
-def test_a_packed_steps_update_is_its_valid_pairs_unpacked():
-  """The contrastive task's jit and shard_map steps on a packed batch, 8 rows (one a device)
-  of 3 slots with 9 empty, update the parameters (SGD, lr 1: by the gradient) and report
-  the loss of the 15 valid pairs given as an unpacked batch (1e-6)."""
-  from vit_jax.train import steps
-
-  rng = np.random.default_rng(3)
-  slots = (rng.random((8, 3)) < 0.6).astype(np.int32)
-  slots[:, 0] = 1  # slots fill from the first
-  assert 0 < slots.sum() < 24
-  batch = {
-    'image': rng.standard_normal((8, 3, 5)).astype(np.float32),
-    'text': rng.standard_normal((8, 3, 7)).astype(np.float32),
-    'slots': slots,
-    'bad': np.zeros(8, np.int32),
-  }
-  task, params = _contrastive_task('sigmoid'), _tower_params()
-  valid = slots.reshape(-1).astype(bool)
-  images, texts = batch['image'].reshape(24, 5)[valid], batch['text'].reshape(24, 7)[valid]
-  want_loss, want = jax.jit(jax.value_and_grad(_tower_loss('sigmoid')))(params, images, texts)
-  mesh = parallel.create_mesh()
-  tx, schedule = optax.sgd(1.0), lambda step: 1.0
-  state = {'params': params, 'opt_state': tx.init(params), 'step': jnp.zeros((), jnp.int32)}
-  state['rng'] = jax.random.key_data(jax.random.key(0))
-  state = jax.device_put(state, parallel.replicated(mesh))
-  placed = jax.device_put(batch, parallel.batch_sharding(mesh))
-  for fn in (
-    steps.make_train_step(task, tx, schedule, task.spec),
-    steps.make_shard_map_train_step(task, tx, schedule, task.spec, mesh),
-  ):
-    new, metrics = jax.jit(steps.counting_bad_examples(fn, task.batch_keys))(state, placed, ())
-    np.testing.assert_allclose(metrics['loss'], want_loss, rtol=1e-6)
-    for k in want:
-      np.testing.assert_allclose(params[k] - new['params'][k], want[k], atol=1e-6, err_msg=k)
-  assert np.abs(want['img']).max() > 1e-2

@@ -1,0 +1,302 @@
+"""Training on packed NaFlex rows (several images a row, vit_jax/data/packing.py): a packed
+batch trains as the same images one a row, in the jit and the shard_map step."""
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from test_steps import _flat, _state
+
+from configs import digits_naflex
+from vit_jax import optim, parallel, tasks
+from vit_jax.train import setup, spec, steps
+
+PATCH, CLASSES = 2, 10
+# Each image's patch grid (rows, columns), and the packed rows of 16 slots that hold them
+# (a hand-made layout: images by index, at most 4 a row; the last row is empty).
+GRIDS = ((2, 3), (4, 4), (1, 5), (3, 3), (2, 2), (5, 1), (1, 1), (3, 4), (2, 5), (4, 2),
+         (1, 3), (2, 4), (3, 1), (1, 2), (2, 2), (2, 2))  # fmt: skip
+ROWS = ((1,), (0, 3), (7, 4), (8, 2, 6), (9, 11), (15, 5, 10, 12), (13, 14), ())
+TOKENS, SLOTS = 16, 4
+
+
+def _run_spec(packed: bool, step: str = 'jit') -> spec.RunSpec:
+  config = ml_collections.ConfigDict(digits_naflex.get_config().to_dict())
+  tiny = {'hidden_size': 16, 'transformer.num_layers': 2, 'transformer.mlp_dim': 32,
+          'transformer.num_heads': 2}  # fmt: skip
+  overrides = {
+    **{f'model.{k}': v for k, v in tiny.items()}, 'num_classes': CLASSES, 'step': step,
+    'optimizer': 'sgd', 'base_lr': 0.5, 'warmup_steps': 1, 'total_steps': 10,
+    'weight_decay': 0.0, 'pp.pack_tokens': TOKENS if packed else 0, 'pp.pack_images': SLOTS,
+  }  # fmt: skip
+  return spec.from_config(spec.with_overrides(config, overrides))
+
+
+def _images(rng, patch: int = PATCH) -> list[np.ndarray]:
+  """Each image's sequence (n, P + 3): random patches, ptype 1, its grid's rows and columns."""
+  out = []
+  for rows, cols in GRIDS:
+    y, x = np.divmod(np.arange(rows * cols), cols)
+    index = np.stack([np.ones_like(y), y, x], -1)
+    out.append(np.concatenate([rng.uniform(-1, 1, (rows * cols, patch * patch * 3)), index], -1))
+  return out
+
+
+def _one_a_row(images, key: str, values) -> dict[str, np.ndarray]:
+  """The images one a row of TOKENS slots, each with its `key` value (a label, a text)."""
+  rows = np.zeros((len(images), TOKENS, images[0].shape[1]), np.float32)
+  for i, image in enumerate(images):
+    rows[i, : len(image)] = image
+  return {'image': rows, key: values}
+
+
+def _packed(images, key: str, values) -> dict[str, np.ndarray]:
+  """ROWS' layout: slot k of a row holds its (k+1)-th image, its tokens marked k + 1, and
+  the image's `key` value."""
+  rows = np.zeros((len(ROWS), TOKENS, images[0].shape[1]), np.float32)
+  slots = np.zeros((len(ROWS), SLOTS), np.int32)
+  per_slot = np.zeros((len(ROWS), SLOTS, *values.shape[1:]), values.dtype)
+  for r, members in enumerate(ROWS):
+    offset = 0
+    for k, i in enumerate(members):
+      n = len(images[i])
+      rows[r, offset : offset + n] = images[i]
+      rows[r, offset : offset + n, -3] = k + 1
+      offset += n
+      per_slot[r, k], slots[r, k] = values[i], 1
+  return {'image': rows, key: per_slot, 'slots': slots}
+
+
+def _train(run: spec.RunSpec, batches, classes=CLASSES) -> tuple[dict, list[float]]:
+  """Two steps of the spec's compiled step on 8 devices: final parameters and losses."""
+  mesh = parallel.create_mesh(jax.devices())
+  model = setup.build_model(run.model, num_classes=classes)
+  tx, schedule = optim.for_training(run.optim, run.loop.total_steps)
+  state = _state(run, model, tx)
+  shardings = parallel.tree_shardings(state, mesh, run.step.sharding)
+  step_fn = steps.train_step_for(run, tasks.build(run, model), tx, schedule, mesh, shardings)
+  state, losses = jax.device_put(state, shardings), []
+  for batch in batches:
+    state, metrics = step_fn(state, parallel.global_batch(batch, parallel.batch_sharding(mesh)))
+    losses.append(float(metrics['loss']))
+  return _flat(state['params']), losses
+
+
+def _assert_packed_trains_as_one_a_row(run_spec, batches, classes) -> None:
+  """`batches` (one a row, packed) pairs: the jit step's losses and parameters of the packed
+  ones equal the unpacked ones' to 1e-5, the shard_map step's the jit step's to 1e-6."""
+  want, want_losses = _train(run_spec(False), [b[0] for b in batches], classes)
+  packed, losses = _train(run_spec(True), [b[1] for b in batches], classes)
+  per_device, sm_losses = _train(run_spec(True, 'shard_map'), [b[1] for b in batches], classes)
+  assert want_losses[1] < want_losses[0]  # the first step trains
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  np.testing.assert_allclose(sm_losses, losses, rtol=1e-6)
+  for key in want:
+    np.testing.assert_allclose(packed[key], want[key], atol=1e-5, err_msg=key)
+    np.testing.assert_allclose(per_device[key], packed[key], atol=1e-6, err_msg=key)
+
+
+def test_a_packed_batch_trains_as_its_images_one_a_row_in_jit_and_shard_map():
+  """16 images of mixed grids packed 0 to 4 a row in 8 rows (one empty) against the same
+  images one a row, two SGD steps on the batch: the losses and parameters equal to 1e-5, so
+  the first step's loss and gradient do; the shard_map step (a row per device) equals the
+  jit step."""
+  rng = np.random.default_rng(0)
+  images, labels = _images(rng), rng.integers(0, CLASSES, len(GRIDS)).astype(np.int32)
+  batches = [(_one_a_row(images, 'label', labels), _packed(images, 'label', labels))] * 2
+  assert sorted(i for row in ROWS for i in row) == list(range(len(GRIDS)))
+  _assert_packed_trains_as_one_a_row(_run_spec, batches, CLASSES)
+
+
+def _siglip_spec(packed: bool, step: str = 'jit') -> spec.RunSpec:
+  """configs/siglip2_finetune.py:B16-naflex with test_naflex's tiny towers, from scratch."""
+  from test_lit import SP_MODEL
+  from test_naflex import TINY_NAFLEX
+
+  from configs import siglip2_finetune
+
+  config = siglip2_finetune.get_config('B16-naflex')
+  config.model = {**config.model.to_dict(), **TINY_NAFLEX}
+  overrides = {
+    'pp.tokenizer': 'sentencepiece', 'pp.vocab': SP_MODEL, 'pp.max_len': 16,
+    'pp.max_patches': 16, 'pretrained_path': '', 'step': step, 'optimizer': 'sgd',
+    'base_lr': 0.5, 'warmup_steps': 1, 'weight_decay': 0.0, 'batch': len(ROWS),
+    'pp.pack_tokens': TOKENS if packed else 0, 'pp.pack_images': SLOTS,
+  }  # fmt: skip
+  return spec.from_config(spec.with_overrides(config, overrides))
+
+
+def test_a_packed_batch_of_pairs_trains_as_its_pairs_one_a_row_with_the_sigmoid_loss():
+  """SigLIP 2's NaFlex towers (tiny) with the sigmoid loss: the 16 images of mixed grids
+  with their texts packed in ROWS' 8 rows against the same pairs one a row: two SGD steps'
+  losses and parameters equal to 1e-5; the shard_map step equals the jit step."""
+  rng = np.random.default_rng(1)
+  images = _images(rng, patch=4)  # TINY_NAFLEX's patches
+  texts = rng.integers(1, 1200, (len(GRIDS), 16)).astype(np.int32)
+  batches = [(_one_a_row(images, 'text', texts), _packed(images, 'text', texts))] * 2
+  _assert_packed_trains_as_one_a_row(_siglip_spec, batches, None)
+
+
+def test_packing_asks_for_a_model_of_patch_sequences():
+  from configs import digits
+
+  config = ml_collections.ConfigDict(digits.get_config().to_dict())
+  with pytest.raises(ValueError, match='pack_tokens=16 packs patch sequences'):
+    spec.from_config(spec.with_overrides(config, {'pp.pack_tokens': 16}))
+
+
+# configs/digits_naflex.py:packed with one block of width 16: 4 steps of 8 rows (24 digits
+# read a step), a checkpoint at steps 2 and 4, the digits read as 2 shards (the batches do not
+# depend on the process count), no evaluation.
+E2E = {
+  'model.hidden_size': 16, 'model.transformer.num_layers': 1, 'model.transformer.mlp_dim': 32,
+  'model.transformer.num_heads': 2, 'total_steps': 4, 'batch': 8, 'checkpoint_every': 2,
+  'eval_every': 0, 'warmup_steps': 1, 'progress_every': 1, 'data_shards': 2,
+}  # fmt: skip
+
+
+def _e2e_config() -> ml_collections.ConfigDict:
+  return spec.with_overrides(digits_naflex.get_config('packed'), E2E)
+
+
+@pytest.fixture(scope='module')
+def packed_run(tmp_path_factory):
+  """The reference packed run: 1 process x 8 devices."""
+  from vit_jax import train
+
+  workdir = str(tmp_path_factory.mktemp('packed') / 'run')
+  result = train.train_and_evaluate(_e2e_config(), workdir)
+  assert result['status'] == 'done' and result['step'] == 4
+  return workdir, result
+
+
+def _metrics(workdir: str) -> list[dict]:
+  from vit_jax import rundir
+
+  keys = ('step', 'loss', 'grad_norm', 'dropped_images')
+  return [{k: m[k] for k in keys if k in m} for m in rundir.read_metrics(workdir)]
+
+
+@pytest.mark.slow
+def test_packed_run_resumes_exactly_after_sigterm_and_two_processes_train_alike(
+  packed_run, tmp_path, monkeypatch
+):
+  """A real SIGTERM at step 2 of the packed run, then a rerun: the uninterrupted run's
+  parameters and metrics bit for bit (the rows are a function of their chunk's index). And
+  launch/local.sh with 2 processes x 4 devices: its losses and parameters to 1e-5."""
+  import os
+  import subprocess
+  import sys
+
+  from conftest import assert_trained_params_close, process_env
+  from test_lit import sigterm_at
+  from test_multihost import LAUNCH, REPO, RUN_TIMEOUT_S, _final_params
+
+  from vit_jax import train
+  from vit_jax.train import loop as loop_lib
+
+  reference, done = packed_run
+  trained = [m for m in _metrics(reference) if 'loss' in m]
+  losses = [m['loss'] for m in trained]
+  assert len(losses) == 4 and all(0 <= m['dropped_images'] < 24 for m in trained)
+  workdir = str(tmp_path / 'run')
+  with monkeypatch.context() as m:
+    m.setattr(loop_lib, '_train_batches', sigterm_at(loop_lib._train_batches, 1))
+    first = train.train_and_evaluate(_e2e_config(), workdir)
+  assert first['status'] == 'preempted' and first['step'] == 2
+  second = train.train_and_evaluate(_e2e_config(), workdir)
+  assert second['status'] == 'done' and second['step'] == 4
+  assert _metrics(workdir) == _metrics(reference)
+  ours, theirs = _flat(second['params']), _flat(done['params'])
+  for key in theirs:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+  two = str(tmp_path / 'two')
+  flags = [f'--config.{k}={v}' for k, v in E2E.items()]
+  command = [
+    'bash',
+    os.path.join(LAUNCH, 'local.sh'),
+    '2',
+    '--config=configs/digits_naflex.py:packed',
+  ]
+  env = {**process_env(4), 'PYTHON': sys.executable, 'DEVICES_PER_PROCESS': '4', 'TIMEOUT': '120'}
+  run = subprocess.run(
+    [*command, f'--workdir={two}', *flags], cwd=REPO, env=env, capture_output=True, text=True,
+    timeout=RUN_TIMEOUT_S,
+  )  # fmt: skip
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  got = [m['loss'] for m in _metrics(two) if 'loss' in m]
+  np.testing.assert_allclose(got, losses, atol=1e-5, rtol=0)
+  assert_trained_params_close(_final_params(two), _final_params(reference), atol=1e-5)
+
+
+def test_vit_embed_pack_gives_each_image_its_unpacked_embedding(tmp_path, monkeypatch):
+  """vit-embed --pack=32 --images_per_row=4 on a tiny SigLIP 2 NaFlex model and a folder of
+  images of 8 aspect ratios: the ids and, to 1e-5, the embeddings of the unpacked command,
+  in fewer rows (the 8 images, at most 16 patches each, in at most 6 rows of 32)."""
+  from conftest import jpeg_bytes, randomize
+  from test_naflex import SHAPES, TINY_NAFLEX
+
+  from vit_jax import checkpoint, families
+  from vit_jax.cli import embed
+  from vit_jax.data import embeddings, packing
+  from vit_jax.models import get_config, model_from_config
+
+  model = model_from_config({**get_config('SigLIP2-B16-naflex').to_dict(), **TINY_NAFLEX})
+  path = str(tmp_path / 'siglip2_tiny_naflex.npz')
+  checkpoint.save_npz(randomize(families.param_shapes(model), seed=5, scale=0.3), path)
+  folder = tmp_path / 'images'
+  folder.mkdir()
+  rng = np.random.default_rng(1)
+  for i, (h, w) in enumerate(SHAPES):
+    (folder / f'{i}.jpg').write_bytes(jpeg_bytes(rng, h, w))
+  options = {'folder': str(folder), 'process_count': 1, 'batch_size': 8, 'max_patches': 16}
+  assert embed.run(path, str(tmp_path / 'one'), options) == 0
+  rows = []
+  pack_rows = packing.pack_rows
+
+  def counting(*args, **kwargs):
+    packed = pack_rows(*args, **kwargs)
+    rows.append(len(packed['image']))
+    return packed
+
+  monkeypatch.setattr(packing, 'pack_rows', counting)
+  packed = {**options, 'pack': 32, 'images_per_row': 4}
+  assert embed.run(path, str(tmp_path / 'packed'), packed) == 0
+  want, got = embeddings.read(str(tmp_path / 'one')), embeddings.read(str(tmp_path / 'packed'))
+  assert got[2] == want[2] == [f'{i}.jpg' for i in range(len(SHAPES))]
+  assert len(rows) == 1 and rows[0] <= 6
+  np.testing.assert_allclose(got[1], want[1], atol=1e-5)
+  assert 'packed 4 a row of 32' in got[0]['preprocessing']
+
+
+@pytest.mark.slow
+def test_the_packed_siglip2_fine_tune_trains_on_mock_pairs(tmp_path):
+  """configs/siglip2_finetune.py:B16-naflex-packed with test_naflex's tiny towers (a canvas of
+  64 patches a side) on its captions folder of 8 aspect ratios: rows of 256 patch slots with
+  the config's budgets, 2 rows of 3 pairs read a step, 2 steps from a random start: the loss
+  is finite and falls, and the run counts the pairs no row held."""
+  from conftest import randomize
+  from test_naflex import TINY_NAFLEX, _naflex_finetune
+
+  from configs import siglip2_finetune
+  from vit_jax import checkpoint, families, rundir, train
+  from vit_jax.models import get_config, model_from_config
+
+  tiny = {**TINY_NAFLEX, 'image': {**TINY_NAFLEX['image'], 'posemb_canvas': 64}}
+  model = model_from_config({**get_config('SigLIP2-B16-naflex').to_dict(), **tiny})
+  start = str(tmp_path / 'start.npz')
+  checkpoint.save_npz(randomize(families.param_shapes(model), seed=3, scale=0.3), start)
+  config = _naflex_finetune(tmp_path, start)
+  packed = siglip2_finetune.get_config('B16-naflex-packed')
+  assert (packed.pp.pack_tokens, packed.pp.pack_images, packed.batch) == (256, 8, 256)
+  for key in ('pack_tokens', 'pack_images', 'pack_read', 'pack_budgets'):
+    config.pp[key] = packed.pp[key]
+  config.model = {**config.model.to_dict(), **tiny}
+  config.batch, config.total_steps, config.checkpoint_every, config.evals = 2, 2, 2, {}
+  result = train.train_and_evaluate(config, str(tmp_path / 'run'), devices=jax.devices()[:2])
+  assert result['status'] == 'done'
+  trained = [m for m in rundir.read_metrics(str(tmp_path / 'run')) if 'loss' in m]
+  assert len(trained) == 2 and np.isfinite(trained[0]['loss'])
+  assert trained[-1]['loss'] < trained[0]['loss']
+  assert all(0 <= m['dropped_images'] < 6 for m in trained)
