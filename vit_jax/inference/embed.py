@@ -56,11 +56,6 @@ def embedder(model: Model, texts: bool = False, pack: tuple[int, int] = (0, 0)) 
 
   size = model.batch_size
   padded = lambda fn: lambda batch: run_padded(fn, batch, size)
-  if pack[0]:
-    describe = f'{model.preprocessing.describe()}, packed {pack[1]} a row of {pack[0]}'
-    prepare = lambda image: images_lib.host_input(model.preprocessing, image)
-    kind = 'image' if model.image_text else 'pre-logits'
-    return Embedder(model.name, kind, describe, prepare, packed(model, *pack))
   if texts:
     return Embedder(
       model.name,
@@ -75,8 +70,11 @@ def embedder(model: Model, texts: bool = False, pack: tuple[int, int] = (0, 0)) 
     kind, fn = ('logits', model.logits) if model.num_classes else ('features', model.features)
   else:
     kind, fn = 'pre-logits', model.features
+  describe, apply = model.preprocessing.describe(), padded(fn)
+  if pack[0]:  # the same embeddings, computed on rows of several images
+    describe, apply = f'{describe}, packed {pack[1]} a row of {pack[0]}', packed(model, *pack)
   prepare = lambda image: images_lib.host_input(model.preprocessing, image)
-  return Embedder(model.name, kind, model.preprocessing.describe(), prepare, padded(fn))
+  return Embedder(model.name, kind, describe, prepare, apply)
 
 
 def packed(model: Model, tokens: int, images: int) -> Callable[[np.ndarray], np.ndarray]:
