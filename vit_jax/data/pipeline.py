@@ -312,12 +312,16 @@ def train_dataset(
 
   ds = _batches(groups, to_batch, images, size, threads)
   if data.pp.pack_tokens:
-    pp = data.pp
-    pack = functools.partial(
-      packing.pack_batch, tokens=pp.pack_tokens, max_images=pp.pack_images, rows=local_batch
-    )
-    ds = ds.map(_graph_fn(pack), num_parallel_calls=threads)
+    ds = _packed_rows(ds, data.pp, local_batch, threads)
   return ds.prefetch(data.prefetch).with_options(_options(threads))
+
+
+def _packed_rows(ds: tf.data.Dataset, pp: Pp, rows: int, threads: int) -> tf.data.Dataset:
+  """Each batch of `ds` (a chunk of images) as `rows` packed rows (`packing.pack_batch`)."""
+  pack = functools.partial(
+    packing.pack_batch, tokens=pp.pack_tokens, max_images=pp.pack_images, rows=rows
+  )
+  return ds.map(_graph_fn(pack), num_parallel_calls=threads)
 
 
 def images_per_batch(pp: Pp, rows: int) -> int:
