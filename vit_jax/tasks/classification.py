@@ -61,8 +61,6 @@ class Task(common.Task):
   def __init__(self, spec: Any, model: Any):
     super().__init__(spec, model)
     self.num_classes = spec.data.num_classes
-    if spec.data.pp.pack_tokens:  # several images a row: their slots say which are there
-      self.batch_keys = ('image', 'label', 'slots')
     self._dropout = uses_dropout(model)
     self._mix = mixing.make_mix(spec.step.mixup, spec.step.cutmix, self.num_classes)
 

@@ -6,7 +6,7 @@ without asking which one it is:
 
   check           its config checks that need no data, device or file (`spec.check`)
   build           the task of a resolved run: its files checked, or read (a teacher)
-  batch_keys      the batch's arrays the step reads
+  batch_keys      the batch's arrays the step reads (those of them the batch holds)
   tokenizer       the tokenizer of the batch's texts, or None (the pipeline makes no texts)
   class_logits    the model gives class logits: the test split's pass (and ReaL) run
   init_fn         rng -> the model's initial parameters (on its family's inputs)
@@ -65,7 +65,8 @@ def check_image_inputs(spec: Any) -> None:
 class Task(abc.ABC):
   """One kind of training on the run's model (`model`, the flax module) and spec (`spec`)."""
 
-  batch_keys: ClassVar[tuple[str, ...]] = ('image', 'label')
+  # 'slots' where the batch holds it (packed NaFlex rows): a key the batch lacks is not passed.
+  batch_keys: ClassVar[tuple[str, ...]] = ('image', 'label', 'slots')
   class_logits: ClassVar[bool] = True
   # The tokenizer of the batch's texts (the input pipeline's), for a task that reads them.
   tokenizer: Any = None

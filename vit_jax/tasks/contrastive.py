@@ -134,8 +134,7 @@ class Task(common.Task):
   images, 'text': int32 (R, K, L) slot k's caption, 'slots': int32 (R, K) 1 where slot k
   holds an image}`."""
 
-  # 'slots' where the batch holds it (packed): a key the batch lacks is not passed.
-  batch_keys = ('image', 'text', 'slots')
+  batch_keys = ('image', 'text', 'slots')  # 'slots' where packed, as `common.Task`'s
   # No class logits: no test-split pass; few-shot, zero-shot and retrieval evaluate it.
   class_logits = False
   # The BERT file of the text tower (`config.text_pretrained_path`), None: none or resumed.
@@ -256,16 +255,14 @@ class Task(common.Task):
     row-major order (a device's rows are a block of the global batch's, as unpacked), the
     empty slots' (`slots` 0) invalid: out of the loss (the towers give them finite values,
     as a NaN there would reach the parameters' gradient as 0 * NaN)."""
-    if 'slots' not in batch:
-      inputs = {'images': batch['image'], 'tokens': batch['text']}
-      zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
-      return zimg, ztxt, None
-    slots = batch['slots']
-    rows, per_row = slots.shape
-    texts = batch['text'].reshape(rows * per_row, -1)
-    inputs = {'images': batch['image'], 'tokens': texts, 'images_per_row': per_row}
+    inputs, slots = {'images': batch['image'], 'tokens': batch['text']}, batch.get('slots')
+    if slots is not None:  # each row's K slots as K pairs
+      rows, per_row = slots.shape
+      inputs |= {'tokens': batch['text'].reshape(rows * per_row, -1), 'images_per_row': per_row}
     zimg, ztxt, _ = self.model.apply({'params': params}, **inputs, train=False)
-    return zimg.reshape(rows * per_row, -1), ztxt, slots.reshape(-1)
+    if slots is None:
+      return zimg, ztxt, None
+    return zimg.reshape(-1, zimg.shape[-1]), ztxt, slots.reshape(-1)
 
   def loss_and_grad(self, params, batch, rng, first_id, inputs, axis=None):
     del rng, first_id, inputs  # no dropout, no inputs
