@@ -154,29 +154,15 @@ def test_packing_asks_for_a_model_of_patch_sequences():
     spec.from_config(spec.with_overrides(config, {'pp.pack_tokens': 16}))
 
 
-# configs/digits_naflex.py:packed with one block of width 16 on 2 devices: 4 steps of 8 rows
-# (24 digits read a step), a checkpoint at steps 2 and 4, the digits read as 2 shards (the
-# batches do not depend on the process count), evaluated at the end only.
+# configs/digits_naflex.py:packed with one block of width 16: 4 steps of 8 rows (24 digits read
+# a step), evaluated at the end only, the digits read as 2 shards (the batches do not depend on
+# the process count).
+PACKED_CONFIG = '--config=configs/digits_naflex.py:packed'
 E2E = {
   'model.hidden_size': 16, 'model.transformer.num_layers': 1, 'model.transformer.mlp_dim': 32,
-  'model.transformer.num_heads': 2, 'total_steps': 4, 'batch': 8, 'checkpoint_every': 2,
+  'model.transformer.num_heads': 2, 'total_steps': 4, 'batch': 8, 'checkpoint_every': 4,
   'eval_every': 0, 'warmup_steps': 1, 'progress_every': 1, 'data_shards': 2,
 }  # fmt: skip
-
-
-def _e2e_config() -> ml_collections.ConfigDict:
-  return spec.with_overrides(digits_naflex.get_config('packed'), E2E)
-
-
-@pytest.fixture(scope='module')
-def packed_run(tmp_path_factory):
-  """The reference packed run: 1 process x 2 devices."""
-  from vit_jax import train
-
-  workdir = str(tmp_path_factory.mktemp('packed') / 'run')
-  result = train.train_and_evaluate(_e2e_config(), workdir, devices=jax.devices()[:2])
-  assert result['status'] == 'done' and result['step'] == 4
-  return workdir, result
 
 
 def _metrics(workdir: str) -> list[dict]:
@@ -188,56 +174,48 @@ def _metrics(workdir: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_packed_run_resumes_exactly_after_sigterm_and_two_processes_train_alike(
-  packed_run, tmp_path, monkeypatch
+  tmp_path, monkeypatch
 ):
-  """A real SIGTERM at step 2 of the packed run, then a rerun: the uninterrupted run's
-  parameters and metrics bit for bit (the rows are a function of their chunk's index). And
-  launch/local.sh with 2 processes x 1 device: its losses and parameters to 1e-5."""
+  """launch/local.sh, 2 processes x 1 device, trains the packed run uninterrupted; the same
+  run in this process on 2 devices, a real SIGTERM at step 2 then a rerun, ends on its
+  metrics and parameters bit for bit: the resume is exact (the rows are a function of their
+  chunk's index) and 2 processes train as 1 (a 2-device sum adds the same two numbers)."""
   import os
   import subprocess
   import sys
 
-  from conftest import assert_trained_params_close, process_env
+  from conftest import process_env
   from test_lit import sigterm_at
   from test_multihost import LAUNCH, REPO, RUN_TIMEOUT_S, _final_params
 
   from vit_jax import train
   from vit_jax.train import loop as loop_lib
 
-  reference, done = packed_run
-  trained = [m for m in _metrics(reference) if 'loss' in m]
-  losses = [m['loss'] for m in trained]
-  assert len(losses) == 4 and all(0 <= m['dropped_images'] < 24 for m in trained)
-  workdir = str(tmp_path / 'run')
-  with monkeypatch.context() as m:
-    m.setattr(loop_lib, '_train_batches', sigterm_at(loop_lib._train_batches, 1))
-    first = train.train_and_evaluate(_e2e_config(), workdir, devices=jax.devices()[:2])
-  assert first['status'] == 'preempted' and first['step'] == 2
-  second = train.train_and_evaluate(_e2e_config(), workdir, devices=jax.devices()[:2])
-  assert second['status'] == 'done' and second['step'] == 4
-  assert _metrics(workdir) == _metrics(reference)
-  ours, theirs = _flat(second['params']), _flat(done['params'])
-  for key in theirs:
-    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
-
   two = str(tmp_path / 'two')
-  overrides = {**E2E, 'checkpoint_every': 4}  # one save: each costs the processes a sync
-  flags = [f'--config.{k}={v}' for k, v in overrides.items()]
-  command = [
-    'bash',
-    os.path.join(LAUNCH, 'local.sh'),
-    '2',
-    '--config=configs/digits_naflex.py:packed',
-  ]
+  flags = [f'--config.{k}={v}' for k, v in E2E.items()]
+  launch = ['bash', os.path.join(LAUNCH, 'local.sh'), '2', PACKED_CONFIG]
   env = {**process_env(1), 'PYTHON': sys.executable, 'DEVICES_PER_PROCESS': '1', 'TIMEOUT': '120'}
   run = subprocess.run(
-    [*command, f'--workdir={two}', *flags], cwd=REPO, env=env, capture_output=True, text=True,
+    [*launch, f'--workdir={two}', *flags], cwd=REPO, env=env, capture_output=True, text=True,
     timeout=RUN_TIMEOUT_S,
   )  # fmt: skip
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-  got = [m['loss'] for m in _metrics(two) if 'loss' in m]
-  np.testing.assert_allclose(got, losses, atol=1e-5, rtol=0)
-  assert_trained_params_close(_final_params(two), _final_params(reference), atol=1e-5)
+  trained = [m for m in _metrics(two) if 'loss' in m]
+  assert len(trained) == 4 and all(0 <= m['dropped_images'] < 24 for m in trained)
+
+  config = spec.with_overrides(digits_naflex.get_config('packed'), {**E2E, 'checkpoint_every': 2})
+  workdir = str(tmp_path / 'one')
+  with monkeypatch.context() as m:
+    m.setattr(loop_lib, '_train_batches', sigterm_at(loop_lib._train_batches, 1))
+    first = train.train_and_evaluate(config, workdir, devices=jax.devices()[:2])
+  assert first['status'] == 'preempted' and first['step'] == 2
+  second = train.train_and_evaluate(config, workdir, devices=jax.devices()[:2])
+  assert second['status'] == 'done' and second['step'] == 4
+  assert _metrics(workdir) == _metrics(two)
+  ours, theirs = _flat(second['params']), _final_params(two)
+  assert ours.keys() == theirs.keys()
+  for key in theirs:
+    np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
 
 
 def test_vit_embed_pack_gives_each_image_its_unpacked_embedding(tmp_path, monkeypatch):
