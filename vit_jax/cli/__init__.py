@@ -39,7 +39,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from vit_jax import compilation_cache
 
@@ -282,6 +282,13 @@ def define_dtype_flag(flag_values: flags.FlagValues) -> None:
     'Compute dtype (bfloat16: 16-bit matmul operands, the kernels cast once).',
     flag_values=flag_values,
   )
+
+
+def quiet_logs(level: int = logging.WARNING) -> None:
+  """Absl logging at `level` (WARNING: the libraries' INFO lines out of the output) unless the
+  command line gave --verbosity."""
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(level)
 
 
 def report(table: str, result: dict, json_path: str | None) -> None:

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from absl import flags, logging
+from absl import flags
 
 from vit_jax import cli
 from vit_jax.benchmark import embedder
@@ -39,8 +39,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
-  if not f['verbosity'].present:  # jax logs at INFO as it looks for accelerators
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # jax logs at INFO as it looks for accelerators
   w, h = (int(s) for s in f.image_size.split('x'))
   result = embedder.run_embedder_benchmark(
     f.checkpoint, f.embedder_dir, f.images, (w, h), f.dtypes, f.batch, f.rounds,

@@ -19,7 +19,7 @@ results on one device.
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from vit_jax import cli
 from vit_jax.benchmark import mesh_table
@@ -80,8 +80,7 @@ def _arguments(f: flags.FlagValues) -> tuple[list[str], list[int], list[str], li
 def main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
-  if not f['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()
   models, devices, meshes, batches = _arguments(f)
   settings = mesh_table.Settings(
     remat=f.remat, optimizer=f.optimizer, resolution=f.resolution, num_classes=f.num_classes

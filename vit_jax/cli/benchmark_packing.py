@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 import jax
-from absl import flags, logging
+from absl import flags
 
 from vit_jax import cli
 
@@ -54,8 +54,7 @@ def main(argv: Sequence[str]) -> None:
   from vit_jax.benchmark import packing  # imports TensorFlow (the pipeline's packing)
 
   f = flags.FLAGS
-  if not f['verbosity'].present:  # jax logs at INFO as it looks for accelerators
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # jax logs at INFO as it looks for accelerators
   device = jax.devices()[0]
   print(f'{device.platform} ({device.device_kind}), jax {jax.__version__}', file=sys.stderr)
   result = packing.measure(

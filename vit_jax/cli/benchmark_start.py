@@ -14,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from absl import flags, logging
+from absl import flags
 
 from vit_jax import cli
 from vit_jax.benchmark import start
@@ -36,8 +36,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 def main(argv: Sequence[str]) -> None:
   del argv
   f = flags.FLAGS
-  if not f['verbosity'].present:  # jax logs at INFO as it looks for accelerators
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # jax logs at INFO as it looks for accelerators
   log = lambda s: print(s, file=sys.stderr, flush=True)
   result = start.run_start_benchmark(f.checkpoint, f.start_dir, f.rounds, log)
   cli.report(start.format_table(result), result, f.json)

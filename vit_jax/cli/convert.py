@@ -25,7 +25,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from absl import flags, logging
+from absl import flags
 
 from vit_jax import checkpoint, cli, families
 from vit_jax.checkpoint import catalog, tree, two_towers
@@ -232,8 +232,7 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS) -> int:
 
 
 def main(argv: Sequence[str]) -> None:
-  if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # orbax and JAX log at INFO on every restore
   sys.exit(run(argv[1:]))
 
 

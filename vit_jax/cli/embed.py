@@ -42,7 +42,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from absl import flags, logging
+from absl import flags
 from etils import epy
 
 from vit_jax import cli
@@ -176,8 +176,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     print(f'error: unexpected arguments {argv[1:]}; give --folder=DIR', file=sys.stderr)
     sys.exit(2)
-  if not f['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()
   signal.signal(signal.SIGTERM, _stop)
   keys = ('folder', 'dataset', 'split', 'tfds_data_dir', 'texts', 'captions', 'vocab')
   keys += ('max_patches', 'shard_size', 'batch_size', 'process_index', 'process_count', 'wait_s')

@@ -40,7 +40,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from absl import flags, logging
+from absl import flags
 from etils import epy
 
 from vit_jax import cli
@@ -118,8 +118,7 @@ def run(args: Sequence[str], f: flags.FlagValues = flags.FLAGS, command: str | N
 
 
 def main(argv: Sequence[str]) -> None:
-  if not flags.FLAGS['verbosity'].present:  # orbax and JAX log at INFO on every restore
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # orbax and JAX log at INFO on every restore
   command = shlex.join([os.path.basename(sys.argv[0]), *sys.argv[1:]])
   sys.exit(run(argv[1:], command=command))
 

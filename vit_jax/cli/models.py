@@ -205,8 +205,7 @@ def print_tables(resolution: int, num_classes: int, xla_flops: bool) -> None:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  if not flags.FLAGS['verbosity'].present:  # `fit` logs what the description prints
-    logging.set_verbosity(logging.ERROR)
+  cli.quiet_logs(logging.ERROR)  # `fit` logs what the description prints
   sys.exit(run(flags.FLAGS))
 
 

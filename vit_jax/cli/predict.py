@@ -36,7 +36,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from absl import flags, logging
+from absl import flags
 from etils import epy
 
 from vit_jax import cli
@@ -272,8 +272,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
-  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # orbax and JAX log at INFO on every restore
   sys.exit(
     run(
       f.checkpoint,

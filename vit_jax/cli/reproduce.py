@@ -24,7 +24,7 @@ exit status 2.
 
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 import configs
@@ -197,8 +197,7 @@ def main(argv: list[str]) -> int:
   if len(argv) < 2 or argv[1] not in COMMANDS:
     given = f', not {argv[1]!r}' if len(argv) > 1 else ''
     raise app.UsageError(f'give a command: one of {", ".join(COMMANDS)}{given}')
-  if not FLAGS['verbosity'].present:  # keep the library's INFO lines (orbax) out of the tables
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # keep the library's INFO lines (orbax) out of the tables
   command, rest = argv[1], argv[2:]
   if rest and command != 'report':
     raise app.UsageError(f'unexpected arguments {" ".join(rest)}')

@@ -68,8 +68,7 @@ def define_flags(flag_values: flags.FlagValues = FLAGS) -> None:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {" ".join(argv[1:])}')
-  if not FLAGS['verbosity'].present:  # orbax and tfds log every step at INFO
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # orbax and tfds log every step at INFO
   try:  # before anything asks JAX for its devices
     distributed.initialize(
       FLAGS.coordinator_address,
@@ -82,8 +81,8 @@ def main(argv: list[str]) -> int:
     _exit_with(e)
   import jax
 
-  if jax.process_index() != 0 and not FLAGS['verbosity'].present:
-    logging.set_verbosity(logging.ERROR)  # process 0 speaks for the run
+  if jax.process_index() != 0:
+    cli.quiet_logs(logging.ERROR)  # process 0 speaks for the run
   from vit_jax import data, train
   from vit_jax.train import spec
 

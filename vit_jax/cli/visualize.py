@@ -16,7 +16,7 @@ The computations are `vit_jax.inference.attention`'s, the pictures
 import sys
 from collections.abc import Sequence
 
-from absl import app, flags, logging
+from absl import app, flags
 
 from vit_jax import cli
 
@@ -38,8 +38,7 @@ def main(argv: Sequence[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments {argv[1:]}; give images with --image.')
   f = flags.FLAGS
-  if not f['verbosity'].present:  # orbax and JAX log at INFO on every restore
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()  # orbax and JAX log at INFO on every restore
   from vit_jax import data, inference
   from vit_jax.inference import figures
 

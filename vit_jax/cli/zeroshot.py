@@ -51,7 +51,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from absl import flags, logging
+from absl import flags
 from etils import epy
 
 from vit_jax import cli
@@ -259,8 +259,7 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 def main(argv: Sequence[str]) -> None:
   f = flags.FLAGS
-  if not f['verbosity'].present:
-    logging.set_verbosity(logging.WARNING)
+  cli.quiet_logs()
   progress = sys.stderr.isatty()
   if progress:  # JAX (and for a dataset TensorFlow) take seconds to load
     print('vit-zeroshot: loading JAX ...', file=sys.stderr, flush=True)
