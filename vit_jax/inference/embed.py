@@ -52,8 +52,6 @@ def embedder(model: Model, texts: bool = False, pack: tuple[int, int] = (0, 0)) 
   padded to the model's `batch_size`, one compiled shape. `pack`: (tokens, images) of a
   NaFlex model's rows packed with up to `images` patch sequences (`packed`); (0, 0): one
   image a row."""
-  from vit_jax.data import images as images_lib
-
   size = model.batch_size
   padded = lambda fn: lambda batch: run_padded(fn, batch, size)
   if texts:
@@ -64,6 +62,8 @@ def embedder(model: Model, texts: bool = False, pack: tuple[int, int] = (0, 0)) 
       lambda text: model.tokenize([text])[0],
       padded(model.embed_texts),
     )
+  from vit_jax.data import images as images_lib
+
   if model.image_text:
     kind, fn = 'image', model.embed_images
   elif model.module is None:  # exported: its one function's output
